@@ -1,0 +1,46 @@
+"""hwdist: torch.distributed code that runs unchanged on any hardware.
+
+``import hwdist as dist`` is a drop-in for ``mmengine.dist``. Importing it
+changes no global state and imports no vendor package.
+"""
+
+from __future__ import annotations
+
+from . import detect as _detect_mod
+from . import info as _info
+from . import launch as _launch
+from .detect import Detection, detect, get_device
+from .drivers.base import Driver, Plan, PlanError
+from .info import *  # noqa: F401,F403
+from .launch import *  # noqa: F401,F403
+from .registry import (
+    BackendError,
+    available_backends,
+    get_driver,
+    list_backends,
+    register_backend,
+    resolve,
+    unregister_backend,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "Driver",
+    "Plan",
+    "PlanError",
+    "BackendError",
+    "register_backend",
+    "unregister_backend",
+    "get_driver",
+    "resolve",
+    "list_backends",
+    "available_backends",
+    "Detection",
+    "detect",
+    "get_device",
+    *_info.__all__,
+    *_launch.__all__,
+]
+del _detect_mod

@@ -1,0 +1,87 @@
+"""Every torch-version difference hwdist cares about, feature-checked once.
+
+Each entry names the torch version from which it can be dropped. Nothing else
+in hwdist looks at ``torch.__version__`` or probes torch for features.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as _dist
+
+DIST_AVAILABLE: bool = _dist.is_available()
+
+
+def _has_param(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _version_at_least(major: int, minor: int) -> bool:
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (major, minor)
+    except (ValueError, IndexError):
+        return True
+
+
+# torch's NCCL process group got gather/scatter in 1.11. Drop when torch>=1.11 is the floor.
+NCCL_HAS_GATHER: bool = _version_at_least(1, 11)
+
+# Object collectives (all_gather_object, ...) appeared in 1.8. Drop when torch>=1.8 is the floor.
+HAS_OBJECT_COLLECTIVES: bool = DIST_AVAILABLE and hasattr(_dist, "all_gather_object")
+
+# init_process_group(device_id=...) binds eagerly; torch>=2.3. Drop when torch>=2.3 is the floor.
+INIT_HAS_DEVICE_ID: bool = DIST_AVAILABLE and _has_param(_dist.init_process_group, "device_id")
+
+# Backend.register_backend(devices=...) maps a custom backend to device types; torch>=2.2.
+# Drop when torch>=2.2 is the floor.
+REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(
+    _dist.Backend.register_backend, "devices"
+)
+
+# Tensor.register_post_accumulate_grad_hook; torch>=2.1. Drop when torch>=2.1 is the floor.
+HAS_POST_ACCUMULATE_GRAD_HOOK: bool = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
+def _pick(*names: str) -> Optional[Callable[..., Any]]:
+    if not DIST_AVAILABLE:
+        return None
+    for name in names:
+        fn = getattr(_dist, name, None)
+        if fn is not None:
+            return fn
+    return None
+
+
+# Flat all_gather into one tensor: all_gather_into_tensor (1.13+), _all_gather_base before.
+# Drop the fallback when torch>=1.13 is the floor.
+all_gather_into_tensor = _pick("all_gather_into_tensor", "_all_gather_base")
+
+# Flat reduce_scatter: reduce_scatter_single (2.13+, which deprecates reduce_scatter_tensor),
+# reduce_scatter_tensor (1.13+), _reduce_scatter_base before.
+# Drop the fallbacks when torch>=2.13 is the floor.
+reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
+
+
+def register_torch_backend(name: str, factory: Callable[..., Any], devices: list[str]) -> None:
+    """Register a process-group creator with torch (``devices=`` where supported)."""
+    if REGISTER_BACKEND_HAS_DEVICES:
+        _dist.Backend.register_backend(name, factory, devices=devices)
+    else:  # torch<2.2: the backend serves every device. Drop when torch>=2.2 is the floor.
+        _dist.Backend.register_backend(name, factory)
+
+
+def torch_knows_backend(name: str) -> bool:
+    """Whether torch already has a backend registered under ``name``."""
+    return DIST_AVAILABLE and name.lower() in _dist.Backend.backend_list
+
+
+def default_group() -> Any:
+    """The default process group object, or None before init (cheap)."""
+    return _dist.GroupMember.WORLD

@@ -1,0 +1,1 @@
+"""Collectives: every function reaches its backend through hwdist.registry."""

@@ -1,0 +1,32 @@
+"""Built-in device drivers: one module per hardware family.
+
+This package is the only place in hwdist where backend and device names
+appear. Adding a backend in-tree: a module here and one line below.
+"""
+
+from __future__ import annotations
+
+from .base import Driver, Plan, PlanError
+from .cncl import CnclDriver
+from .gloo import GlooDriver
+from .hccl import HcclDriver
+from .mccl import McclDriver
+from .mpi import MpiDriver
+from .nccl import NcclDriver
+from .xccl import XcclDriver
+
+#: Registered by hwdist.registry at import (a dict insert; no vendor import).
+BUILTIN_DRIVERS: tuple[type[Driver], ...] = (
+    GlooDriver,
+    NcclDriver,
+    HcclDriver,
+    CnclDriver,
+    MpiDriver,
+    XcclDriver,
+    McclDriver,
+)
+
+#: The driver that runs when nothing else is available.
+FALLBACK_BACKEND = GlooDriver.name
+
+__all__ = ["Driver", "Plan", "PlanError", "BUILTIN_DRIVERS", "FALLBACK_BACKEND"]

@@ -1,0 +1,72 @@
+"""Helpers shared by the built-in drivers (device modules, vendor imports)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Optional
+
+import torch
+
+from .base import Driver
+
+
+def vendor_missing(module: str) -> Optional[str]:
+    """A reason string if ``module`` cannot be imported, else None (no import)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"the Python package '{module}' is not installed"
+
+
+class AcceleratorDriver(Driver):
+    """A driver for a device with a ``torch.<device_type>`` module.
+
+    Subclasses set ``device_type`` and, when the device comes from a vendor
+    extension, ``vendor_module``; the module is imported only when the driver
+    is asked about the device, never at ``import hwdist``.
+    """
+
+    def _module(self) -> Any:
+        if self.vendor_module is not None:
+            importlib.import_module(self.vendor_module)
+        return getattr(torch, self.device_type, None)
+
+    def unavailable_reason(self) -> Optional[str]:
+        """Why the backend cannot run here, or None if it can."""
+        if self.vendor_module is not None:
+            missing = vendor_missing(self.vendor_module)
+            if missing:
+                return missing
+        try:
+            mod = self._module()
+        except Exception as exc:  # a broken vendor install must not crash detection
+            return f"importing '{self.vendor_module}' failed: {exc}"
+        if mod is None or not mod.is_available():
+            return f"no {self.device_type} device is visible"
+        return None
+
+    def device_count(self) -> int:
+        """Number of devices of ``device_type`` visible to this process."""
+        if self.unavailable_reason() is not None:
+            return 0
+        return int(self._module().device_count())
+
+    def set_device(self, local_rank: int) -> None:
+        """Bind this process to device ``local_rank % device_count``."""
+        count = self.device_count()
+        if count == 0:
+            raise RuntimeError(
+                f"backend '{self.name}' cannot bind a device: {self.unavailable_reason()}"
+            )
+        self._module().set_device(local_rank % count)
+
+    def current_device(self) -> torch.device:
+        """The device this process is bound to."""
+        return torch.device(self.device_type, self._module().current_device())
+
+    def device_id(self, local_rank: int) -> Optional[torch.device]:
+        """The ``device_id`` passed to init_process_group (binds eagerly)."""
+        count = self.device_count()
+        return torch.device(self.device_type, local_rank % count) if count else None

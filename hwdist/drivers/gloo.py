@@ -1,0 +1,55 @@
+"""Gloo: collectives on CPU tensors (also the fallback on any machine)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .base import Driver
+
+_GLOO_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
+
+
+class GlooDriver(Driver):
+    """Gloo on the CPU; always available where torch.distributed is."""
+
+    name = "gloo"
+    device_type = "cpu"
+    priority = 0
+    description = "Gloo (CPU), bundled with torch"
+    # Gloo rejects int16 and the unsigned 16/32/64-bit types ("Invalid scalar type").
+    dtypes = _GLOO_DTYPES
+    # Native AVG exists on recent gloo only; SUM / n is exact and always there.
+    reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
+
+    def unavailable_reason(self) -> Optional[str]:
+        """Why the backend cannot run here, or None if it can."""
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return "torch was built without torch.distributed"
+        if not dist.is_gloo_available():
+            return "torch was built without Gloo"
+        return None
+
+    def local_device_type(self) -> str:
+        """The device a gloo-only process computes on ('mps' on Apple, else 'cpu')."""
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return "mps"
+        return "cpu"

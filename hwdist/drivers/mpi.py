@@ -1,0 +1,72 @@
+"""MPI: CPU collectives through torch's own MPI backend or, on stock PyPI torch
+(built without MPI), through a Python process group over mpi4py."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from ._common import vendor_missing
+from .base import Driver
+
+#: Name the mpi4py process group is registered under with torch (torch
+#: reserves the name 'mpi' for its own, possibly absent, MPI backend).
+PY_MPI_BACKEND = "hwdist_mpi"
+
+
+def _native() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_mpi_available())
+
+
+class MpiDriver(Driver):
+    """MPI on the CPU (native torch MPI, else mpi4py)."""
+
+    name = "mpi"
+    device_type = "cpu"
+    # Below gloo: chosen when asked for, or by the MPI launcher, never by default.
+    priority = -10
+    description = "MPI (CPU): torch's MPI backend, else mpi4py"
+    dtypes = frozenset(
+        {
+            torch.float16,
+            torch.float32,
+            torch.float64,
+            torch.complex64,
+            torch.complex128,
+            torch.int8,
+            torch.uint8,
+            torch.int16,
+            torch.int32,
+            torch.int64,
+            torch.bool,
+        }
+    )
+    reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
+
+    @property
+    def torch_name(self) -> str:
+        """'mpi' when torch has MPI built in, else the mpi4py process group's name."""
+        return "mpi" if _native() else PY_MPI_BACKEND
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Other names torch may report for this backend."""
+        return (PY_MPI_BACKEND,)
+
+    def unavailable_reason(self) -> Optional[str]:
+        """Why the backend cannot run here, or None if it can."""
+        if _native():
+            return None
+        return vendor_missing("mpi4py")
+
+    @property
+    def process_group_factory(self) -> Optional[Callable[..., Any]]:  # type: ignore[override]
+        """The mpi4py process group creator, when torch lacks native MPI."""
+        if _native():
+            return None
+        from ._mpi_pg import create_mpi_process_group
+
+        return create_mpi_process_group

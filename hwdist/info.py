@@ -1,0 +1,249 @@
+"""Distributed-environment queries with mmengine.dist's names and semantics.
+
+Every function works in a non-distributed process too, returning what a
+single process would (rank 0, world size 1, no-op barrier).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Optional, TypeVar, Union
+
+import torch
+import torch.distributed as torch_dist
+
+from . import _compat, registry
+
+__all__ = [
+    "is_distributed",
+    "get_default_group",
+    "get_backend",
+    "get_world_size",
+    "get_rank",
+    "get_local_rank",
+    "get_local_size",
+    "get_local_group",
+    "get_dist_info",
+    "is_main_process",
+    "master_only",
+    "rank_zero_only",
+    "barrier",
+    "get_data_device",
+    "get_comm_device",
+    "cast_data_device",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Set by hwdist.launch.init_local_group; None until then.
+_local_group: Any = None
+
+
+def _set_local_group(group: Any) -> None:
+    global _local_group
+    _local_group = group
+
+
+def is_distributed() -> bool:
+    """Whether a default process group exists (torch.distributed initialised)."""
+    return _compat.DIST_AVAILABLE and torch_dist.is_initialized()
+
+
+def get_default_group() -> Optional[Any]:
+    """The default process group, or None when not distributed."""
+    return _compat.default_group() if is_distributed() else None
+
+
+def get_backend(group: Optional[Any] = None) -> Optional[str]:
+    """The backend name of ``group`` (default group if None), or None when not distributed.
+
+    The string is torch's (e.g. ``'gloo'``, ``'nccl'``, or ``'cpu:gloo,cuda:nccl'``).
+    """
+    if not is_distributed():
+        return None
+    return str(torch_dist.get_backend(group))
+
+
+def get_world_size(group: Optional[Any] = None) -> int:
+    """Number of ranks in ``group`` (default group if None); 1 when not distributed."""
+    if not is_distributed():
+        return 1
+    return torch_dist.get_world_size(group)
+
+
+def get_rank(group: Optional[Any] = None) -> int:
+    """This process's rank in ``group`` (default group if None); 0 when not distributed."""
+    if not is_distributed():
+        return 0
+    return torch_dist.get_rank(group)
+
+
+def _env_int(*names: str) -> Optional[int]:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+    return None
+
+
+# Launcher variables that carry the local rank / local world size, most specific first.
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def get_local_group() -> Optional[Any]:
+    """The process group of the ranks on this node (see ``init_local_group``), or None."""
+    return _local_group if is_distributed() else None
+
+
+def get_local_rank() -> int:
+    """This process's rank within its node.
+
+    Uses the local group when one was created (``init_local_group``), else
+    the launcher's environment (``LOCAL_RANK``, ``SLURM_LOCALID``,
+    ``OMPI_COMM_WORLD_LOCAL_RANK``, ...); 0 when not distributed. Unlike
+    mmengine, this works before a process group exists (vis4d semantics).
+    """
+    if is_distributed() and _local_group is not None:
+        return torch_dist.get_rank(_local_group)
+    value = _env_int(*_LOCAL_RANK_VARS)
+    if value is not None:
+        return value
+    if not is_distributed():
+        return 0
+    raise RuntimeError(
+        "local rank unknown: no local process group and none of "
+        f"{', '.join(_LOCAL_RANK_VARS)} is set. HINT: hwdist.init_local_group(node_rank, num_gpus_per_node)"
+    )
+
+
+def get_local_size() -> int:
+    """Number of ranks on this node (local group, else launcher environment); 1 when not distributed."""
+    if is_distributed() and _local_group is not None:
+        return torch_dist.get_world_size(_local_group)
+    value = _env_int(*_LOCAL_SIZE_VARS)
+    if value is not None:
+        return value
+    if not is_distributed():
+        return 1
+    raise RuntimeError(
+        "local size unknown: no local process group and none of "
+        f"{', '.join(_LOCAL_SIZE_VARS)} is set. HINT: hwdist.init_local_group(node_rank, num_gpus_per_node)"
+    )
+
+
+def get_dist_info(group: Optional[Any] = None) -> tuple[int, int]:
+    """``(rank, world_size)`` of ``group``; ``(0, 1)`` when not distributed."""
+    return get_rank(group), get_world_size(group)
+
+
+def is_main_process(group: Optional[Any] = None) -> bool:
+    """Whether this is rank 0 of ``group`` (True when not distributed)."""
+    return get_rank(group) == 0
+
+
+def master_only(func: F) -> F:
+    """Decorator: run ``func`` on the main process only (others return None)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if is_main_process():
+            return func(*args, **kwargs)
+        return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+#: Alias of :func:`master_only` (vis4d / Lightning name).
+rank_zero_only = master_only
+
+
+def barrier(group: Optional[Any] = None) -> None:
+    """Block until every rank of ``group`` arrives; no-op when not distributed."""
+    if not is_distributed():
+        return
+    torch_dist.barrier(group)
+
+
+def get_data_device(data: Any) -> torch.device:
+    """The device of a tensor, or of every tensor in a (nested) sequence or mapping.
+
+    Raises:
+        ValueError: the tensors are on different devices, or ``data`` is empty.
+        TypeError: ``data`` holds something that is not a tensor.
+    """
+    if isinstance(data, torch.Tensor):
+        return data.device
+    if isinstance(data, (Mapping, Iterable)) and not isinstance(data, (str, bytes)):
+        values = data.values() if isinstance(data, Mapping) else data
+        found: Optional[torch.device] = None
+        for item in values:
+            dev = get_data_device(item)
+            if found is None:
+                found = dev
+            elif dev != found:
+                raise ValueError(f"device type in data should be consistent, but got {dev} and {found}")
+        if found is None:
+            raise ValueError("data should not be empty")
+        return found
+    raise TypeError(f"data should be a Tensor, sequence of tensor or dict, but got {type(data).__name__}: {data!r}")
+
+
+def get_comm_device(group: Optional[Any] = None) -> torch.device:
+    """The device collectives on ``group`` must run on (its driver's ``comm_device``).
+
+    ``cpu`` when not distributed.
+    """
+    if not is_distributed():
+        return torch.device("cpu")
+    return registry.resolve(group).comm_device()
+
+
+def cast_data_device(data: Any, device: Union[torch.device, str], out: Optional[Any] = None) -> Any:
+    """Move a tensor or a nested list/tuple/dict of tensors to ``device``.
+
+    Containers keep their type (namedtuples too). With ``out``, results are
+    copied into ``out``'s tensors (same structure) and ``out`` is returned.
+
+    Raises:
+        TypeError: ``data`` holds a non-tensor, or ``out`` has another type.
+        ValueError: ``data`` is empty, or ``out`` has a different length/keys.
+    """
+    if out is not None and type(data) is not type(out):
+        raise TypeError(f"out should be the same type as data: got {type(out).__name__} and {type(data).__name__}")
+    if isinstance(data, torch.Tensor):
+        if out is None:
+            return data.to(device)
+        out.copy_(data)
+        return out
+    if isinstance(data, Mapping):
+        if not data:
+            raise ValueError("data should not be empty")
+        if out is not None:
+            if set(out) != set(data):
+                raise ValueError(f"out should have the same keys as data: {sorted(out)} != {sorted(data)}")
+            for k, v in data.items():
+                cast_data_device(v, device, out[k])
+            return out
+        return type(data)({k: cast_data_device(v, device) for k, v in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, Iterable) and not isinstance(data, (str, bytes)):
+        items = list(data)
+        if not items:
+            raise ValueError("data should not be empty")
+        if out is not None:
+            outs = list(out)
+            if len(outs) != len(items):
+                raise ValueError(f"out should have the same length as data: {len(outs)} != {len(items)}")
+            for v, o in zip(items, outs):
+                cast_data_device(v, device, o)
+            return out
+        cast = [cast_data_device(v, device) for v in items]
+        if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+            return type(data)(*cast)
+        return type(data)(cast)  # type: ignore[call-arg]
+    raise TypeError(f"data should be a Tensor, list of tensor or dict, but got {type(data).__name__}")

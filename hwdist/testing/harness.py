@@ -1,0 +1,382 @@
+"""Run a function on N real ranks and report every rank's outcome.
+
+* Ranks are spawned processes joined through a private file store (no ports).
+* A :class:`RankPool` keeps its ranks and their process group alive between
+  calls, so hundreds of checks cost one spawn per (world size, backend).
+* Every call has a hard timeout; the process group gets its own timeout too.
+* The first failure ends the call: the other ranks get a short grace period
+  to report, then their stacks are dumped (faulthandler) and they are killed.
+  The report puts the root cause first: a rank that died, then a rank that
+  raised first, then the others, then hung ranks with their stacks.
+* ``pytest.skip`` inside a rank (or :class:`RankSkip`) skips the test.
+
+Functions and arguments travel by pickle, so the function must be importable
+(module level). Results come back pickled (tensors included).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = [
+    "RankPool",
+    "RankFailure",
+    "RankSkip",
+    "run_distributed",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_PG_TIMEOUT",
+]
+
+#: Hard limit for one call on all ranks, in seconds.
+DEFAULT_TIMEOUT = float(os.environ.get("HWDIST_TEST_TIMEOUT", "120"))
+#: Timeout handed to the process group (collectives, rendezvous), in seconds.
+DEFAULT_PG_TIMEOUT = float(os.environ.get("HWDIST_TEST_PG_TIMEOUT", "30"))
+#: How long the other ranks may take to report once one rank failed.
+FAILURE_GRACE = 1.5
+
+
+class RankFailure(AssertionError):
+    """One or more ranks failed, died or hung; the message tells each rank's story."""
+
+    def __init__(self, message: str, errors: Optional[dict[int, str]] = None) -> None:
+        super().__init__(message)
+        self.errors = errors or {}
+
+
+class RankSkip(Exception):
+    """Raise in a rank to skip the whole call (pytest.skip is recognised too)."""
+
+
+@dataclass
+class _Outcome:
+    status: str  # ok | error | skip | died | hung | init_error
+    value: Any = None
+    text: str = ""
+    at: float = field(default_factory=time.monotonic)
+
+
+def _is_skip(exc: BaseException) -> bool:
+    return isinstance(exc, RankSkip) or type(exc).__name__ in ("Skipped", "SkipTest")
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    backend: Optional[str],
+    store_path: str,
+    conn: Any,
+    pg_timeout: float,
+    env: dict[str, str],
+    stack_path: str,
+) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        HWDIST_TEST_RANK="1",
+    )
+    stack_file = open(stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    try:
+        import hwdist.testing  # noqa: F401  (registers the emulated accelerator)
+
+        if backend is not None:
+            from hwdist.launch.core import init_backend
+
+            init_backend(
+                backend,
+                rank=rank,
+                world_size=world_size,
+                local_rank=rank,
+                init_method=f"file://{store_path}",
+                timeout=pg_timeout,
+            )
+    except BaseException as exc:
+        conn.send_bytes(pickle.dumps(("init_error", None, traceback.format_exc(), repr(exc))))
+        return
+    conn.send_bytes(pickle.dumps(("ready", None, "", "")))
+    while True:
+        try:
+            payload = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        task = pickle.loads(payload)
+        if task is None:
+            break
+        fn, args, kwargs = task
+        try:
+            result = fn(*args, **kwargs)
+            reply = ("ok", result, "", "")
+            data = pickle.dumps(reply)
+        except BaseException as exc:  # report everything, KeyboardInterrupt included
+            kind = "skip" if _is_skip(exc) else "error"
+            data = pickle.dumps((kind, None, traceback.format_exc(), f"{type(exc).__name__}: {exc}"))
+        conn.send_bytes(data)
+    try:
+        from hwdist.launch.core import destroy
+
+        destroy()
+    except Exception:
+        pass
+
+
+class RankPool:
+    """N live ranks sharing one process group, reused for many calls.
+
+    Args:
+        world_size: number of ranks.
+        backend: backend name to initialise (None: no process group; the
+            function sets one up itself).
+        timeout: default hard limit for one call, in seconds.
+        pg_timeout: process-group timeout, in seconds.
+        env: extra environment variables for the ranks.
+
+    Example:
+        >>> with RankPool(2, "gloo") as pool:
+        ...     pool.run(check_all_reduce)   # -> [rank0_result, rank1_result]
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        backend: Optional[str] = "gloo",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        pg_timeout: float = DEFAULT_PG_TIMEOUT,
+        env: Optional[dict[str, str]] = None,
+    ) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout = timeout
+        self.pg_timeout = pg_timeout
+        self.env = dict(env or {})
+        self.broken = False
+        self._dir = tempfile.mkdtemp(prefix="hwdist-ranks-")  # private (0700)
+        ctx = mp.get_context("spawn")
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        for rank in range(world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_worker,
+                args=(
+                    rank,
+                    world_size,
+                    backend,
+                    os.path.join(self._dir, "store"),
+                    child,
+                    pg_timeout,
+                    self.env,
+                    self._stack_path(rank),
+                ),
+                name=f"hwdist-rank{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._collect("start-up", timeout, expect="ready")
+
+    def _stack_path(self, rank: int) -> str:
+        return os.path.join(self._dir, f"rank{rank}.stack")
+
+    # -- public ---------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank; return the results by rank.
+
+        Raises:
+            RankFailure: a rank raised, died or hung (all ranks' stories told).
+        """
+        if self.broken:
+            raise RuntimeError("this RankPool is broken by an earlier failure; create a new one")
+        payload = pickle.dumps((fn, args, kwargs))
+        for conn in self._conns:
+            conn.send_bytes(payload)
+        name = getattr(fn, "__qualname__", repr(fn))
+        return self._collect(name, timeout or self.timeout, expect="ok")
+
+    def close(self) -> None:
+        """Stop the ranks (politely, then by force) and remove the store."""
+        for conn in self._conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self._kill()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------
+    def _kill(self) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self._procs:
+            proc.join(5)
+        for conn in self._conns:
+            conn.close()
+
+    def _collect(self, what: str, timeout: float, expect: str) -> list[Any]:
+        pending = set(range(self.world_size))
+        outcomes: dict[int, _Outcome] = {}
+        deadline = time.monotonic() + timeout
+        first_failure: Optional[float] = None
+        while pending:
+            now = time.monotonic()
+            limit = deadline if first_failure is None else min(deadline, first_failure + FAILURE_GRACE)
+            if now >= limit:
+                break
+            waitables = {}
+            for r in pending:
+                waitables[self._conns[r]] = r
+                waitables[self._procs[r].sentinel] = r
+            for ready in mpc.wait(list(waitables), timeout=min(0.5, limit - now)):
+                rank = waitables[ready]
+                if rank not in pending:
+                    continue
+                conn = self._conns[rank]
+                if ready is conn or conn.poll():
+                    try:
+                        status, value, text, summary = pickle.loads(conn.recv_bytes())
+                    except (EOFError, OSError):
+                        status, value, text, summary = "died", None, "", ""
+                    except Exception as exc:  # the result itself did not unpickle
+                        status, value, text, summary = "error", None, traceback.format_exc(), repr(exc)
+                else:
+                    status, value, text, summary = "died", None, "", ""
+                if status == "died":
+                    self._procs[rank].join(1)
+                    code = self._procs[rank].exitcode
+                    summary = _exit_text(code)
+                outcomes[rank] = _Outcome(status, value if status in ("ok", "ready") else summary, text or summary)
+                pending.discard(rank)
+                if status not in ("ok", "ready", "skip") and first_failure is None:
+                    first_failure = time.monotonic()
+        if not pending and all(o.status in ("ok", "ready") for o in outcomes.values()):
+            return [outcomes[r].value for r in range(self.world_size)]
+        skips = [o for o in outcomes.values() if o.status == "skip"]
+        if skips and not pending and all(o.status in ("ok", "skip", "ready") for o in outcomes.values()):
+            _skip(str(skips[0].text).strip().splitlines()[-1])
+        self.broken = True
+        stacks = self._dump_stacks(pending)
+        self._kill()
+        report = self._report(what, outcomes, pending, stacks, timeout if first_failure is None else None)
+        raise RankFailure(report, {r: o.text for r, o in outcomes.items()})
+
+    def _dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+        for r in ranks:
+            if self._procs[r].is_alive() and self._procs[r].pid:
+                try:
+                    os.kill(self._procs[r].pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        time.sleep(0.3 if ranks else 0)
+        out = {}
+        for r in ranks:
+            try:
+                with open(self._stack_path(r)) as fh:
+                    out[r] = fh.read().strip()
+            except OSError:
+                out[r] = ""
+        return out
+
+    def _report(
+        self,
+        what: str,
+        outcomes: dict[int, _Outcome],
+        pending: set[int],
+        stacks: dict[int, str],
+        timed_out: Optional[float],
+    ) -> str:
+        order = {"died": 0, "init_error": 1, "error": 2}
+        failed = sorted(
+            (r for r, o in outcomes.items() if o.status in order),
+            key=lambda r: (order[outcomes[r].status], outcomes[r].at),
+        )
+        head = f"{what} failed on {self.world_size} rank(s), backend {self.backend!r}:"
+        lines = [head]
+        if failed:
+            root = failed[0]
+            lines.append(f"  root cause: rank {root} {outcomes[root].status}: {_last_line(outcomes[root].text)}")
+        if pending:
+            why = f"timed out after {timed_out:g}s" if timed_out else "still running when another rank failed; killed"
+            lines.append(f"  hung ranks: {', '.join(map(str, sorted(pending)))} ({why})")
+        for r in failed:
+            o = outcomes[r]
+            lines.append(f"\n===== rank {r}: {o.status} =====\n{o.text.rstrip()}")
+        for r in sorted(pending):
+            lines.append(f"\n===== rank {r}: hung; stack =====\n{stacks.get(r) or '(no stack captured)'}")
+        ok = sorted(r for r, o in outcomes.items() if o.status in ("ok", "ready"))
+        if ok:
+            lines.append(f"\n(ranks that finished: {', '.join(map(str, ok))})")
+        return "\n".join(lines)
+
+
+def _exit_text(code: Optional[int]) -> str:
+    if code is None:
+        return "process ended without a reply"
+    if code < 0:
+        try:
+            return f"died: killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"died: killed by signal {-code}"
+    return f"died: exited with code {code} without a reply"
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "(no message)"
+
+
+def _skip(reason: str) -> None:
+    pytest = sys.modules.get("pytest")
+    if pytest is not None:
+        pytest.skip(reason)
+    raise RankSkip(reason)
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    backend: Optional[str] = "gloo",
+    *args: Any,
+    timeout: float = DEFAULT_TIMEOUT,
+    pg_timeout: float = DEFAULT_PG_TIMEOUT,
+    env: Optional[dict[str, str]] = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Spawn ``world_size`` fresh ranks, run ``fn`` once on each, and tear down.
+
+    Returns:
+        ``[result of rank 0, result of rank 1, ...]``.
+
+    Raises:
+        RankFailure: a rank raised, died or hung.
+    """
+    with RankPool(world_size, backend, timeout=timeout, pg_timeout=pg_timeout, env=env) as pool:
+        return pool.run(fn, *args, timeout=timeout, **kwargs)

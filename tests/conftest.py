@@ -1,0 +1,1 @@
+pytest_plugins = ["hwdist.testing.pytest_plugin"]

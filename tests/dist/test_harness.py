@@ -1,0 +1,91 @@
+"""The harness itself: results come back, failures are reported with every rank's story."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import hwdist
+from hwdist.testing import RankFailure, RankPool, run_distributed
+from hwdist.testing.pytest_plugin import backends, world_sizes
+
+
+def _rank_and_sum() -> tuple[int, int, float]:
+    t = torch.tensor([float(hwdist.get_rank() + 1)])
+    torch.distributed.all_reduce(t)
+    return hwdist.get_rank(), hwdist.get_world_size(), t.item()
+
+
+def _raise_on_rank1() -> None:
+    if hwdist.get_rank() == 1:
+        raise ValueError("boom on rank 1")
+    t = torch.ones(1)
+    torch.distributed.all_reduce(t)  # the others block here until killed
+
+
+def _kill_rank1() -> None:
+    if hwdist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    torch.distributed.all_reduce(torch.ones(1))
+
+
+def _sleep_forever_on_rank0() -> None:
+    if hwdist.get_rank() == 0:
+        time.sleep(3600)
+
+
+def _skip_everywhere() -> None:
+    pytest.skip("nothing to do here")
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", world_sizes())
+def test_results_come_back_in_rank_order(dist, world_size, backend):
+    results = dist(_rank_and_sum, world_size, backend)
+    expected_sum = world_size * (world_size + 1) / 2
+    assert results == [(r, world_size, expected_sum) for r in range(world_size)]
+
+
+def test_a_raising_rank_is_the_root_cause_and_others_are_killed_fast():
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_distributed(_raise_on_rank1, 3, "gloo", pg_timeout=600)
+    elapsed = time.monotonic() - start
+    text = str(info.value)
+    assert "root cause: rank 1 error: ValueError: boom on rank 1" in text
+    assert "hung ranks: 0, 2" in text
+    assert "Traceback" in text
+    assert elapsed < 30, f"failure took {elapsed:.1f}s to surface"
+
+
+def test_a_killed_rank_is_named_first():
+    with pytest.raises(RankFailure) as info:
+        run_distributed(_kill_rank1, 2, "gloo", pg_timeout=600)
+    assert "root cause: rank 1 died: died: killed by signal SIGKILL" in str(info.value)
+
+
+def test_a_hung_rank_is_named_with_its_stack():
+    with pytest.raises(RankFailure) as info:
+        run_distributed(_sleep_forever_on_rank0, 2, "gloo", timeout=5)
+    text = str(info.value)
+    assert "hung ranks: 0 (timed out after 5s)" in text
+    assert "_sleep_forever_on_rank0" in text  # faulthandler's stack of the hung rank
+
+
+def test_skip_in_a_rank_skips_the_test():
+    with pytest.raises(pytest.skip.Exception, match="nothing to do here"):
+        run_distributed(_skip_everywhere, 2, "gloo")
+
+
+def test_pool_is_reused_and_refuses_work_after_a_failure():
+    with RankPool(2, "gloo") as pool:
+        first = pool.run(os.getpid)
+        assert pool.run(os.getpid) == first  # same processes
+        with pytest.raises(RankFailure):
+            pool.run(_raise_on_rank1)
+        with pytest.raises(RuntimeError, match="broken"):
+            pool.run(os.getpid)
