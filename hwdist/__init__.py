@@ -9,10 +9,20 @@ from __future__ import annotations
 from . import detect as _detect_mod
 from . import info as _info
 from . import launch as _launch
+from . import training as _training
+from .collectives import objects as _objects
+from .collectives import params as _params
+from .collectives import results as _results
+from .collectives import tensor as _tensor
+from .collectives.objects import *  # noqa: F401,F403
+from .collectives.params import *  # noqa: F401,F403
+from .collectives.results import *  # noqa: F401,F403
+from .collectives.tensor import *  # noqa: F401,F403
 from .detect import Detection, detect, get_device
 from .drivers.base import Driver, Plan, PlanError
 from .info import *  # noqa: F401,F403
 from .launch import *  # noqa: F401,F403
+from .training import *  # noqa: F401,F403
 from .registry import (
     BackendError,
     available_backends,
@@ -42,5 +52,10 @@ __all__ = [
     "get_device",
     *_info.__all__,
     *_launch.__all__,
+    *_tensor.__all__,
+    *_params.__all__,
+    *_objects.__all__,
+    *_results.__all__,
+    *_training.__all__,
 ]
 del _detect_mod
