@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, TypeVar, Union, overload
 import torch
 
 from . import _compat
-from .drivers import BUILTIN_DRIVERS
+from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
 from .drivers.base import Driver
 
 __all__ = [
@@ -44,11 +44,6 @@ REQUIRED_MEMBERS = (
     "plan",
 )
 
-#: Backend names torch used to accept and no longer does.
-LEGACY_BACKENDS = {
-    "tcp": "the 'tcp' backend was removed from torch in 1.0; use 'gloo' for CPU tensors",
-    "dist_backend.tcp": "the 'tcp' backend was removed from torch in 1.0; use 'gloo'",
-}
 
 _lock = threading.RLock()
 _drivers: dict[str, Driver] = {}
@@ -263,7 +258,7 @@ def _pick_from_mixed(spec: str, device: Union[str, torch.device, None]) -> str:
         dev, _, name = part.partition(":")
         mapping[dev.strip()] = name.strip()
     if not mapping:
-        raise BackendError(f"cannot parse backend string {spec!r}; expected e.g. 'cpu:gloo,cuda:nccl'")
+        raise BackendError(f"cannot parse backend string {spec!r}; expected 'DEVICE:BACKEND,DEVICE:BACKEND'")
     if device is not None:
         dtype = device if isinstance(device, str) else device.type
         dtype = dtype.split(":")[0]

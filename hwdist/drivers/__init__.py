@@ -26,7 +26,12 @@ BUILTIN_DRIVERS: tuple[type[Driver], ...] = (
     McclDriver,
 )
 
+#: Backend names torch used to accept and no longer does -> what to use instead.
+LEGACY_BACKENDS = {
+    "tcp": "the 'tcp' backend was removed from torch in 1.0; use 'gloo' for CPU tensors",
+}
+
 #: The driver that runs when nothing else is available.
 FALLBACK_BACKEND = GlooDriver.name
 
-__all__ = ["Driver", "Plan", "PlanError", "BUILTIN_DRIVERS", "FALLBACK_BACKEND"]
+__all__ = ["Driver", "Plan", "PlanError", "BUILTIN_DRIVERS", "FALLBACK_BACKEND", "LEGACY_BACKENDS"]
