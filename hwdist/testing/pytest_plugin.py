@@ -9,7 +9,7 @@ conftest. In a test::
         results = dist(check_sum, world_size, backend)   # one result per rank
 
 Pools are kept per (world size, backend) for the whole session (at most
-``HWDIST_TEST_MAX_POOLS``, default 4, alive at once) and replaced after a
+``HWDIST_TEST_MAX_POOLS``, default 6, alive at once) and replaced after a
 failure. ``HWDIST_TEST_WORLD_SIZES`` (default ``1,2,3``) and
 ``HWDIST_TEST_BACKENDS`` (default ``gloo,emu``) drive the matrix.
 """
@@ -75,7 +75,7 @@ class PoolCache:
 @pytest.fixture(scope="session")
 def rank_pools() -> Iterator[PoolCache]:
     """The session's pool cache."""
-    cache = PoolCache(int(os.environ.get("HWDIST_TEST_MAX_POOLS", "4")))
+    cache = PoolCache(int(os.environ.get("HWDIST_TEST_MAX_POOLS", "6")))
     yield cache
     cache.close()
 

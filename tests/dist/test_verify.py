@@ -1,0 +1,49 @@
+"""Verification mode: mismatched calls raise on every rank, listing each rank's value."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hwdist
+from hwdist import verify
+from hwdist.testing.pytest_plugin import backends, world_sizes
+
+
+def _mismatch_rank():
+    rank = hwdist.get_rank()
+    drv = hwdist.resolve()
+    dtype = torch.float64 if rank == 1 else torch.float32
+    t = torch.zeros(4, 3, dtype=dtype)
+    out = {}
+    with verify.verification():
+        verify.check_call("all_reduce", None, drv, tensor=verify.describe_tensor(torch.zeros(2)))  # agrees
+        try:
+            verify.check_call("all_reduce", None, drv, tensor=verify.describe_tensor(t))
+            out["raised"] = None
+        except verify.CollectiveMismatch as exc:
+            out["raised"] = str(exc)
+    # off again: no exchange at all, even if the arguments differ
+    verify.check_call("all_reduce", None, drv, tensor=verify.describe_tensor(t))
+    out["enabled_after"] = verify.verification_enabled()
+    return out
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
+def test_mismatch_raises_on_every_rank(dist, world_size, backend):
+    results = dist(_mismatch_rank, world_size, backend)
+    expected = "tensor: " + "; ".join(
+        f"rank {r}: {'float64' if r == 1 else 'float32'}[4, 3]@cpu" for r in range(world_size)
+    )
+    for res in results:
+        assert res["raised"] is not None
+        assert "collective mismatch in 'all_reduce'" in res["raised"]
+        assert expected in res["raised"]
+        assert res["enabled_after"] is False
+
+
+def test_env_flag_parsing(monkeypatch):
+    for value, expected in [("1", True), ("true", True), ("0", False), ("", False), ("no", False)]:
+        monkeypatch.setenv(verify.ENV_DEBUG, value)
+        assert verify._env_flag(verify.ENV_DEBUG) is expected
