@@ -33,6 +33,8 @@ from .registry import (
     unregister_backend,
 )
 
+from .verify import CollectiveMismatch, set_verification, verification, verification_enabled
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -50,6 +52,10 @@ __all__ = [
     "Detection",
     "detect",
     "get_device",
+    "CollectiveMismatch",
+    "verification",
+    "set_verification",
+    "verification_enabled",
     *_info.__all__,
     *_launch.__all__,
     *_tensor.__all__,
