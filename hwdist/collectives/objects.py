@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
