@@ -1,5 +1,494 @@
-"""Placeholder: filled in by its issue."""
+"""Results collection (mmengine's ``collect_results``) and a shared temporary directory.
+
+Order is the interleaved sampler order mmengine uses: rank ``r`` holds items
+``r, r + W, r + 2W, ...``; the collected list is what one process would have
+produced, truncated to ``size``. Genuine ``None`` results are kept and ranks
+may hold parts of different lengths.
+
+Two transports:
+
+* over communication (``device='gpu'``, or ``device='cpu'`` without
+  ``tmpdir``): every rank serializes its part once, in chunks of about
+  :data:`CHUNK_BYTES`; rank 0 receives and deserializes one chunk at a time,
+  so it never holds more than one chunk of bytes besides the results.
+* through a directory (``device='cpu'`` with ``tmpdir``): first rank 0 writes
+  a probe file with a random token and every rank checks it sees it, so a
+  directory that is not shared fails on every rank *before* anyone writes
+  results; parts are written atomically (temporary name, then ``os.replace``)
+  into a private sub-directory that is removed even on error.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import os
+import secrets
+import shutil
+import tempfile
+from itertools import chain
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import serialization as _ser
+from .objects import (
+    _ARGUMENT,
+    _IO,
+    _OPS,
+    _SERIALIZE,
+    INLINE_BYTES,
+    CollectiveArgumentError,
+    _Comm,
+    _decode,
+    _decode_inline,
+    _describe,
+    _failure_record,
+    _LocalFailure,
+    _make_record,
+    _world,
+)
+from .serialization import Frame, MapLocation, Serializer
+
+__all__ = ["collect_results", "collect_results_cpu", "collect_results_gpu", "create_tmpdir"]
+
+#: Target size of one serialized chunk of results (bytes).
+CHUNK_BYTES = 16 << 20
+_FIRST_CHUNK = 64  # items in the first chunk, which measures the size of an item
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _check_args(result_part: Any, size: Any) -> list[Any]:
+    if not isinstance(result_part, Sequence) or isinstance(result_part, (str, bytes)):
+        raise _LocalFailure(_ARGUMENT, f"results must be a list, got {type(result_part).__name__}")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise _LocalFailure(_ARGUMENT, f"size must be a non-negative int, got {type(size).__name__}: {size!r}")
+    return result_part if isinstance(result_part, list) else list(result_part)
+
+
+def _local(result_part: Any, size: Any) -> list[Any]:
+    """Non-distributed result (mmengine): ``result_part[:size]``, bad input raised here."""
+    try:
+        part = _check_args(result_part, size)
+    except _LocalFailure as fail:
+        raise CollectiveArgumentError(f"collect_results: {fail}") from None
+    return part[: int(size)]
+
+
+def _interleave(parts: Sequence[Sequence[Any]], size: int) -> list[Any]:
+    """Items in sampler order (part r holds items r, r+W, ...), truncated to ``size``."""
+    lengths = {len(p) for p in parts}
+    if len(lengths) == 1:
+        out = list(chain.from_iterable(zip(*parts)))
+    else:
+        out = []
+        for i in range(max(lengths)):
+            for p in parts:
+                if i < len(p):
+                    out.append(p[i])
+    del out[size:]
+    return out
+
+
+def _encode_chunks(items: list[Any], serializer: Optional[Serializer], target: int) -> list[Frame]:
+    """Serialize ``items`` as a few lists of about ``target`` bytes each (at least one frame)."""
+    frames: list[Frame] = []
+    i, step = 0, min(len(items), _FIRST_CHUNK)
+    if not items:
+        return [_ser.encode([], serializer)]
+    while i < len(items):
+        chunk = items[i : i + step]
+        try:
+            frame = _ser.encode(chunk, serializer)
+        except Exception as exc:
+            raise _LocalFailure(_SERIALIZE, _which_item(chunk, i, serializer, exc)) from exc
+        frames.append(frame)
+        i += len(chunk)
+        per_item = max(1.0, frame.nbytes / len(chunk))
+        step = max(1, int(target // per_item))
+    return frames
+
+
+def _which_item(chunk: list[Any], start: int, serializer: Optional[Serializer], exc: BaseException) -> str:
+    for j, item in enumerate(chunk):
+        try:
+            _ser.encode(item, serializer)
+        except Exception as inner:
+            return _describe(inner, item, serializer, f"result item {start + j} (of its part)")
+    return _describe(exc, chunk, serializer, "its results")
+
+
+def _part_record(op: int, frames: list[Frame], token: int = 0) -> np.ndarray:
+    total = sum(f.nbytes for f in frames)
+    if len(frames) == 1 and total <= INLINE_BYTES:
+        return _make_record(op, total=total, nchunks=1, root=0, token=token, inline=frames[0].to_numpy())
+    return _make_record(op, total=total, nchunks=len(frames), root=0, token=token)
+
+
+def _chunk_table(frames: list[Frame]) -> np.ndarray:
+    return np.array([f.nbytes for f in frames], dtype="<i8").view(np.uint8)
+
+
+# ---- over communication ------------------------------------------------------------------
+
+
+def _collect_comm(
+    result_part: Any,
+    size: Any,
+    group: Any,
+    what: str,
+    serializer: Optional[Serializer],
+    map_location: MapLocation,
+    bad: str = "",
+) -> Optional[list[Any]]:
+    comm = _Comm(group)
+    op = _OPS["collect_results"]
+    frames: list[Frame] = []
+    part: list[Any] = []
+    try:
+        if bad:
+            raise _LocalFailure(_ARGUMENT, bad)
+        part = _check_args(result_part, size)
+        if comm.rank != 0:
+            frames = _encode_chunks(part, serializer, CHUNK_BYTES)
+        rec = _part_record(op, frames) if comm.rank != 0 else _make_record(op, root=0)
+    except _LocalFailure as fail:
+        rec = _failure_record(op, fail, root=0)
+    records = comm.exchange(rec, what, op, 0)
+    p2p = comm.has("send") and comm.has("recv")
+    parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
+    me = comm.rank
+    for r in records[1:]:
+        if r.inline is not None:
+            if me == 0:
+                parts[r.rank] = _decode_inline(r, serializer, map_location)
+            continue
+        nbytes = 8 * r.nchunks
+        if p2p:
+            if me == r.rank:
+                comm.send(_chunk_table(frames), 0)
+                for f in frames:
+                    comm.send(f.to_numpy(), 0)
+            elif me == 0:
+                table = comm.recv(nbytes, r.rank).view("<i8").tolist()
+                for n in table:
+                    parts[r.rank].extend(_decode(comm.recv(int(n), r.rank), serializer, map_location))
+        else:  # no point to point: broadcast chunk by chunk, only rank 0 keeps them
+            table = comm.broadcast(_chunk_table(frames) if me == r.rank else None, nbytes, r.rank).view("<i8").tolist()
+            for k, n in enumerate(table):
+                buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
+                if me == 0:
+                    parts[r.rank].extend(_decode(buf, serializer, map_location))
+    if me != 0:
+        return None
+    return _interleave(parts, int(size))
+
+
+# ---- through a shared directory -------------------------------------------------------------
+
+
+def _read_part(path: str, nchunks: int, serializer: Optional[Serializer], map_location: MapLocation) -> list[Any]:
+    items: list[Any] = []
+    with open(path, "rb") as fh:
+        for _ in range(nchunks):
+            head = np.empty(64, dtype=np.uint8)
+            if fh.readinto(memoryview(head)) != head.size:  # type: ignore[arg-type]
+                raise EOFError(f"result part file {path!r} is truncated")
+            total = _ser.frame_length(head)
+            buf = np.empty(total, dtype=np.uint8)
+            buf[:64] = head
+            if fh.readinto(memoryview(buf)[64:]) != total - 64:  # type: ignore[arg-type]
+                raise EOFError(f"result part file {path!r} is truncated")
+            items.extend(_decode(buf, serializer, map_location))
+    return items
+
+
+def _write_part(path: str, frames: list[Frame]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            for f in frames:
+                fh.write(memoryview(f.to_numpy()))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _workdir(tmpdir: str, token: int) -> str:
+    return os.path.join(tmpdir, f"hwdist-collect-{token:016x}")
+
+
+def _probe_ok(path: str, token: int) -> Optional[str]:
+    try:
+        with open(path) as fh:
+            content = fh.read().strip()
+    except OSError as exc:
+        return f"cannot read rank 0's probe file {path!r}: {exc.strerror or exc}"
+    if content != f"{token:016x}":
+        return f"the probe file {path!r} holds another token: a different directory with the same path"
+    return None
+
+
+def _write_probe(path: str, token: int) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(f"{token:016x}\n")
+    os.replace(tmp, path)
+
+
+def _not_shared(tmpdir: str, why: str) -> _LocalFailure:
+    return _LocalFailure(
+        _IO,
+        f"tmpdir {tmpdir!r} is not shared with rank 0 ({why}); checked before any rank wrote results."
+        " Use a directory on a filesystem every rank sees, or tmpdir=None to collect over communication",
+    )
+
+
+def _collect_files(
+    result_part: Any,
+    size: Any,
+    tmpdir: Any,
+    group: Any,
+    serializer: Optional[Serializer],
+    map_location: MapLocation,
+) -> Optional[list[Any]]:
+    comm = _Comm(group)
+    op = _OPS["collect_results(tmpdir)"]
+    what = "collect_results(device='cpu', tmpdir=...)"
+    me = comm.rank
+    frames: list[Frame] = []
+    part: list[Any] = []
+    workdir: Optional[str] = None
+    created: Optional[str] = None
+    try:
+        try:
+            part = _check_args(result_part, size)
+            if not isinstance(tmpdir, (str, os.PathLike)):
+                raise _LocalFailure(_ARGUMENT, f"tmpdir must be a path (str), got {type(tmpdir).__name__}")
+            tmpdir = os.fspath(tmpdir)
+            token = 0
+            if me != 0:
+                frames = _encode_chunks(part, serializer, CHUNK_BYTES)
+            else:
+                token = secrets.randbits(62) | 1
+                try:
+                    if not os.path.isdir(tmpdir):
+                        os.makedirs(tmpdir, exist_ok=True)
+                        created = tmpdir
+                    workdir = _workdir(tmpdir, token)
+                    os.mkdir(workdir)
+                    _write_probe(os.path.join(workdir, "probe"), token)
+                except OSError as exc:
+                    raise _LocalFailure(_IO, f"cannot create a working directory in tmpdir {tmpdir!r}: {exc}") from exc
+            rec = _make_record(op, total=sum(f.nbytes for f in frames), nchunks=len(frames), root=0, token=token)
+        except _LocalFailure as fail:
+            rec = _failure_record(op, fail, root=0)
+        records = comm.exchange(rec, what, op, 0)
+        token = records[0].token
+        # 1. is the directory shared? (nobody has written results yet)
+        status = _make_record(op, root=0)
+        if me != 0:
+            wd = _workdir(tmpdir, token)
+            why = _probe_ok(os.path.join(wd, "probe"), token)
+            if why is not None:
+                status = _failure_record(op, _not_shared(tmpdir, why), root=0)
+        comm.exchange(status, what, op, 0)
+        # 2. write the parts (atomically), then tell everyone how it went
+        status = _make_record(op, root=0)
+        if me != 0:
+            try:
+                _write_part(os.path.join(_workdir(tmpdir, token), f"part_{me}.bin"), frames)
+            except OSError as exc:
+                status = _failure_record(op, _LocalFailure(_IO, f"cannot write its results into {tmpdir!r}: {exc}"), root=0)
+        frames = []
+        comm.exchange(status, what, op, 0)
+        if me != 0:
+            return None
+        assert workdir is not None
+        parts: list[list[Any]] = [part]
+        for r in records[1:]:
+            parts.append(_read_part(os.path.join(workdir, f"part_{r.rank}.bin"), r.nchunks, serializer, map_location))
+        return _interleave(parts, int(size))
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if created is not None:
+            try:
+                os.rmdir(created)
+            except OSError:
+                pass
+
+
+# ---- public ------------------------------------------------------------------------------------
+
+
+def collect_results(
+    results: list[Any],
+    size: int,
+    device: str = "cpu",
+    tmpdir: Optional[str] = None,
+    *,
+    group: Optional[Any] = None,
+    map_location: MapLocation = None,
+    serializer: Optional[Serializer] = None,
+) -> Optional[list[Any]]:
+    """Collect every rank's results on rank 0, in sampler order, truncated to ``size``.
+
+    Outside a process group returns ``results[:size]`` (mmengine).
+
+    Args:
+        results: this rank's results; rank ``r`` holds items ``r, r+W, r+2W, ...``.
+        size: number of results wanted (the dataset length; drops sampler padding).
+        device: ``'cpu'`` (through ``tmpdir`` if given, else over communication)
+            or ``'gpu'`` (over communication on the backend's device).
+        tmpdir: a directory every rank sees; ``device='cpu'`` only.
+        group: process group (default group if None); its rank 0 collects.
+        map_location: device for tensors inside the results (default CPU).
+        serializer: default: :func:`hwdist.get_serializer`.
+
+    Returns:
+        The ordered results on rank 0, None elsewhere.
+
+    Raises:
+        CollectiveArgumentError: bad arguments on any rank (raised on every rank).
+        SerializationError: a result could not be serialized on some rank
+            (raised on every rank, naming the rank, the item and its type).
+        ObjectCollectiveError: ``tmpdir`` is not shared by all ranks, or writing failed.
+
+    Example:
+        >>> part = ["foo", {1: 2}] if hwdist.get_rank() == 0 else [24, {"a": "b"}]
+        >>> hwdist.collect_results(part, size=4)
+        ['foo', 24, {1: 2}, {'a': 'b'}]   # rank 0
+        None                              # rank 1
+    """
+    bad = ""
+    if device not in ("cpu", "gpu"):
+        bad = f"device must be 'cpu' or 'gpu', got {device!r}"
+    elif device == "gpu" and tmpdir is not None:
+        bad = f"tmpdir must be None when device='gpu', got {tmpdir!r}"
+    if _world(group) == 1:
+        if bad:
+            raise CollectiveArgumentError(f"collect_results: {bad}")
+        return _local(results, size)
+    if bad:
+        return _collect_comm(results, size, group, "collect_results", serializer, map_location, bad)
+    if device == "cpu" and tmpdir is not None:
+        return _collect_files(results, size, tmpdir, group, serializer, map_location)
+    return _collect_comm(results, size, group, "collect_results", serializer, map_location)
+
+
+def collect_results_cpu(
+    result_part: list[Any],
+    size: int,
+    tmpdir: Optional[str] = None,
+    *,
+    group: Optional[Any] = None,
+    map_location: MapLocation = None,
+    serializer: Optional[Serializer] = None,
+) -> Optional[list[Any]]:
+    """:func:`collect_results` with ``device='cpu'``: through ``tmpdir`` if given, else over communication.
+
+    Example:
+        >>> hwdist.collect_results_cpu([hwdist.get_rank()] * 2, size=4, tmpdir="/shared/tmp")
+        [0, 1, 0, 1]   # rank 0
+        None           # rank 1
+    """
+    return collect_results(result_part, size, "cpu", tmpdir, group=group, map_location=map_location, serializer=serializer)
+
+
+def collect_results_gpu(
+    result_part: list[Any],
+    size: int,
+    *,
+    group: Optional[Any] = None,
+    map_location: MapLocation = None,
+    serializer: Optional[Serializer] = None,
+) -> Optional[list[Any]]:
+    """:func:`collect_results` over communication on the backend's device (mmengine's gpu mode).
+
+    Example:
+        >>> hwdist.collect_results_gpu([hwdist.get_rank()], size=2)
+        [0, 1]   # rank 0
+        None     # rank 1
+    """
+    return collect_results(result_part, size, "gpu", None, group=group, map_location=map_location, serializer=serializer)
+
+
+def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, group: Optional[Any] = None) -> str:
+    """One temporary directory, created by rank 0 and checked to be visible on every rank (vis4d).
+
+    Args:
+        rank: accepted for vis4d compatibility; the group's own rank is used.
+        tmpdir: the directory to use (created if missing); default: a new
+            ``tempfile.mkdtemp()`` on rank 0 whose path is sent to all ranks.
+        group: process group (default group if None).
+
+    Returns:
+        The directory path, the same on every rank.
+
+    Raises:
+        ObjectCollectiveError: some rank cannot see the directory (raised on every rank).
+
+    Example:
+        >>> hwdist.create_tmpdir()
+        '/tmp/hwdist-k2j3h4'   # rank 0
+        '/tmp/hwdist-k2j3h4'   # rank 1
+    """
+    del rank
+    if _world(group) == 1:
+        if tmpdir is None:
+            return tempfile.mkdtemp(prefix="hwdist-")
+        os.makedirs(tmpdir, exist_ok=True)
+        return os.fspath(tmpdir)
+    comm = _Comm(group)
+    op = _OPS["create_tmpdir"]
+    what = "create_tmpdir"
+    probe: Optional[str] = None
+    try:
+        path = "" if tmpdir is None else os.fspath(tmpdir)
+        if comm.rank == 0:
+            token = secrets.randbits(62) | 1
+            try:
+                if tmpdir is None:
+                    path = tempfile.mkdtemp(prefix="hwdist-")
+                else:
+                    os.makedirs(path, exist_ok=True)
+                probe = os.path.join(path, f".hwdist-probe-{token:016x}")
+                _write_probe(probe, token)
+                raw = np.frombuffer(path.encode(), dtype=np.uint8)
+                if raw.size > INLINE_BYTES:
+                    raise _LocalFailure(_ARGUMENT, f"tmpdir path is longer than {INLINE_BYTES} bytes: {path!r}")
+                rec = _make_record(op, root=0, token=token, inline=raw)
+            except OSError as exc:
+                rec = _failure_record(op, _LocalFailure(_IO, f"cannot create tmpdir {path!r}: {exc}"), root=0)
+            except _LocalFailure as fail:
+                rec = _failure_record(op, fail, root=0)
+        else:
+            rec = _make_record(op, root=0)
+        records = comm.exchange(rec, what, op, 0)
+        head = records[0]
+        if tmpdir is None:
+            path = bytes(head.inline).decode() if head.inline is not None else ""
+        status = _make_record(op, root=0)
+        if comm.rank != 0:
+            why = _probe_ok(os.path.join(path, f".hwdist-probe-{head.token:016x}"), head.token)
+            if why is not None:
+                status = _failure_record(op, _LocalFailure(_IO, f"directory {path!r} is not shared with rank 0 ({why})"), root=0)
+        try:
+            comm.exchange(status, what, op, 0)
+        except BaseException:
+            if comm.rank == 0 and tmpdir is None and path:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+        return path
+    finally:
+        if probe is not None:
+            try:
+                os.unlink(probe)
+            except OSError:
+                pass
+

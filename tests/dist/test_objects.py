@@ -1,0 +1,290 @@
+"""Object collectives on real ranks (gloo and the emulated accelerator), both paths, world sizes 1-3.
+
+Expected values are built in each rank from rank numbers, never taken from hwdist.
+The emulated accelerator 'emu' has ``native_object_collectives = False`` and
+refuses int64 on the wire, so on 'emu' the portable path runs under the
+driver's byte plan; on gloo each check runs once per path ('portable', 'native').
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as torch_dist
+
+import hwdist
+from hwdist.collectives import objects as objmod
+from hwdist.testing.pytest_plugin import backends, world_sizes
+
+PATHS = ("portable", "native")
+
+
+def _obj(rank: int, big: bool = False) -> dict:
+    """Rank ``rank``'s object; ``big`` adds arrays/tensors that travel out of band."""
+    out = {
+        "rank": rank,
+        "name": f"r{rank}",
+        "none": None,
+        "nested": [rank, (rank, "x"), {"k": rank * 2}],
+        "t": torch.arange(3, dtype=torch.int64) + rank,
+        "arr": np.full(4, rank, dtype=np.float32),
+    }
+    if big:
+        out["big_arr"] = np.full(300_000 + rank * 1000, rank, dtype=np.float64)
+        out["big_t"] = torch.full((200, 300 + rank), float(rank), dtype=torch.bfloat16)
+    return out
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+    return a == b
+
+
+def _check_all(path: str) -> dict:
+    """Every object collective, small and large payloads; returns what each check saw."""
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    report = {}
+    with hwdist.object_path(path):
+        for big in (False, True):
+            got = hwdist.all_gather_object(_obj(rank, big))
+            assert len(got) == world
+            assert all(_same(got[r], _obj(r, big)) for r in range(world)), f"all_gather_object big={big}"
+            for dst in range(world):
+                got = hwdist.gather_object(_obj(rank, big), dst=dst)
+                if rank == dst:
+                    assert got is not None and all(_same(got[r], _obj(r, big)) for r in range(world))
+                else:
+                    assert got is None
+            for src in range(world):
+                # torch needs equal lengths; the portable path also resizes (checked below)
+                data = [_obj(rank, big), "tail"] if rank == src else [None, None]
+                hwdist.broadcast_object_list(data, src=src)
+                assert len(data) == 2 and _same(data[0], _obj(src, big)) and data[1] == "tail"
+                assert _same(hwdist.broadcast_object(_obj(rank, big) if rank == src else None, src=src), _obj(src, big))
+                out = [None]
+                inp = [_obj(r, big) for r in range(world)] if rank == src else None
+                hwdist.scatter_object_list(out, inp, src=src)
+                assert _same(out[0], _obj(rank, big))
+            # vis4d: rank_zero_return_only
+            got = hwdist.all_gather_object(_obj(rank, big), rank_zero_return_only=True)
+            assert (got is None) == (rank != 0)
+            if rank == 0:
+                assert all(_same(got[r], _obj(r, big)) for r in range(world))
+        # unequal sizes: one rank big, the others inline-sized
+        mixed = _obj(rank, big=(rank == world - 1))
+        got = hwdist.all_gather_object(mixed)
+        assert all(_same(got[r], _obj(r, big=(r == world - 1))) for r in range(world))
+        # mid-sized payloads on every rank (the padded all_gather)
+        mid = {"rank": rank, "pad": "y" * (2000 + 100 * rank)}
+        got = hwdist.all_gather_object(mid)
+        assert got == [{"rank": r, "pad": "y" * (2000 + 100 * r)} for r in range(world)]
+        if path == "portable":
+            data = ["a", "b", "c"] if rank == 0 else [None]
+            hwdist.broadcast_object_list(data, src=0)
+            assert data == ["a", "b", "c"]
+        report["objects"] = True
+    return report
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", world_sizes())
+def test_object_collectives(dist, world_size, backend):
+    paths = PATHS if backend == "gloo" else ("portable",)
+    for path in paths:
+        results = dist(_check_all, world_size, backend, path)
+        assert all(r["objects"] for r in results)
+
+
+def _check_path_taken(path: str) -> tuple[bool, bool]:
+    """Whether torch's native all_gather_object ran, found by counting its calls."""
+    calls = []
+    original = torch_dist.all_gather_object
+
+    def spy(*a, **k):
+        calls.append(1)
+        return original(*a, **k)
+
+    torch_dist.all_gather_object = spy
+    try:
+        with hwdist.object_path(path):
+            hwdist.all_gather_object(hwdist.get_rank())
+            # map_location or a custom serializer always take the portable path
+            hwdist.all_gather_object(hwdist.get_rank(), map_location="cpu")
+    finally:
+        torch_dist.all_gather_object = original
+    return len(calls) == 1, len(calls) == 0
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_the_driver_decides_the_path(dist, backend):
+    results = dist(_check_path_taken, 2, backend, "native")
+    native_ok = hwdist.get_driver(backend).native_object_collectives if backend != "emu" else False
+    expect = (True, False) if native_ok else (False, True)
+    assert results == [expect, expect]
+    assert dist(_check_path_taken, 2, backend, "portable") == [(False, True)] * 2
+
+
+def _check_tensors_land_on_cpu_and_map_location() -> list:
+    rank = hwdist.get_rank()
+    got = hwdist.all_gather_object({"t": torch.ones(2) * rank, "p": torch.nn.Parameter(torch.ones(1))})
+    devices = [g["t"].device.type for g in got]
+    assert all(isinstance(g["p"], torch.nn.Parameter) and g["p"].requires_grad for g in got)
+    got = hwdist.all_gather_object(torch.ones(2), map_location="meta")
+    return devices + [g.device.type for g in got]
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_tensors_land_on_cpu_or_map_location(dist, backend):
+    for devices in dist(_check_tensors_land_on_cpu_and_map_location, 2, backend):
+        assert devices == ["cpu", "cpu", "meta", "meta"]
+
+
+class _Unpicklable:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def _unpicklable_on_last_rank(op: str) -> str:
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    obj = _Unpicklable() if rank == world - 1 else {"ok": rank}
+    start = time.monotonic()
+    try:
+        if op == "all_gather":
+            hwdist.all_gather_object(obj)
+        elif op == "gather":
+            hwdist.gather_object(obj, dst=0)
+        elif op == "broadcast":
+            hwdist.broadcast_object_list([obj], src=world - 1)
+        elif op == "scatter":
+            hwdist.scatter_object_list([None], [obj] * world if rank == world - 1 else None, src=world - 1)
+        elif op == "collect":
+            hwdist.collect_results([{"ok": 1}, obj], size=2 * world)
+    except hwdist.SerializationError as exc:
+        assert time.monotonic() - start < 10
+        assert exc.failures.keys() == {world - 1}
+        return str(exc)
+    raise AssertionError("no error raised")
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_unpicklable_object_fails_fast_on_every_rank(dist, world_size, backend):
+    for op in ("all_gather", "gather", "broadcast", "scatter", "collect"):
+        messages = dist(_unpicklable_on_last_rank, world_size, backend, op)
+        for msg in messages:
+            assert f"rank {world_size - 1}" in msg, msg
+            assert "_Unpicklable" in msg and "lock" in msg, msg
+
+
+def _bad_arguments() -> list:
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    seen = []
+    cases = [
+        lambda: hwdist.broadcast_object_list("not a list" if rank == 1 else [1], src=0),
+        lambda: hwdist.gather_object(1, dst=world if rank == 0 else 0),
+        lambda: hwdist.broadcast_object_list([1], src=rank),  # ranks disagree on src
+        lambda: hwdist.scatter_object_list([None], [1] if rank == 0 else None, src=0),  # wrong length on src
+        lambda: hwdist.scatter_object_list([] if rank == 1 else [None], [1] * world if rank == 0 else None),
+        lambda: (hwdist.all_gather_object(1) if rank == 0 else hwdist.gather_object(1)),  # different calls
+    ]
+    for case in cases:
+        try:
+            case()
+        except hwdist.CollectiveArgumentError as exc:
+            seen.append(str(exc))
+            continue
+        raise AssertionError(f"case {len(seen)} raised nothing")
+    # the group still works afterwards
+    assert hwdist.all_gather_object(rank) == list(range(world))
+    return seen
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_bad_arguments_raise_on_every_rank(dist, backend):
+    per_rank = dist(_bad_arguments, 2, backend)
+    for msgs in per_rank:
+        assert "data must be a list, got str" in msgs[0] and "rank 1" in msgs[0]
+        assert "dst=2 is not a rank of the group" in msgs[1]
+        assert "disagree" in msgs[2]
+        assert "scatter_object_input_list must be a list of 2 objects" in msgs[3]
+        assert "scatter_object_output_list must be a non-empty list" in msgs[4]
+        assert "different object collectives" in msgs[5]
+
+
+def _restricted_refuses(marker: str) -> list:
+    rank = hwdist.get_rank()
+    payload = _Evil(marker) if rank == 1 else {"rank": rank, "a": np.arange(3), "t": torch.ones(2)}
+    out = []
+    with hwdist.use_serializer(hwdist.RestrictedPickleSerializer()):
+        try:
+            hwdist.all_gather_object(payload)
+        except hwdist.UnpicklingRefused as exc:
+            out.append(str(exc))
+        # allowed content passes
+        got = hwdist.all_gather_object({"rank": rank, "a": np.arange(3), "t": torch.ones(2)})
+        out.append([g["rank"] for g in got])
+    return out
+
+
+class _Evil:
+    """Unpickling this would create ``marker`` (via ``__reduce__``)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_restricted_unpickler_refuses_and_runs_nothing(dist, backend, tmp_path):
+    marker = tmp_path / "pwned"
+    for out in dist(_restricted_refuses, 2, backend, str(marker)):
+        assert "refused global 'io.open'" in out[0] and "allow-list" in out[0]
+        assert out[1] == [0, 1]
+    assert not marker.exists()
+
+
+def _object_to_tensor_roundtrip() -> bool:
+    t = hwdist.object_to_tensor({"rank": hwdist.get_rank(), "a": np.arange(5)})
+    assert t.dtype == torch.uint8 and t.device == hwdist.get_comm_device()
+    back = hwdist.tensor2obj(hwdist.obj2tensor([1, None]))
+    assert back == [1, None]
+    obj = hwdist.tensor_to_object(t)
+    return obj["rank"] == hwdist.get_rank() and obj["a"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_object_to_tensor_in_a_group(dist):
+    assert dist(_object_to_tensor_roundtrip, 2, "gloo") == [True, True]
+
+
+def test_non_distributed_semantics():
+    # Outside a process group: mmengine's single-process results.
+    assert not hwdist.is_distributed()
+    data = {"a": 1}
+    assert hwdist.all_gather_object(data) == [data]
+    assert hwdist.all_gather_object(data, rank_zero_return_only=True) == [data]
+    assert hwdist.gather_object(data) == [data]
+    lst = ["foo", 12]
+    hwdist.broadcast_object_list(lst)
+    assert lst == ["foo", 12]
+    assert hwdist.broadcast_object(data) is data
+    out = [None]
+    hwdist.scatter_object_list(out, ["x"])
+    assert out == ["x"]
+    with pytest.raises(hwdist.CollectiveArgumentError, match="data must be a list, got tuple"):
+        hwdist.broadcast_object_list(("a",))
+    with pytest.raises(ValueError, match="object path must be one of"):
+        hwdist.set_object_path("fast")
+    assert objmod.get_object_path() == "portable"

@@ -1,0 +1,188 @@
+"""Results collection and create_tmpdir on real ranks (gloo and emu, world sizes 1-3).
+
+Expected orders are computed from the interleaved sampler rule (item i is on
+rank i % W at position i // W), independently of hwdist.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import hwdist
+from hwdist.collectives import results as resmod
+from hwdist.testing.pytest_plugin import backends, world_sizes
+
+
+def _item(i: int):
+    # genuine None results must survive
+    return None if i % 5 == 3 else {"idx": i, "pred": np.full(4, i, dtype=np.float32)}
+
+
+def _same_item(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a["idx"] == b["idx"] and a["pred"].tolist() == b["pred"].tolist()
+
+
+def _sampler_part(n_items: int, rank: int, world: int, pad: bool) -> list:
+    """What rank ``rank`` holds for a dataset of ``n_items``; ``pad`` mimics DistributedSampler padding."""
+    total = -(-n_items // world) * world if pad else n_items
+    return [_item(i % n_items) for i in range(rank, total, world)]
+
+
+def _collect(n_items: int, pad: bool, mode: str, tmp_base: str, chunk_bytes: int) -> list:
+    saved, resmod.CHUNK_BYTES = resmod.CHUNK_BYTES, chunk_bytes
+    try:
+        return _collect_inner(n_items, pad, mode, tmp_base)
+    finally:
+        resmod.CHUNK_BYTES = saved
+
+
+def _collect_inner(n_items: int, pad: bool, mode: str, tmp_base: str) -> list:
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    part = _sampler_part(n_items, rank, world, pad)
+    if mode == "cpu-tmpdir":
+        out = hwdist.collect_results(part, n_items, device="cpu", tmpdir=os.path.join(tmp_base, "shared"))
+    elif mode == "cpu-comm":
+        out = hwdist.collect_results_cpu(part, n_items)
+    else:
+        out = hwdist.collect_results_gpu(part, n_items)
+    if rank != 0:
+        assert out is None
+        return []
+    expected = [_item(i) for i in range(n_items)]
+    assert len(out) == n_items, (len(out), n_items)
+    assert all(_same_item(a, b) for a, b in zip(out, expected))
+    return [n_items]
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", world_sizes())
+def test_collect_results_order_none_and_unequal_parts(dist, world_size, backend, tmp_path):
+    for mode in ("cpu-tmpdir", "cpu-comm", "gpu"):
+        # unequal parts (n not divisible by W), padded parts, empty parts, tiny chunks
+        for n_items, pad, chunk in ((7, False, 1 << 24), (7, True, 1 << 24), (1, False, 1 << 24), (40, False, 200)):
+            res = dist(_collect, world_size, backend, n_items, pad, mode, str(tmp_path), chunk)
+            assert res[0] == [n_items]
+    # the shared directory was cleaned up (the user's tmpdir too, since hwdist created it)
+    assert not (tmp_path / "shared").exists()
+
+
+def _collect_big(mode: str, tmp_base: str) -> bool:
+    """Chunked transfer with out-of-band arrays (items above the out-of-band threshold)."""
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    saved, resmod.CHUNK_BYTES = resmod.CHUNK_BYTES, 300_000
+    n = 12
+    part = [{"i": i, "a": np.full(20_000, i, dtype=np.float64)} for i in range(rank, n, world)]
+    tmpdir = os.path.join(tmp_base, "big") if mode == "tmpdir" else None
+    try:
+        out = hwdist.collect_results(part, n, tmpdir=tmpdir)
+    finally:
+        resmod.CHUNK_BYTES = saved
+    if rank == 0:
+        assert [o["i"] for o in out] == list(range(n))
+        assert all(o["a"][0] == o["i"] and o["a"].flags.writeable for o in out)
+    return True
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_collect_results_chunks_large_items(dist, backend, tmp_path):
+    for mode in ("tmpdir", "comm"):
+        assert dist(_collect_big, 3, backend, mode, str(tmp_path)) == [True] * 3
+
+
+def _not_shared(tmp_base: str) -> str:
+    rank = hwdist.get_rank()
+    own = os.path.join(tmp_base, f"node{rank}")  # a different directory on every rank
+    try:
+        hwdist.collect_results([rank], 3, tmpdir=own)
+    except hwdist.ObjectCollectiveError as exc:
+        return str(exc)
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_unshared_tmpdir_fails_everywhere_before_anything_is_written(dist, backend, tmp_path):
+    msgs = dist(_not_shared, 3, backend, str(tmp_path))
+    for msg in msgs:
+        assert "is not shared with rank 0" in msg and "rank(s) 1, 2" in msg and "before any rank wrote" in msg
+    # nothing was written anywhere, and rank 0's working directory is gone
+    leftovers = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files]
+    assert leftovers == []
+    assert not (tmp_path / "node0").exists()
+
+
+def _bad_inputs() -> list:
+    rank = hwdist.get_rank()
+    seen = []
+    cases = [
+        lambda: hwdist.collect_results([1], -1 if rank == 1 else 2),
+        lambda: hwdist.collect_results("abc" if rank == 0 else [1], 2),
+        lambda: hwdist.collect_results([1], 2, device="tpu" if rank == 1 else "cpu"),
+        lambda: hwdist.collect_results([1], 2, device="gpu", tmpdir="/tmp/x"),
+    ]
+    for case in cases:
+        try:
+            case()
+        except hwdist.CollectiveArgumentError as exc:
+            seen.append(str(exc))
+            continue
+        raise AssertionError(f"case {len(seen)} raised nothing")
+    assert hwdist.collect_results([rank], 2) == ([0, 1] if rank == 0 else None)
+    return seen
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_bad_inputs_raise_on_every_rank(dist, backend):
+    for msgs in dist(_bad_inputs, 2, backend):
+        assert "size must be a non-negative int, got int: -1" in msgs[0] and "rank 1" in msgs[0]
+        assert "results must be a list, got str" in msgs[1] and "rank 0" in msgs[1]
+        assert "device must be 'cpu' or 'gpu', got 'tpu'" in msgs[2]
+        assert "tmpdir must be None when device='gpu'" in msgs[3]
+
+
+def _tmpdir(tmp_base: str) -> list:
+    rank = hwdist.get_rank()
+    made = hwdist.create_tmpdir(rank)
+    given = hwdist.create_tmpdir(rank, os.path.join(tmp_base, "given"))
+    hwdist.barrier()  # rank 0 removes its probe file once every rank has checked it
+    ok = os.path.isdir(made) and os.listdir(given) == []
+    hwdist.barrier()
+    if rank == 0:
+        os.rmdir(made)
+    try:
+        hwdist.create_tmpdir(rank, os.path.join(tmp_base, f"own{rank}"))
+    except hwdist.ObjectCollectiveError as exc:
+        err = "not shared with rank 0" in str(exc)
+    else:
+        err = False
+    return [made, given, ok, err]
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_create_tmpdir_is_shared(dist, backend, tmp_path):
+    res = dist(_tmpdir, 2, backend, str(tmp_path))
+    assert res[0][0] == res[1][0]
+    assert res[0][1] == res[1][1] == str(tmp_path / "given")
+    assert all(r[2] and r[3] for r in res)
+
+
+def test_non_distributed():
+    assert hwdist.collect_results([1, None, 3], 2) == [1, None]
+    assert hwdist.collect_results_cpu([1, 2], 5) == [1, 2]
+    assert hwdist.collect_results_gpu([1, 2], 1) == [1]
+    with pytest.raises(hwdist.CollectiveArgumentError, match="device must be 'cpu' or 'gpu'"):
+        hwdist.collect_results([1], 1, device="npu")
+    with pytest.raises(hwdist.CollectiveArgumentError, match="size must be a non-negative int"):
+        hwdist.collect_results([1], "2")
+
+
+def test_interleave_matches_the_sampler_rule():
+    for world in (1, 2, 3, 4):
+        for n in (0, 1, 5, 12, 13):
+            parts = [list(range(r, n, world)) for r in range(world)]
+            assert resmod._interleave(parts, n) == list(range(n))
+            assert resmod._interleave(parts, max(0, n - 2)) == list(range(max(0, n - 2)))

@@ -1,0 +1,168 @@
+"""Serialization in one process: frames, out-of-band buffers, tensors, the restricted unpickler."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import hwdist
+from hwdist.collectives import serialization as ser
+
+
+def _roundtrip(obj, serializer=None, map_location=None):
+    frame = ser.encode(obj, serializer)
+    data = frame.to_numpy()
+    assert data.size == frame.nbytes and frame.nbytes % ser.ALIGN == 0
+    return ser.decode(data, 0, serializer, map_location), frame, data
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.uint8,
+     torch.bool, torch.complex64, torch.int16],
+)
+def test_tensors_roundtrip_every_dtype_and_layout(dtype):
+    base = (torch.arange(24) % 7).to(dtype).reshape(2, 3, 4)
+    for t in (base, base.transpose(0, 2), base[:, 1], base.reshape(-1)[0], base[:0], base.clone().requires_grad_(dtype.is_floating_point)):
+        back, _, _ = _roundtrip({"t": t})
+        got = back["t"]
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t.detach())
+        assert got.requires_grad == t.requires_grad and got.device.type == "cpu"
+
+
+def test_large_buffers_travel_out_of_band_and_alias_the_frame():
+    arr = np.arange(100_000, dtype=np.float64)
+    t = torch.arange(50_000, dtype=torch.float32)
+    back, frame, data = _roundtrip({"arr": arr, "t": t, "small": np.arange(3)})
+    assert len(frame.buffers) == 2  # the small array stayed in band
+    assert frame.stream.nbytes < 4096  # the big data is not in the pickle stream
+    assert np.array_equal(back["arr"], arr) and torch.equal(back["t"], t)
+    # zero copy on the receiving side: the array's memory lies inside the frame, and is writable
+    lo, hi = data.ctypes.data, data.ctypes.data + data.size
+    assert lo <= back["arr"].ctypes.data < hi and back["arr"].flags.writeable
+    assert lo <= back["t"].data_ptr() < hi
+
+
+def test_numpy_variants_and_stdlib_types():
+    objs = [
+        np.float64(1.5), np.int32(3), np.array([1, "a"], dtype=object), np.arange(6).reshape(2, 3)[:, ::2],
+        np.zeros(3, dtype=[("a", "i4"), ("b", "f8")]), collections.OrderedDict(a=1), {1, 2}, frozenset({3}),
+        b"bytes", bytearray(b"ba"), 1 + 2j, datetime.date(2024, 1, 2), None, (1, [2, {"x": None}]),
+    ]
+    back, _, _ = _roundtrip(objs, ser.RestrictedPickleSerializer())
+    for a, b in zip(objs, back):
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and (a == b).all()
+        else:
+            assert a == b and type(a) is type(b)
+
+
+def test_map_location_and_shared_references():
+    t = torch.ones(3)
+    back, _, _ = _roundtrip([t, t], map_location="meta")
+    assert back[0].device.type == "meta" and back[0] is back[1]
+
+
+def test_object_to_tensor_roundtrip_with_padding_and_no_aliasing():
+    t = hwdist.object_to_tensor({"a": np.arange(100_000)})
+    assert t.dtype == torch.uint8 and t.dim() == 1 and t.device.type == "cpu"
+    padded = torch.cat([t, torch.zeros(13, dtype=torch.uint8)])
+    obj = hwdist.tensor_to_object(padded)
+    padded.zero_()  # the result owns its bytes
+    assert obj["a"][-1] == 99_999
+    assert hwdist.obj2tensor is hwdist.object_to_tensor and hwdist.tensor2obj is hwdist.tensor_to_object
+    with pytest.raises(TypeError, match="expected a uint8 tensor"):
+        hwdist.tensor_to_object(torch.zeros(3))
+    with pytest.raises(ValueError, match="bad magic"):
+        hwdist.tensor_to_object(torch.zeros(64, dtype=torch.uint8))
+
+
+class _Writes:
+    """Unpickling this would create a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+class _Plain:
+    def __init__(self) -> None:
+        self.x = 1
+
+
+@dataclasses.dataclass
+class _Box:
+    value: int
+
+
+def test_restricted_unpickler_refuses_unknown_globals_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    rs = ser.RestrictedPickleSerializer()
+    for evil in (_Writes(str(marker)), [1, {"k": _Writes(str(marker))}]):
+        data = ser.encode(evil).to_numpy()
+        with pytest.raises(ser.UnpicklingRefused, match="io.open"):
+            ser.decode(data, serializer=rs)
+    assert not marker.exists()
+    # plain pickle data naming a dangerous callable is refused by restricted_loads too
+    payload = pickle.dumps(_Writes(str(marker)))
+    with pytest.raises(hwdist.UnpicklingRefused):
+        hwdist.restricted_loads(payload)
+    with pytest.raises(hwdist.UnpicklingRefused, match="_Plain"):
+        ser.decode(ser.encode(_Plain()).to_numpy(), serializer=rs)
+    # torch's own tensor format goes through torch.load: refused
+    sparse = torch.eye(2).to_sparse()
+    with pytest.raises(hwdist.UnpicklingRefused):
+        ser.decode(ser.encode(sparse).to_numpy(), serializer=rs)
+    assert not marker.exists()
+
+
+def test_allow_list_can_be_extended():
+    data = ser.encode(_Box(3)).to_numpy()
+    with pytest.raises(hwdist.UnpicklingRefused):
+        ser.decode(data, serializer=ser.RestrictedPickleSerializer())
+    assert ser.decode(data, serializer=ser.RestrictedPickleSerializer(allow=[_Box])) == _Box(3)
+    key = (_Box.__module__, _Box.__qualname__)
+    assert key not in hwdist.safe_globals()
+    hwdist.register_safe_class(_Box)
+    try:
+        assert key in hwdist.safe_globals()
+        assert ser.decode(data, serializer=ser.RestrictedPickleSerializer()) == _Box(3)
+    finally:
+        ser._SAFE.discard(key)
+    with pytest.raises(TypeError, match="register_safe_class"):
+        hwdist.register_safe_class(3)
+    with pytest.raises(ValueError, match="module.QualName"):
+        hwdist.register_safe_class("nodot")
+
+
+class _JsonSerializer(hwdist.Serializer):
+    def dumps(self, obj):
+        import json
+
+        return json.dumps(obj).encode(), []
+
+    def loads(self, stream, buffers):
+        import json
+
+        return json.loads(bytes(stream))
+
+
+def test_pluggable_serializer():
+    js = _JsonSerializer()
+    back, frame, _ = _roundtrip({"a": [1, 2]}, js)
+    assert back == {"a": [1, 2]} and frame.buffers == []
+    assert hwdist.get_serializer() is not js
+    with hwdist.use_serializer(js):
+        assert hwdist.get_serializer() is js
+        assert hwdist.tensor_to_object(hwdist.object_to_tensor([3])) == [3]
+    assert isinstance(hwdist.get_serializer(), hwdist.PickleSerializer)
+    with pytest.raises(TypeError, match="Serializer"):
+        hwdist.set_serializer(object())  # type: ignore[arg-type]
