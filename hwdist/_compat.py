@@ -59,9 +59,10 @@ def _pick(*names: str) -> Optional[Callable[..., Any]]:
     return None
 
 
-# Flat all_gather into one tensor: all_gather_into_tensor (1.13+), _all_gather_base before.
-# Drop the fallback when torch>=1.13 is the floor.
-all_gather_into_tensor = _pick("all_gather_into_tensor", "_all_gather_base")
+# Flat all_gather into one tensor: all_gather_single (2.13+, which deprecates
+# all_gather_into_tensor), all_gather_into_tensor (1.13+), _all_gather_base before.
+# Drop the fallbacks when torch>=2.13 is the floor.
+all_gather_into_tensor = _pick("all_gather_single", "all_gather_into_tensor", "_all_gather_base")
 
 # Flat reduce_scatter: reduce_scatter_single (2.13+, which deprecates reduce_scatter_tensor),
 # reduce_scatter_tensor (1.13+), _reduce_scatter_base before.
