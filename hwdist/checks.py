@@ -196,14 +196,23 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _short(x: Any, limit: int = 120) -> str:
+def _fmt(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         t = x.detach().cpu()
         text = f"{str(t.dtype).replace('torch.', '')}{t.tolist()}"
         if t.dtype == torch.bool and bool((t.view(torch.uint8) > 1).any()):
             text += f" (non-canonical bool bytes {t.view(torch.uint8).tolist()})"
-    else:
-        text = repr(x)
+        return text
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {_fmt(v)}" for k, v in x.items()) + "}"
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        inner = ", ".join(_fmt(v) for v in x)
+        return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+    return repr(x)
+
+
+def _short(x: Any, limit: int = 160) -> str:
+    text = _fmt(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -554,7 +563,7 @@ def _body_collect_results(ctx: _Ctx) -> None:
 
 #: (function name, dtypes or (None,), body). The order is the table's order.
 CHECKS: tuple[tuple[str, tuple[Optional[str], ...], Callable[[_Ctx], None]], ...] = (
-    ("dist info", (None,), _body_dist_info),
+    ("dist_info", (None,), _body_dist_info),
     ("all_reduce", _ALL, _body_all_reduce),
     ("reduce", _ALL, _body_reduce),
     ("all_gather", _ALL, _body_all_gather),
@@ -576,7 +585,7 @@ CHECKS: tuple[tuple[str, tuple[Optional[str], ...], Callable[[_Ctx], None]], ...
 
 _BODIES = {name: body for name, _, body in CHECKS}
 # Checks that are not one hwdist function.
-_GROUPS = {"dist info": "get_rank"}
+_GROUPS = {"dist_info": "get_rank"}
 
 
 def check_names() -> list[str]:
@@ -628,7 +637,7 @@ def _cross_rank(name: str, results: list[dict[str, Any]], backend: str) -> list[
     """Checks that need every rank's answer (run in the parent, from rank numbers)."""
     problems: list[str] = []
     n = len(results)
-    if name == "dist info":
+    if name == "dist_info":
         for r, res in enumerate(results):
             v = res["values"]
             if v["rank"] != r or v["world_size"] != n:
