@@ -94,3 +94,37 @@ def test_hardware_page_names_every_registered_backend():
     text = (ROOT / "docs" / "hardware.md").read_text()
     for name in hwdist.list_backends():
         assert f"`{name}`" in text
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_second():
+    text = _readme()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 2, "the README's set-up section has exactly two commands"
+    install, tests = (b.strip() for b in blocks)
+    assert install.startswith("pip install torch==") and "pip install -e '.[test]'" in install
+    assert install.endswith("hwdist check")
+    assert tests == "python3 -m pytest -q"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "\n" + tests + "\n" in ci, ".ci/run must run exactly the README's test command"
+
+
+def test_readme_tour_runs():
+    for name in ("all_reduce", "all_gather_object", "init_dist"):
+        if getattr(hwdist, name, None) is None:
+            pytest.skip(f"hwdist.{name} is not in this version yet; the tour needs it")
+    code = re.search(r"```python\n(.*?)```", _readme(), flags=re.S).group(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tour.py")
+        with open(path, "w") as fh:
+            fh.write(code)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HWDIST_") and k not in ("RANK", "WORLD_SIZE")}
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.run([sys.executable, path], cwd=tmp, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == "[[{'rank': 0}, {'rank': 1}], [{'rank': 0}, {'rank': 1}]]"
+    assert "comm_dtype=torch.float32, view=False, reduce_op='sum'" in proc.stdout
