@@ -135,8 +135,9 @@ def _launcher_report() -> dict[str, Any]:
         except Exception as exc:  # report, never crash the environment report
             report["inferred"] = None
             report["error"] = f"{type(exc).__name__}: {exc}"
-    else:
-        report["inferred"] = next(iter(found), None)
+    else:  # mmengine's launcher names, MPI before Slurm (mpirun inside sbatch inherits SLURM_*)
+        fams = [("pytorch", ("torchrun",)), ("mpi", ("openmpi", "pmi")), ("slurm", ("slurm",))]
+        report["inferred"] = next((name for name, keys in fams if any(k in found for k in keys)), "none")
     return report
 
 
@@ -242,7 +243,8 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
         w(f"  device {det['device_type']}, backend {det['backend']} ({chosen}: {det['reason']})\n")
     lau = rep["launcher"]
     w("\nLauncher:\n")
-    w(f"  inferred: {lau['inferred'] if lau['inferred'] is not None else 'none (a single process)'}\n")
+    inferred = lau["inferred"]
+    w(f"  inferred: {'none (a single process)' if inferred in (None, 'none') else inferred}\n")
     if lau.get("error"):
         w(f"  error: {lau['error']}\n")
     for name, variables in lau["variables"].items():
