@@ -439,6 +439,48 @@ def _out_first_or_returning(fn: Callable[..., Any], out: Any, inp: Any, **kwargs
     return fn(inp, **kwargs)
 
 
+def _body_send_recv(ctx: _Ctx) -> None:
+    n, r = ctx.world, ctx.rank
+    if n == 1:
+        ctx.covered.append("(one rank: nothing to send)")
+        return
+    # A ring: rank r sends its data to r+1 and receives from r-1, with non-blocking calls.
+    dst, src = (r + 1) % n, (r - 1) % n
+    data = ctx.tensor(_moved_for(ctx, r))
+    box = ctx.tensor(torch.zeros(2, 3))
+    want = _cpu(_moved_for(ctx, src), ctx.dtype)
+    isend, irecv = getattr(ctx.hw, "isend", None), getattr(ctx.hw, "irecv", None)
+
+    def call() -> Any:
+        if isend is not None and irecv is not None:
+            handles = [irecv(box, src=src), isend(data, dst=dst)] if r % 2 else [isend(data, dst=dst), irecv(box, src=src)]
+            for h in handles:
+                h.wait()
+            return "isend/irecv"
+        if r % 2 == 0:  # even ranks send first, odd ranks receive first: no cycle of blocking sends
+            ctx.fn(data, dst=dst)
+            ctx.hw.recv(box, src=src)
+        else:
+            ctx.hw.recv(box, src=src)
+            ctx.fn(data, dst=dst)
+        return "send/recv"
+
+    def verify(how: Any) -> None:
+        ctx.expect(f"{how} ring", box, want)
+
+    ctx.case("ring", call, verify, op="send")
+
+
+def _body_reduce_mean(ctx: _Ctx) -> None:
+    data = ctx.tensor(_input(ctx.rank, "mean"))
+    want = _combine([_input(q, "mean") for q in range(ctx.world)], "mean", ctx.dtype)
+
+    def verify(out: Any) -> None:
+        ctx.expect("mean", out if isinstance(out, torch.Tensor) else data, want)
+
+    ctx.case("mean", lambda: ctx.fn(data), verify, op="all_reduce", reduce_op="mean")
+
+
 def _body_sync_random_seed(ctx: _Ctx) -> None:
     seed = ctx.fn()
     ctx.values["seed"] = seed
@@ -542,6 +584,18 @@ def _body_broadcast_object_list(ctx: _Ctx) -> None:
     ctx.case(f"src={src}", lambda: ctx.fn(objs, src=src), lambda _o: ctx.expect(f"src={src}", objs, want))
 
 
+def _body_broadcast_object(ctx: _Ctx) -> None:
+    src = ctx.world - 1
+    ctx.case(f"src={src}", lambda: ctx.fn(_obj(ctx.rank), src=src), lambda out: ctx.expect(f"src={src}", out, _obj(src)))
+
+
+def _body_scatter_object_list(ctx: _Ctx) -> None:
+    src = ctx.world - 1
+    inputs = [_obj(q) for q in range(ctx.world)] if ctx.rank == src else None
+    out: list[Any] = [None]
+    ctx.case(f"src={src}", lambda: ctx.fn(out, inputs, src=src), lambda _o: ctx.expect(f"src={src}", out[0], _obj(ctx.rank)))
+
+
 def _result_item(i: int) -> Any:
     return None if i == 1 else {"index": i, "value": torch.tensor([float(i)])}
 
@@ -572,12 +626,16 @@ CHECKS: tuple[tuple[str, tuple[Optional[str], ...], Callable[[_Ctx], None]], ...
     ("scatter", _ALL, _body_scatter),
     ("reduce_scatter", _NUMERIC, _body_reduce_scatter),
     ("all_to_all", _ALL, _body_all_to_all),
+    ("send_recv", _ALL, _body_send_recv),
     ("sync_random_seed", (None,), _body_sync_random_seed),
+    ("reduce_mean", _FLOAT, _body_reduce_mean),
     ("all_reduce_dict", _NUMERIC, _body_all_reduce_dict),
     ("all_reduce_params", _FLOAT, _body_all_reduce_params),
     ("all_gather_object", (None,), _body_all_gather_object),
     ("gather_object", (None,), _body_gather_object),
     ("broadcast_object_list", (None,), _body_broadcast_object_list),
+    ("broadcast_object", (None,), _body_broadcast_object),
+    ("scatter_object_list", (None,), _body_scatter_object_list),
     ("collect_results", (None,), _body_collect_results),
     ("collect_results_cpu", (None,), _body_collect_results),
     ("collect_results_gpu", (None,), _body_collect_results),
@@ -585,7 +643,7 @@ CHECKS: tuple[tuple[str, tuple[Optional[str], ...], Callable[[_Ctx], None]], ...
 
 _BODIES = {name: body for name, _, body in CHECKS}
 # Checks that are not one hwdist function.
-_GROUPS = {"dist_info": "get_rank"}
+_GROUPS = {"dist_info": "get_rank", "send_recv": "send"}
 
 
 def check_names() -> list[str]:
