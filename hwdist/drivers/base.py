@@ -279,8 +279,8 @@ class Driver:
         if dtype == torch.bool:
             if rop not in _BOOL_OPS:
                 raise PlanError(f"{where}: '{rop}' is not defined on bool; use 'max' (any) or 'min' (all)")
-            if not self._can_reduce(torch.bool):
-                rop = _BOOL_OPS[rop]
+            # Always: a library's SUM on bool can leave non-canonical bytes (gloo: True == 2).
+            rop = _BOOL_OPS[rop]
         if comm.is_floating_point or comm.is_complex:
             if rop in ("band", "bor", "bxor"):
                 raise PlanError(f"{where}: bitwise ops need an integer or bool tensor")
