@@ -140,27 +140,16 @@ def _launcher_report() -> dict[str, Any]:
     return report
 
 
-def _mpi_report() -> dict[str, Any]:
-    from importlib import metadata
+def _runtime_details() -> dict[str, dict[str, Any]]:
+    """Each driver's own runtime facts (``Driver.details()``), where it has any."""
+    from hwdist import registry
 
-    dist = torch.distributed
-    native = bool(dist.is_available() and dist.is_mpi_available())
-    try:
-        have_mpi4py = importlib.util.find_spec("mpi4py") is not None
-    except (ImportError, ValueError):
-        have_mpi4py = False
-    version = None
-    if have_mpi4py:
-        try:
-            version = metadata.version("mpi4py")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-    launchers = {name: shutil.which(name) for name in ("mpirun", "mpiexec", "srun")}
-    return {
-        "torch_native_mpi": native,
-        "mpi4py": version,  # None: not importable (mpi4py.MPI is not imported: that would start MPI)
-        "launchers": {k: v for k, v in launchers.items() if v},
-    }
+    out = {}
+    for drv in registry.drivers():
+        facts = drv.details()
+        if facts:
+            out[drv.name] = facts
+    return out
 
 
 def env_report() -> dict[str, Any]:
@@ -215,7 +204,7 @@ def env_report() -> dict[str, Any]:
         "drivers": drivers,
         "detection": detection,
         "launcher": _launcher_report(),
-        "mpi_runtime": _mpi_report(),
+        "runtime_details": _runtime_details(),
         "torch_backends": torch_map,
     }
 
@@ -251,11 +240,14 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
         w(f"  inferred: {inferred}{' (a single process)' if inferred == 'none' else ''}\n")
     for name, variables in lau["variables"].items():
         w(f"  {name}: " + " ".join(f"{k}={v}" for k, v in variables.items()) + "\n")
-    mpi = rep["mpi_runtime"]
-    w("\nMPI:\n")
-    w(f"  torch built with MPI: {'yes' if mpi['torch_native_mpi'] else 'no'}\n")
-    w(f"  mpi4py: {mpi['mpi4py'] or 'not installed'}\n")
-    w(f"  launchers on PATH: {', '.join(f'{k} ({v})' for k, v in mpi['launchers'].items()) or 'none'}\n")
+    for name, facts in rep["runtime_details"].items():
+        w(f"\n{name} runtime:\n")
+        for key, value in facts.items():
+            if isinstance(value, dict):
+                value = ", ".join(f"{k} ({v})" for k, v in value.items()) or "none"
+            elif isinstance(value, bool):
+                value = "yes" if value else "no"
+            w(f"  {key}: {value if value is not None else 'not installed'}\n")
     tb = rep["torch_backends"]
     if tb:
         w("\ntorch.distributed backends:\n")

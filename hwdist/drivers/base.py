@@ -190,6 +190,10 @@ class Driver:
         """Number of devices of ``device_type`` visible to this process."""
         return 1
 
+    def details(self) -> dict[str, Any]:
+        """Extra runtime facts for ``hwdist env`` (versions, launchers); {} if none."""
+        return {}
+
     # ---- placement --------------------------------------------------------
     def set_device(self, local_rank: int) -> None:
         """Bind this process to the device for ``local_rank``."""

@@ -70,3 +70,21 @@ class MpiDriver(Driver):
         from ._mpi_pg import create_mpi_process_group
 
         return create_mpi_process_group
+
+    def details(self) -> dict[str, Any]:
+        """Whether torch has MPI built in, the mpi4py version, MPI launchers on PATH."""
+        import shutil
+        from importlib import metadata
+
+        version = None
+        if vendor_missing("mpi4py") is None:
+            try:
+                version = metadata.version("mpi4py")
+            except metadata.PackageNotFoundError:
+                version = "unknown"
+        launchers = {n: shutil.which(n) for n in ("mpirun", "mpiexec", "srun")}
+        return {
+            "torch built with MPI": _native(),
+            "mpi4py": version,  # mpi4py.MPI is not imported: that would start MPI
+            "launchers on PATH": {k: v for k, v in launchers.items() if v},
+        }

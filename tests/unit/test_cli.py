@@ -109,7 +109,7 @@ def test_env_json_is_complete_and_consistent_with_the_registry():
     assert variables["torchrun"]["RANK"] == "3" and variables["slurm"]["SLURM_PROCID"] == "3"
     if hasattr(hwdist, "infer_launcher"):
         assert rep["launcher"]["inferred"] == hwdist.infer_launcher({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "3"})
-    assert set(rep["mpi_runtime"]) >= {"torch_native_mpi", "mpi4py", "launchers"}
+    assert set(rep["runtime_details"]["mpi"]) >= {"torch built with MPI", "mpi4py", "launchers on PATH"}
     assert isinstance(rep["torch_backends"]["default_device_backend_map"], dict)
 
 

@@ -124,7 +124,7 @@ def test_no_backend_or_device_names_outside_drivers():
     """Dispatch lives in drivers: no backend/device name string constants elsewhere in
     hwdist/ (docstrings may mention names; code may not branch on them)."""
     root = pathlib.Path(hwdist.__file__).parent
-    names = re.compile(r"(^|[^a-z_])(nccl|hccl|cncl|mccl|xccl|gloo|mpi|npu|mlu|musa|cuda|xpu|mps)([^a-z_]|$)")
+    names = re.compile(r"(^|[^a-z_])(nccl|hccl|cncl|mccl|xccl|gloo|mpi|npu|mlu|musa|cuda|xpu|mps)([^a-z_-]|$)")
     offenders = []
     for path in root.rglob("*.py"):
         rel = path.relative_to(root).as_posix()
