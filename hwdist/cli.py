@@ -652,7 +652,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{env,check,bench}")
 
-    p_env = sub.add_parser("env", help="what this machine offers: drivers, detection, launcher, MPI")
+    p_env = sub.add_parser("env", help="what this machine offers: drivers, detection, launcher, runtimes")
     p_env.add_argument("--json", action="store_true", help="machine-readable output")
 
     def common(p: argparse.ArgumentParser, timeout: float) -> None:
