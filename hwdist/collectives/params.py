@@ -125,18 +125,23 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     ws = torch_dist.get_world_size(group)
     if ws == 1:
         return
-    keys = sorted(data, key=_key_order)
+    try:
+        keys = sorted(data)
+    except TypeError:  # keys of mixed types: still one order on every rank
+        keys = sorted(data, key=_key_order)
+    values = [data[k] for k in keys]
     problem: Optional[str] = None
-    for k in keys:
-        if not isinstance(data[k], torch.Tensor):
-            problem = f"data[{k!r}] must be a torch.Tensor, got {type(data[k]).__name__}"
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            problem = f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
             break
-    device = data[keys[0]].device if keys and problem is None else None
-    driver = registry.resolve(group, device)
-    plans: list[Plan] = []
+    driver = registry.resolve(group, values[0].device if values and problem is None else None)
+    by_dtype: dict[torch.dtype, Plan] = {}
     if problem is None:
         try:
-            plans = [_t._plan(driver, "all_reduce", data[k].dtype, rop) for k in keys]
+            for v in values:
+                if v.dtype not in by_dtype:
+                    by_dtype[v.dtype] = _t._plan(driver, "all_reduce", v.dtype, rop)
         except (TypeError, ValueError) as exc:  # PlanError is a TypeError
             problem = f"{type(exc).__name__}: {exc}"
     if verify:
@@ -146,15 +151,16 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     if not keys:
         return
     cdev = driver.comm_device()
-    # group keys by how they travel: (comm dtype, issued op, post, view of which dtype)
+    # one buffer per way of travelling: (comm dtype, issued op, post, view of which dtype)
     groups: dict[tuple[str, str, str, str], list[int]] = {}
-    for i, p in enumerate(plans):
+    for i, v in enumerate(values):
+        p = by_dtype[v.dtype]
         gk = (str(p.comm_dtype), p.reduce_op or "", p.post.value, str(p.dtype) if p.view else "")
         groups.setdefault(gk, []).append(i)
     for gk in sorted(groups):
         idx = groups[gk]
-        plan = plans[idx[0]]
-        members = [data[keys[i]] for i in idx]
+        members = [values[i] for i in idx]
+        plan = by_dtype[members[0].dtype]
         if plan.view:  # pack in the original dtype, then view the whole buffer
             flat, layout = flatten_tensors(members, device=cdev)
             wire = flat.view(plan.comm_dtype)
@@ -164,9 +170,8 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         torch_dist.all_reduce(wire, _t._torch_op(plan), group)
         if plan.post is Post.DIVIDE:
             _t._divide(wire, ws)
-        for i, off, n, shape in zip(idx, layout.offsets, layout.numels, layout.shapes):
-            orig = data[keys[i]]
-            piece = flat[off : off + n].view(shape)
+        for i, orig, piece in zip(idx, members, flat.split(layout.numels)):
+            piece = piece.view(orig.shape)
             if piece.dtype != orig.dtype:
                 piece = piece.to(orig.dtype)
             data[keys[i]] = piece if piece.device == orig.device else piece.to(orig.device)
@@ -185,7 +190,10 @@ def all_reduce_params(
     device), split into buckets of at most ``bucket_size_mb`` MiB when it is
     positive, and reduces each buffer with one all_reduce; buckets are issued
     asynchronously so packing the next one overlaps the communication of the
-    previous. Results are written back into the tensors (``.data``, so
+    previous. Tensors of at least the driver's ``pack_max_bytes`` (1 MiB on
+    CPU backends, where a packing copy costs as much as the wire; 0 = pack
+    everything on accelerators) are reduced in place, asynchronously,
+    instead of being copied. Results are written back into the tensors (``.data``, so
     parameters that require grad work). ``coalesce=False`` runs one
     :func:`hwdist.all_reduce` per tensor. Same ops, casts and mean rule as
     :func:`hwdist.all_reduce`. Every rank must pass the same tensors (shapes,
@@ -223,13 +231,20 @@ def all_reduce_params(
         return
     driver = registry.resolve(group, tensors[0].device)
     cdev = driver.comm_device()
+    # Big tensors go as they are (asynchronously) where the driver says packing costs more than it saves.
+    limit = int(getattr(driver, "pack_max_bytes", 0) or 0)
+    direct = [t for t in tensors if limit > 0 and t.numel() * t.element_size() >= limit]
+    packed = [t for t in tensors if not (limit > 0 and t.numel() * t.element_size() >= limit)]
     bucket_bytes = int(bucket_size_mb * 1024 * 1024) if bucket_size_mb > 0 else -1
-    buckets = bucket_tensors(tensors, bucket_bytes)
-    plans = [_t._plan(driver, "all_reduce", tensors[b[0]].dtype, rop) for b in buckets]  # errors before any comm
-    use_async = driver.supports_async and len(buckets) > 1
+    buckets = bucket_tensors(packed, bucket_bytes)
+    plans = [_t._plan(driver, "all_reduce", packed[b[0]].dtype, rop) for b in buckets]
+    for t in direct:  # errors before any communication
+        _t._plan(driver, "all_reduce", t.dtype, rop)
+    use_async = driver.supports_async
+    handles = [_t.all_reduce(t, rop, group, async_op=True) for t in direct]
     pending: list[tuple[Any, Tensor, Tensor, Plan, list[Tensor], FlatLayout]] = []
     for bucket, plan in zip(buckets, plans):
-        members = [tensors[i] for i in bucket]
+        members = [packed[i] for i in bucket]
         if plan.view:
             flat, layout = flatten_tensors(members, device=cdev)
             wire = flat.view(plan.comm_dtype)
@@ -244,3 +259,5 @@ def all_reduce_params(
         if plan.post is Post.DIVIDE:
             _t._divide(wire, ws)
         copy_from_flat(flat, members, layout)
+    for h in handles:
+        h.wait()

@@ -201,10 +201,35 @@ def _int_mean_plan(driver: Driver, op: str, dtype: torch.dtype) -> Plan:
     return base
 
 
+# Comm devices without an index (e.g. 'cpu') cannot change with set_device: remember them.
+_FIXED_COMM_DEVICE: dict[Driver, torch.device] = {}
+
+
 def _comm_dev(driver: Driver, data: Tensor) -> Optional[torch.device]:
     """None when ``data`` already sits on the driver's comm device, else that device."""
-    cdev = driver.comm_device()
+    cdev = _FIXED_COMM_DEVICE.get(driver)
+    if cdev is None:
+        cdev = driver.comm_device()
+        if cdev.index is None:
+            _FIXED_COMM_DEVICE[driver] = cdev
     return None if data.device == cdev else cdev
+
+
+# (driver, op, dtype, reduce op) -> (plan, torch reduce op when the plan is a pure pass-through)
+_FAST: dict[tuple[Driver, str, torch.dtype, Optional[str]], tuple[Plan, Any]] = {}
+
+
+def _fast_plan(driver: Driver, op: str, dtype: torch.dtype, rop: Optional[str]) -> tuple[Plan, Any]:
+    """The plan, and the torch op to call directly when it is a pure pass-through (else None)."""
+    key = (driver, op, dtype, rop)
+    found = _FAST.get(key)
+    if found is None:
+        plan = _plan(driver, op, dtype, rop)
+        fast = None
+        if plan.passthrough:
+            fast = _NAME_TO_TORCH[plan.reduce_op] if plan.reduce_op is not None else True
+        found = _FAST[key] = (plan, fast)
+    return found
 
 
 def _prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Tensor, bool]:
@@ -376,18 +401,24 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
         >>> dist.all_reduce(data, op="mean")
         >>> # rank 0: tensor([2, 3])   rank 1: tensor([2, 3])
     """
-    rop = normalize_reduce_op(op)
-    _check_tensor(data, "data", "all_reduce")
+    rop = _STR_OPS.get(op) if op.__class__ is str else None
+    if rop is None:
+        rop = normalize_reduce_op(op)
+    if not isinstance(data, torch.Tensor):
+        _check_tensor(data, "data", "all_reduce")
     if not _is_initialized():
         return _done(async_op)
     driver = registry.resolve(group, data.device)
-    plan = _plan(driver, "all_reduce", data.dtype, rop)
+    plan, fast = _fast_plan(driver, "all_reduce", data.dtype, rop)
     cdev = _comm_dev(driver, data)
-    if cdev is None and plan.passthrough and data.is_contiguous():
-        if async_op and driver.supports_async:
-            return torch_dist.all_reduce(data, _NAME_TO_TORCH[plan.reduce_op], group, True)  # type: ignore[index]
-        torch_dist.all_reduce(data, _NAME_TO_TORCH[plan.reduce_op], group)  # type: ignore[index]
-        return _done(async_op)
+    if fast is not None and cdev is None and data.is_contiguous():
+        if async_op:
+            if driver.supports_async:
+                return torch_dist.all_reduce(data, fast, group, True)
+            torch_dist.all_reduce(data, fast, group)
+            return CollectiveHandle()
+        torch_dist.all_reduce(data, fast, group)
+        return None
     ws = torch_dist.get_world_size(group)
     buf, aliased = _prepare(data, plan, cdev)
     if plan.emulated:  # a backend without all_reduce: nothing can emulate it
@@ -729,9 +760,9 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
     ws = torch_dist.get_world_size(group)
     _check_rank(src, "src", "broadcast", group, ws)
     driver = registry.resolve(group, data.device)
-    plan = driver.plan("broadcast", data.dtype)
+    plan, fast = _fast_plan(driver, "broadcast", data.dtype, None)
     cdev = _comm_dev(driver, data)
-    if cdev is None and plan.passthrough and data.is_contiguous():
+    if fast is not None and cdev is None and data.is_contiguous():
         if async_op and driver.supports_async:
             return torch_dist.broadcast(data, src, group, True)
         torch_dist.broadcast(data, src, group)
@@ -968,19 +999,35 @@ def all_to_all(
     plan = driver.plan("all_to_all", ins[0].dtype)
     cdev = _comm_dev(driver, ins[0])
     if plan.native_op == "all_to_all":
-        in_bufs = [_prepare(t, plan, cdev)[0] for t in ins]
-        prepared = [_prepare(t, plan, cdev) for t in outs]
-        out_bufs = [b for b, _ in prepared]
+        in_sizes = [_comm_numel(t, plan) for t in ins]
+        out_sizes = [_comm_numel(t, plan) for t in outs]
+        if len(set(in_sizes + out_sizes)) == 1:  # equal pieces: torch's list form, no copy when none is needed
+            in_bufs = [_prepare(t, plan, cdev)[0] for t in ins]
+            prepared = [_prepare(t, plan, cdev) for t in outs]
+            out_bufs = [b for b, _ in prepared]
 
-        def issue(is_async: bool) -> Any:
-            return torch_dist.all_to_all(out_bufs, in_bufs, group, is_async)
+            def issue(is_async: bool) -> Any:
+                return torch_dist.all_to_all(out_bufs, in_bufs, group, is_async)
 
-        def finish() -> None:
-            for t, (b, aliased) in zip(outs, prepared):
-                if not aliased:
-                    _restore(t, b, plan)
+            def finish() -> None:
+                for t, (b, aliased) in zip(outs, prepared):
+                    if not aliased:
+                        _restore(t, b, plan)
 
-        return _run(driver, async_op, issue, finish)
+            return _run(driver, async_op, issue, finish)
+        # pieces of different sizes: one flat buffer each way with split sizes
+        comm_device = cdev if cdev is not None else ins[0].device
+        send_flat = torch.cat([_as_comm_flat(t, plan, cdev) for t in ins])
+        recv_flat = torch.empty(sum(out_sizes), dtype=plan.comm_dtype, device=comm_device)
+
+        def issue_s(is_async: bool) -> Any:
+            return torch_dist.all_to_all_single(recv_flat, send_flat, out_sizes, in_sizes, group, is_async)
+
+        def finish_s() -> None:
+            for t, piece in zip(outs, recv_flat.split(out_sizes)):
+                _restore(t, piece, plan)
+
+        return _run(driver, async_op, issue_s, finish_s)
 
     # emulated: exchange piece sizes, then all_gather every rank's pieces
     me = _group_index(group, torch_dist.get_rank())
