@@ -20,9 +20,9 @@ R = torch.distributed.ReduceOp
 COMBOS = [(ws, be) for be in backends() for ws in world_sizes()]
 
 
-@pytest.fixture(scope="module", params=COMBOS, ids=[f"{ws}-{be}" for ws, be in COMBOS])
+@pytest.fixture(scope="session", params=COMBOS, ids=[f"{ws}-{be}" for ws, be in COMBOS])
 def combo(request):
-    """(world_size, backend); module scope so pytest groups the tests by pool."""
+    """(world_size, backend); session scope so pytest groups the tests by pool."""
     return request.param
 
 
