@@ -51,14 +51,16 @@ class FlatLayout:
     @classmethod
     def of(cls, tensors: Sequence[Tensor]) -> "FlatLayout":
         """The layout of ``tensors`` packed back to back in order."""
-        shapes = tuple(t.shape for t in tensors)
-        numels = tuple(t.numel() for t in tensors)
-        offsets = []
+        shapes, dtypes, offsets, numels = [], [], [], []
         pos = 0
-        for n in numels:
+        for t in tensors:
+            n = t.numel()
+            shapes.append(t.shape)
+            dtypes.append(t.dtype)
             offsets.append(pos)
+            numels.append(n)
             pos += n
-        return cls(shapes, tuple(t.dtype for t in tensors), tuple(offsets), numels)
+        return cls(tuple(shapes), tuple(dtypes), tuple(offsets), tuple(numels))
 
 
 def flatten_tensors(
@@ -95,16 +97,23 @@ def flatten_tensors(
     if device is None:
         device = tensors[0].device if tensors else torch.device("cpu")
     device = torch.device(device)
-    flat = torch.empty(layout.total, dtype=dtype, device=device)
     if not tensors:
-        return flat, layout
-    if all(t.device == device for t in tensors):
-        with torch.no_grad():
-            torch.cat([t.reshape(-1) for t in tensors], out=flat)
-    else:
-        with torch.no_grad():
-            for t, off, n in zip(tensors, layout.offsets, layout.numels):
-                flat[off : off + n].copy_(t.reshape(-1))
+        return torch.empty(0, dtype=dtype, device=device), layout
+    with torch.no_grad():
+        if all(t.device == device for t in tensors):
+            d0, s0 = layout.dtypes[0], layout.shapes[0]
+            if all(d == d0 for d in layout.dtypes):  # one dtype: no promotion inside cat/stack
+                if all(sh == s0 for sh in layout.shapes):  # e.g. scalar metrics: stack is one cheap call
+                    flat = torch.stack(tensors).reshape(-1)
+                else:
+                    flat = torch.cat([t.reshape(-1) for t in tensors])
+                return (flat if d0 == dtype else flat.to(dtype)), layout
+            flat = torch.empty(layout.total, dtype=dtype, device=device)
+            torch.cat([t.reshape(-1) for t in tensors], out=flat)  # casts each input into dtype
+            return flat, layout
+        flat = torch.empty(layout.total, dtype=dtype, device=device)
+        for t, off, n in zip(tensors, layout.offsets, layout.numels):
+            flat[off : off + n].copy_(t.reshape(-1))
     return flat, layout
 
 

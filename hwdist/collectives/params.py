@@ -39,20 +39,33 @@ def _fingerprint(desc: list[tuple[str, tuple[int, ...], str]]) -> tuple[int, int
     return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
 
 
+_FINGERPRINTS: dict[tuple[Any, ...], tuple[int, int]] = {}
+
+
+def _layout_fingerprint(keys: list[Any], data: Any) -> tuple[int, int]:
+    """The fingerprint of keys, shapes and dtypes (cached: metric dicts repeat every step)."""
+    sig = (tuple(keys), tuple(data[k].shape for k in keys), tuple(data[k].dtype for k in keys))
+    found = _FINGERPRINTS.get(sig)
+    if found is None:
+        if len(_FINGERPRINTS) > 256:
+            _FINGERPRINTS.clear()
+        found = _FINGERPRINTS[sig] = _fingerprint(_describe(keys, data))
+    return found
+
+
 def _verify(keys: list[Any], data: Any, problem: Optional[str], group: Any, driver: Any, ws: int) -> None:
     """One small all_reduce (MAX of [error, f, -f]) proves every rank holds the same dict layout.
 
     On a mismatch every rank sees the same reduced values and raises; the
     descriptions are then exchanged (error path only) to name the difference.
     """
-    desc = [] if problem is not None else _describe(keys, data)
-    f0, f1 = _fingerprint(desc) if problem is None else (0, 0)
+    f0, f1 = _layout_fingerprint(keys, data) if problem is None else (0, 0)
     flag = torch.tensor([int(problem is not None), f0, f1, -f0, -f1], dtype=torch.int32, device=driver.comm_device())
     _t.all_reduce(flag, "max", group)
     err, mx0, mx1, nmn0, nmn1 = flag.tolist()
     if err == 0 and mx0 == -nmn0 and mx1 == -nmn1:
         return
-    text = ("ERROR " + problem) if problem is not None else repr(desc)
+    text = ("ERROR " + problem) if problem is not None else repr(_describe(keys, data))
     payload = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).to(driver.comm_device())
     texts = [bytes(t.cpu().tolist()).decode() for t in _t.all_gather(payload, group)]
     raise ValueError("all_reduce_dict: " + _explain(texts) + "; every rank must pass the same keys, shapes and dtypes")
@@ -152,14 +165,17 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         return
     cdev = driver.comm_device()
     # one buffer per way of travelling: (comm dtype, issued op, post, view of which dtype)
-    groups: dict[tuple[str, str, str, str], list[int]] = {}
-    for i, v in enumerate(values):
-        p = by_dtype[v.dtype]
-        gk = (str(p.comm_dtype), p.reduce_op or "", p.post.value, str(p.dtype) if p.view else "")
-        groups.setdefault(gk, []).append(i)
+    if len(by_dtype) == 1:
+        groups = {("",): list(range(len(values)))}
+    else:
+        groups = {}
+        for i, v in enumerate(values):
+            p = by_dtype[v.dtype]
+            gk = (str(p.comm_dtype), p.reduce_op or "", p.post.value, str(p.dtype) if p.view else "")
+            groups.setdefault(gk, []).append(i)
     for gk in sorted(groups):
         idx = groups[gk]
-        members = [values[i] for i in idx]
+        members = [values[i] for i in idx] if len(groups) > 1 else values
         plan = by_dtype[members[0].dtype]
         if plan.view:  # pack in the original dtype, then view the whole buffer
             flat, layout = flatten_tensors(members, device=cdev)
@@ -170,11 +186,18 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         torch_dist.all_reduce(wire, _t._torch_op(plan), group)
         if plan.post is Post.DIVIDE:
             _t._divide(wire, ws)
-        for i, orig, piece in zip(idx, members, flat.split(layout.numels)):
-            piece = piece.view(orig.shape)
-            if piece.dtype != orig.dtype:
-                piece = piece.to(orig.dtype)
-            data[keys[i]] = piece if piece.device == orig.device else piece.to(orig.device)
+        same = flat.dtype == plan.dtype and all(m.device == flat.device for m in members)
+        if same and all(len(sh) == 0 for sh in layout.shapes):  # scalar metrics: one call makes every view
+            pieces: Any = flat.unbind(0)
+        else:
+            pieces = [piece.view(sh) for piece, sh in zip(flat.split(layout.numels), layout.shapes)]
+        for i, orig, piece in zip(idx, members, pieces):
+            if not same:
+                if piece.dtype != orig.dtype:
+                    piece = piece.to(orig.dtype)
+                if piece.device != orig.device:
+                    piece = piece.to(orig.device)
+            data[keys[i]] = piece
 
 
 def all_reduce_params(
