@@ -186,7 +186,8 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         torch_dist.all_reduce(wire, _t._torch_op(plan), group)
         if plan.post is Post.DIVIDE:
             _t._divide(wire, ws)
-        same = flat.dtype == plan.dtype and all(m.device == flat.device for m in members)
+        fd, fdev = flat.dtype, flat.device
+        same = all(m.dtype == fd and m.device == fdev for m in members)
         if same and all(len(sh) == 0 for sh in layout.shapes):  # scalar metrics: one call makes every view
             pieces: Any = flat.unbind(0)
         else:
