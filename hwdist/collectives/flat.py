@@ -95,7 +95,7 @@ def flatten_tensors(
             )
         dtype = found.pop() if found else torch.float32
     if device is None:
-        device = tensors[0].device if tensors else torch.device("cpu")
+        device = tensors[0].device if tensors else torch.empty(0).device  # torch's default device
     device = torch.device(device)
     if not tensors:
         return torch.empty(0, dtype=dtype, device=device), layout
