@@ -173,6 +173,8 @@ class Driver:
     native_object_collectives: ClassVar[bool] = True
     #: Whether ``async_op=True`` is supported.
     supports_async: ClassVar[bool] = True
+    #: Tensors of at least this many bytes are reduced in place, not packed into a flat buffer (0: pack all).
+    pack_max_bytes: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self._plans: dict[tuple[str, torch.dtype, Optional[str]], Plan] = {}

@@ -36,6 +36,8 @@ class GlooDriver(Driver):
     dtypes = _GLOO_DTYPES
     # Native AVG exists on recent gloo only; SUM / n is exact and always there.
     reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
+    # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
+    pack_max_bytes = 1 << 20
 
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""

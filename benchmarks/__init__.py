@@ -1,0 +1,1 @@
+"""hwdist benchmarks: ``python -m benchmarks.run`` runs every ``bench_*.py`` here."""

@@ -1,0 +1,259 @@
+"""hwdist tensor collectives vs raw torch.distributed, measured in the same run.
+
+Two gloo ranks (hwdist.testing.RankPool). Every case times hwdist and the
+raw torch.distributed equivalent *interleaved* (sample A, sample B, B, A, ...)
+after a barrier, and reports rank 0's median and min time per call, the median of
+the per-sample ratios hwdist / raw (each pair ran back to back, so load drift
+on a shared machine cancels) and the ratio of the minimums. Nothing here asserts a speed.
+
+Usage::
+
+    python -m benchmarks.bench_tensor [--quick] [--json PATH]
+
+Cases: all_reduce 4 KiB / 1 MiB / 64 MiB, mean, all_gather (with and without
+the shape exchange), broadcast, all_reduce_dict of 20 metrics vs a
+hand-flattened torch all_reduce, all_reduce_params on ResNet-50 shapes
+(coalesced, bucketed, one by one) vs the flat-buffer limit, and the per-call
+overhead on a 1-element tensor (2 ranks, and a 1-rank group where the raw
+call is cheapest so the wrapper's own cost shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as tdist
+
+import hwdist
+from hwdist.testing import RankPool
+
+KiB = 1024
+# One intra-op thread per rank, as torchrun sets it: 2 ranks on 2 cores must not oversubscribe.
+_ENV = {"OMP_NUM_THREADS": "1"}
+MiB = 1024 * 1024
+
+
+def resnet50_shapes() -> list[tuple[int, ...]]:
+    """Parameter shapes of torchvision's ResNet-50 (161 tensors, 25.6 M floats)."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    inplanes = 64
+    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,)]
+            shapes += [(planes, planes, 3, 3), (planes,), (planes,)]
+            shapes += [(planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
+            if b == 0:
+                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
+            inplanes = planes * 4
+    shapes += [(1000, 2048), (1000,)]
+    return shapes
+
+
+def _measure(cases: dict[str, Callable[[], Any]], iters: int, samples: int) -> dict[str, list[float]]:
+    """Per-call seconds of each case, sampled interleaved (order alternates each sample)."""
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for fn in cases.values():  # warm up (plans, caches, gloo buffers)
+        fn()
+    for s in range(samples):
+        for name in names if s % 2 == 0 else reversed(names):
+            fn = cases[name]
+            tdist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times[name].append((time.perf_counter() - t0) / iters)
+    return times
+
+
+def _row(label: str, times: dict[str, list[float]], ours: str, raw: str) -> dict[str, Any]:
+    a, b = times[ours], times[raw]
+    return {
+        "case": label,
+        "hwdist_median_us": statistics.median(a) * 1e6,
+        "hwdist_min_us": min(a) * 1e6,
+        "raw_median_us": statistics.median(b) * 1e6,
+        "raw_min_us": min(b) * 1e6,
+        # median of per-sample ratios: each pair ran back to back, so load drift cancels
+        "ratio": statistics.median(x / y for x, y in zip(a, b)),
+        "ratio_min": min(a) / min(b),
+    }
+
+
+def _iters_for(nbytes: int, quick: bool) -> tuple[int, int]:
+    if nbytes >= 16 * MiB:
+        return 1, (3 if quick else 9)
+    if nbytes >= MiB:
+        return (5 if quick else 8), (5 if quick else 15)
+    return (50 if quick else 100), (5 if quick else 21)
+
+
+def bench_rank(quick: bool) -> list[dict[str, Any]]:
+    """Runs on every rank; returns the table rows (rank 0's timings)."""
+    ws = tdist.get_world_size()
+    rank = tdist.get_rank()
+    rows: list[dict[str, Any]] = []
+
+    # ---- all_reduce sum / mean ---------------------------------------------------
+    sizes = [4 * KiB, MiB] + ([] if quick else [64 * MiB])
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4)
+        iters, samples = _iters_for(nbytes, quick)
+        times = _measure(
+            {"hw": lambda: hwdist.all_reduce(t), "raw": lambda: tdist.all_reduce(t)}, iters, samples
+        )
+        rows.append(_row(f"all_reduce sum {_size(nbytes)}", times, "hw", "raw"))
+    for nbytes in (4 * KiB, MiB):
+        t = torch.ones(nbytes // 4)
+        iters, samples = _iters_for(nbytes, quick)
+
+        def raw_mean() -> None:
+            tdist.all_reduce(t)
+            t.div_(ws)
+
+        times = _measure({"hw": lambda: hwdist.all_reduce(t, "mean"), "raw": raw_mean}, iters, samples)
+        rows.append(_row(f"all_reduce mean {_size(nbytes)} (raw: sum + div_)", times, "hw", "raw"))
+
+    # ---- all_gather / broadcast ---------------------------------------------------
+    for nbytes in (4 * KiB, MiB):
+        t = torch.ones(nbytes // 4)
+        iters, samples = _iters_for(nbytes * ws, quick)
+
+        def raw_gather() -> None:
+            out = [torch.empty_like(t) for _ in range(ws)]
+            tdist.all_gather(out, t)
+
+        times = _measure(
+            {
+                "hw": lambda: hwdist.all_gather(t),
+                "hw_same": lambda: hwdist.all_gather(t, same_shape=True),
+                "raw": raw_gather,
+            },
+            iters,
+            samples,
+        )
+        rows.append(_row(f"all_gather {_size(nbytes)} (shape exchange)", times, "hw", "raw"))
+        rows.append(_row(f"all_gather {_size(nbytes)} same_shape=True", times, "hw_same", "raw"))
+    for nbytes in (4 * KiB, MiB):
+        t = torch.ones(nbytes // 4)
+        iters, samples = _iters_for(nbytes, quick)
+        times = _measure(
+            {"hw": lambda: hwdist.broadcast(t, 0), "raw": lambda: tdist.broadcast(t, 0)}, iters, samples
+        )
+        rows.append(_row(f"broadcast {_size(nbytes)}", times, "hw", "raw"))
+
+    # ---- all_reduce_dict of 20 metrics ------------------------------------------------
+    metrics = {f"metric_{i:02d}": torch.tensor(float(i + rank)) for i in range(20)}
+
+    def raw_dict() -> None:
+        keys = sorted(metrics)
+        flat = torch.stack([metrics[k] for k in keys])
+        tdist.all_reduce(flat)
+        for k, v in zip(keys, flat.unbind(0)):
+            metrics[k] = v
+
+    iters, samples = (50 if quick else 100), (5 if quick else 21)
+    times = _measure(
+        {
+            "hw": lambda: hwdist.all_reduce_dict(metrics),
+            "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
+            "raw": raw_dict,
+        },
+        iters,
+        samples,
+    )
+    rows.append(_row("all_reduce_dict 20 metrics (verify=True)", times, "hw", "raw"))
+    rows.append(_row("all_reduce_dict 20 metrics (verify=False)", times, "hw_noverify", "raw"))
+
+    # ---- all_reduce_params on ResNet-50 shapes ----------------------------------------------
+    params = [torch.ones(s) for s in resnet50_shapes()]
+    total = sum(p.numel() for p in params)
+    flat_limit = torch.ones(total)
+    samples = 3 if quick else 7
+    times = _measure(
+        {
+            "coalesced": lambda: hwdist.all_reduce_params(params),
+            "bucket25": lambda: hwdist.all_reduce_params(params, bucket_size_mb=25),
+            "flat": lambda: tdist.all_reduce(flat_limit),
+            **({} if quick else {"one_by_one": lambda: hwdist.all_reduce_params(params, coalesce=False)}),
+        },
+        1,
+        samples,
+    )
+    label = f"ResNet-50 params ({len(params)} tensors, {total * 4 / MiB:.0f} MiB)"
+    rows.append(_row(f"all_reduce_params {label} coalesced vs flat buffer", times, "coalesced", "flat"))
+    rows.append(_row("all_reduce_params bucket_size_mb=25 vs flat buffer", times, "bucket25", "flat"))
+    if not quick:
+        rows.append(_row("all_reduce_params coalesce=False vs flat buffer", times, "one_by_one", "flat"))
+
+    # ---- per-call overhead on a 1-element tensor --------------------------------------------
+    one = torch.ones(1)
+    iters, samples = (100 if quick else 200), (7 if quick else 31)
+    times = _measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
+    row = _row("all_reduce 1 element, 2 ranks", times, "hw", "raw")
+    row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
+    rows.append(row)
+    return rows
+
+
+def bench_solo_rank(quick: bool) -> list[dict[str, Any]]:
+    """Wrapper cost with a 1-rank gloo group: the raw call is cheapest, so the overhead shows."""
+    one = torch.ones(1)
+    iters, samples = (1000 if quick else 2000), (7 if quick else 31)
+    times = _measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
+    row = _row("all_reduce 1 element, 1-rank group", times, "hw", "raw")
+    row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
+    return [row]
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table."""
+    lines = [
+        "| case | hwdist median | hwdist min | raw median | raw min | ratio (paired median) | ratio (mins) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        extra = f" (+{r['overhead_us']:.1f} us)" if "overhead_us" in r else ""
+        lines.append(
+            f"| {r['case']} | {_fmt(r['hwdist_median_us'])} | {_fmt(r['hwdist_min_us'])} |"
+            f" {_fmt(r['raw_median_us'])} | {_fmt(r['raw_min_us'])} | {r['ratio']:.2f}x{extra} |"
+            f" {r['ratio_min']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def main(argv: list[str]) -> int:
+    """Run the benchmark and print the table (and write JSON if asked)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer samples")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    with RankPool(2, "gloo", timeout=600, env=_ENV) as pool:
+        rows = pool.run(bench_rank, args.quick, timeout=600)[0]
+    with RankPool(1, "gloo", timeout=600, env=_ENV) as pool:
+        rows += pool.run(bench_solo_rank, args.quick, timeout=600)[0]
+    print(f"torch {torch.__version__}, gloo, 2 ranks on one host; {time.perf_counter() - start:.0f}s\n")
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

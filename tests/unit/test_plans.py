@@ -1,0 +1,196 @@
+"""Capability plans, reduce-op names, flat buffers and non-distributed semantics (one process).
+
+Plans are computed from the drivers' capability tables alone (no device, no
+process group), so NCCL and HCCL plans are checked here without hardware.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as tdist
+
+import hwdist
+from hwdist.collectives import tensor as T
+from hwdist.collectives.flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unflatten_tensors
+from hwdist.drivers.base import Post
+from hwdist.testing import EmulatedDriver
+
+R = tdist.ReduceOp
+
+
+@pytest.fixture
+def gloo():
+    return hwdist.get_driver("gloo")
+
+
+@pytest.fixture
+def emu():
+    return EmulatedDriver()
+
+
+# ---------------------------------------------------------------------------
+# plans
+# ---------------------------------------------------------------------------
+def test_gloo_plans(gloo):
+    p = gloo.plan("all_reduce", torch.float32, "sum")
+    assert p.passthrough and p.reduce_op == "sum"
+    p = gloo.plan("all_reduce", torch.float32, "mean")  # no native avg declared: SUM / n
+    assert (p.reduce_op, p.post, p.comm_dtype) == ("sum", Post.DIVIDE, torch.float32)
+    p = gloo.plan("all_reduce", torch.int16, "sum")  # gloo has no int16: lossless widening
+    assert (p.comm_dtype, p.view) == (torch.int32, False)
+    p = gloo.plan("all_gather", torch.int16)  # moving needs no widening: a byte view
+    assert p.view and p.comm_dtype == torch.uint8
+    assert gloo.plan("broadcast", torch.bfloat16).passthrough
+
+
+def test_emulated_accelerator_plans(emu):
+    with pytest.raises(hwdist.PlanError, match="cannot reduce int64 and no lossless cast"):
+        emu.plan("all_reduce", torch.int64, "sum")
+    p = emu.plan("all_gather", torch.int64)
+    assert p.view and p.comm_dtype == torch.uint8 and not p.emulated
+    p = emu.plan("all_reduce", torch.bfloat16, "sum")
+    assert (p.comm_dtype, p.view) == (torch.float32, False)
+    p = emu.plan("all_reduce", torch.bool, "sum")  # any(): MAX on uint8
+    assert (p.comm_dtype, p.reduce_op) == (torch.uint8, "max")
+    p = emu.plan("all_reduce", torch.complex64, "sum")
+    assert (p.comm_dtype, p.view) == (torch.float32, True)
+    assert {op: emu.plan(op, torch.float32, "sum" if op == "reduce_scatter" else None).native_op
+            for op in ("gather", "scatter", "reduce_scatter", "all_to_all")} == {
+        "gather": "all_gather", "scatter": "broadcast", "reduce_scatter": "all_reduce", "all_to_all": "all_gather"}
+    with pytest.raises(hwdist.PlanError, match="reduce op not supported"):
+        emu.plan("all_reduce", torch.int32, "band")
+    with pytest.raises(hwdist.PlanError, match="bitwise ops need an integer"):
+        emu.plan("all_reduce", torch.float32, "bor")
+
+
+def test_accelerator_plans_without_hardware():
+    nccl, hccl = hwdist.get_driver("nccl"), hwdist.get_driver("hccl")
+    assert nccl.plan("all_reduce", torch.float16, "mean").reduce_op == "avg"  # native AVG on floats
+    p = nccl.plan("all_reduce", torch.int32, "mean")
+    assert (p.reduce_op, p.post) == ("sum", Post.DIVIDE)
+    assert hccl.plan("gather", torch.float32).native_op == "all_gather"
+
+
+def test_integer_mean_sums_in_a_wider_integer(gloo, emu):
+    p = T._plan(gloo, "all_reduce", torch.int8, "mean")
+    assert (p.comm_dtype, p.reduce_op, p.post, p.dtype) == (torch.int64, "sum", Post.DIVIDE, torch.int8)
+    p = T._plan(emu, "all_reduce", torch.uint8, "mean")  # emu has no int64: int32 is the widest
+    assert p.comm_dtype == torch.int32
+    with pytest.raises(hwdist.PlanError):
+        T._plan(gloo, "all_reduce", torch.bool, "mean")
+    assert T._plan(gloo, "all_reduce", torch.float32, "mean") is gloo.plan("all_reduce", torch.float32, "mean")
+
+
+def test_reduce_op_names():
+    for name in T.REDUCE_OP_NAMES:
+        assert T.normalize_reduce_op(name) == name
+        assert T.normalize_reduce_op(name.upper()) == name
+    assert T.normalize_reduce_op("Mean") == "mean"
+    assert T.normalize_reduce_op(R.SUM) == "sum"
+    assert T.normalize_reduce_op(R.AVG) == "mean"
+    assert T.normalize_reduce_op(R.BXOR) == "bxor"
+    assert T.normalize_reduce_op(R(R.MAX)) == "max"  # a ReduceOp instance
+    with pytest.raises(ValueError, match=r"op must be one of 'sum', 'mean'.*got 'avg2'"):
+        T.normalize_reduce_op("avg2")
+    with pytest.raises(ValueError, match="reduce_op must be one of.*got None"):
+        T.normalize_reduce_op(None, "reduce_op")
+
+
+def test_legacy_backend_name_is_a_clear_error():
+    with pytest.raises(hwdist.BackendError, match="'tcp' backend was removed.*use 'gloo'"):
+        hwdist.get_driver("tcp")
+
+
+# ---------------------------------------------------------------------------
+# non-distributed semantics (mmengine's no-ops)
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def single():
+    if tdist.is_initialized():
+        pytest.skip("a process group exists in the test process")
+
+
+def test_non_distributed_semantics(single):
+    t = torch.arange(3)
+    hwdist.all_reduce(t, "mean")
+    assert t.tolist() == [0, 1, 2]
+    assert hwdist.all_gather(t)[0] is t and len(hwdist.all_gather(t)) == 1
+    assert hwdist.gather(t, dst=0)[0] is t
+    hwdist.broadcast(t, src=0)
+    hwdist.reduce(t, dst=0, op="max")
+    assert t.tolist() == [0, 1, 2]
+    assert hwdist.all_reduce(t, async_op=True).wait() is None
+    assert hwdist.all_gather(t, async_op=True).wait() == [t]
+    out = torch.zeros(2)
+    hwdist.scatter(out, [torch.ones(2)])
+    assert out.tolist() == [1.0, 1.0]
+    hwdist.reduce_scatter(out, [torch.full((2,), 3.0)])
+    assert out.tolist() == [3.0, 3.0]
+    outs = [torch.zeros(2)]
+    hwdist.all_to_all(outs, [torch.full((2,), 4.0)])
+    assert outs[0].tolist() == [4.0, 4.0]
+    seed = hwdist.sync_random_seed()
+    assert isinstance(seed, int) and 0 <= seed < 2**31
+    assert hwdist.reduce_mean(t) is t
+    sizes, padded = hwdist.pad_to_largest_tensor(torch.ones(2, 2))
+    assert sizes == [4] and padded.shape == (4,)
+    d = {"a": torch.ones(1)}
+    hwdist.all_reduce_dict(d)
+    assert d["a"].tolist() == [1.0]
+    gen = (p for p in [torch.ones(1)])
+    hwdist.all_reduce_params(gen)
+    assert next(gen, None) is None  # consumed, nothing changed
+    with pytest.raises(RuntimeError, match="send needs a process group"):
+        hwdist.send(t, 1)
+    with pytest.raises(ValueError, match="op must be one of"):
+        hwdist.all_reduce(t, "nope")  # bad input is reported even without a process group
+    with pytest.raises(TypeError, match="data must be a torch.Tensor"):
+        hwdist.broadcast([1, 2])
+
+
+def test_public_names_are_exported():
+    for name in (
+        "all_reduce all_gather gather broadcast reduce scatter reduce_scatter all_to_all send recv isend irecv"
+        " sync_random_seed reduce_mean pad_to_largest_tensor all_reduce_dict all_reduce_params"
+    ).split():
+        assert callable(getattr(hwdist, name)), name
+
+
+# ---------------------------------------------------------------------------
+# flat buffers
+# ---------------------------------------------------------------------------
+def test_flatten_roundtrip_any_shape():
+    nc = torch.arange(6.0).reshape(2, 3).t()
+    tensors = [torch.tensor(5.0), torch.ones(2, 3), nc, torch.empty(0)]
+    flat, layout = flatten_tensors(tensors)
+    assert flat.shape == (1 + 6 + 6,) and layout.offsets == (0, 1, 7, 13) and layout.total == 13
+    views = unflatten_tensors(flat, layout)
+    assert [v.shape for v in views] == [t.shape for t in tensors]
+    assert all(torch.equal(v, t) for v, t in zip(views, tensors))
+    targets = [torch.zeros_like(t) for t in tensors]
+    copy_from_flat(flat * 2, targets, layout)
+    assert all(torch.equal(a, b * 2) for a, b in zip(targets, tensors))
+
+
+def test_flatten_casts_and_refuses_mixed_dtypes_without_a_target():
+    a, b = torch.tensor([1.5], dtype=torch.bfloat16), torch.tensor([2.0])
+    with pytest.raises(TypeError, match="several dtypes"):
+        flatten_tensors([a, b])
+    flat, layout = flatten_tensors([a, b], dtype=torch.float64)
+    assert flat.dtype == torch.float64 and flat.tolist() == [1.5, 2.0]
+    assert layout.dtypes == (torch.bfloat16, torch.float32)
+    p = torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16))
+    copy_from_flat(flat[:1] + 1, [p])  # layout defaults to the targets'; requires_grad is fine
+    assert p.item() == 2.5
+    with pytest.raises(ValueError, match="must be 1-D with 2 elements"):
+        unflatten_tensors(torch.zeros(3), layout)
+    assert FlatLayout.of([]).total == 0 and flatten_tensors([])[0].numel() == 0
+
+
+def test_bucket_tensors():
+    f, i = torch.ones(4), torch.ones(4, dtype=torch.int64)  # 16 and 32 bytes
+    assert bucket_tensors([f, i, f, i, f]) == [[0, 2, 4], [1, 3]]
+    assert bucket_tensors([f, f, f, i], bucket_bytes=32) == [[0, 1], [2], [3]]
+    assert bucket_tensors([torch.ones(100), f], bucket_bytes=8) == [[0], [1]]  # too big: alone
+    assert bucket_tensors([]) == []
