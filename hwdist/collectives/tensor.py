@@ -806,8 +806,9 @@ def scatter(
         async_op: return a handle whose ``wait()`` also copies back.
 
     Raises:
-        ValueError/TypeError: bad ``src`` (every rank); bad ``scatter_list`` on
-        ``src`` (every rank, after the collective).
+        ValueError: bad ``src`` (every rank); bad ``scatter_list`` on
+            ``src`` (every rank, after the collective).
+        TypeError: non-tensor ``data`` or ``scatter_list`` items (every rank).
 
     Example:
         >>> data = torch.zeros(2)
@@ -898,8 +899,9 @@ def reduce_scatter(
     Non-distributed: ``output`` gets ``input_list[0]``.
 
     Raises:
-        ValueError/TypeError: unknown ``op``, wrong number/shape/dtype of inputs
-        (on every rank, before any communication).
+        ValueError: unknown ``op``, wrong number/shape/dtype of inputs
+            (on every rank, before any communication).
+        TypeError: non-tensor inputs (on every rank).
 
     Example:
         >>> out = torch.zeros(1)
