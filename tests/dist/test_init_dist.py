@@ -15,6 +15,7 @@ import torch
 import torch.distributed as tdist
 
 import hwdist
+from hwdist.drivers.gloo import GlooDriver
 from hwdist.testing import RankPool, run_distributed
 from hwdist.testing.mpi_suite import ENV_SUITE
 
@@ -107,6 +108,25 @@ def rank_two_nodes(port: int) -> dict:
     return out
 
 
+class BindCheckDriver(GlooDriver):
+    """Gloo, recording when and with which local rank the device is bound."""
+
+    torch_backend = "gloo"
+    calls: list = []
+
+    def set_device(self, local_rank: int) -> None:
+        type(self).calls.append((local_rank, tdist.is_initialized()))
+
+
+def rank_binds_by_local_rank(port: int) -> list:
+    r = int(os.environ["RANK"])
+    os.environ.update(GROUP_RANK=str(r // 2), LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    hwdist.register_backend("bindcheck", BindCheckDriver, override=True)
+    hwdist.init_dist("pytorch", "bindcheck", port=port, local_group=False)
+    hwdist.destroy()
+    return BindCheckDriver.calls
+
+
 def rank_slurm(port: int, backend: str) -> dict:
     r = int(os.environ["RANK"])
     for var in TORCH_VARS:
@@ -146,6 +166,8 @@ def test_two_nodes_local_groups_and_slurm(tmp_path):
             assert "rank 3 passed node_rank=0" in res["errors"][0]
             assert "positive divisor of the world size 4" in res["errors"][1]
             assert "must be the same on every rank, got [2, 4]" in res["errors"][2]
+        # the device is bound by LOCAL rank, before the process group exists
+        assert pool.run(rank_binds_by_local_rank, _free_port()) == [[(r % 2, False)] for r in range(4)]
         for backend in ("gloo", "emu"):
             results = pool.run(rank_slurm, _free_port(), backend)
             for r, res in enumerate(results):
