@@ -15,17 +15,21 @@ ARGS=("$@")
 [ ${#ARGS[@]} -eq 0 ] && ARGS=(tests/dist)
 LIMIT=${HWDIST_MATRIX_TIMEOUT:-900}
 export HWDIST_MATRIX=1
+LOGS=${HWDIST_MATRIX_LOGS:-$(mktemp -d -t hwdist-matrix.XXXXXX)}
+mkdir -p "$LOGS"
 declare -a RESULTS
 fail=0
 
 entry() {  # name, command...
     local name=$1; shift
     echo "=== $name"
-    local start=$SECONDS
-    if timeout "$LIMIT" "$@"; then
+    local start=$SECONDS log="$LOGS/${name//[^A-Za-z0-9=]/_}.log" rc
+    timeout "$LIMIT" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 0 ]; then
         RESULTS+=("PASS  $name ($((SECONDS - start))s)")
     else
-        RESULTS+=("FAIL  $name ($((SECONDS - start))s, exit $?)")
+        RESULTS+=("FAIL  $name ($((SECONDS - start))s, exit $rc; log: $log)")
         fail=1
     fi
 }
@@ -46,6 +50,6 @@ else
     RESULTS+=("SKIP  mpi (mpi4py or mpiexec missing: pip install mpi4py mpich)")
 fi
 
-echo; echo "=== matrix"
+echo; echo "=== matrix (logs in $LOGS)"
 printf '%s\n' "${RESULTS[@]}"
 exit $fail

@@ -52,6 +52,7 @@ class LaunchInfo:
         node_rank: index of this node, if the launcher says.
         master_addr: rendezvous host, if known. master_port: its port, if known.
         backend: the backend chosen (filled in by ``init_dist``).
+        extra: further variables to export (a custom launcher's own).
     """
 
     launcher: str
@@ -63,7 +64,7 @@ class LaunchInfo:
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
     backend: Optional[str] = None
-    extra: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
