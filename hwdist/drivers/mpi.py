@@ -8,11 +8,35 @@ from typing import Any, Callable, Optional
 import torch
 
 from ._common import vendor_missing
-from .base import Driver
+from .base import ALL_OPS, Driver
 
 #: Name the mpi4py process group is registered under with torch (torch
 #: reserves the name 'mpi' for its own, possibly absent, MPI backend).
 PY_MPI_BACKEND = "hwdist_mpi"
+
+
+# torch's ProcessGroupMPI maps these dtypes to MPI types and lacks reduce_scatter.
+_NATIVE_DTYPES = frozenset(
+    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64}
+)
+_NATIVE_OPS = ALL_OPS - {"reduce_scatter"}
+# What the mpi4py process group reduces natively (bool through MPI's logical ops).
+_PY_REDUCE_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+    | {d for d in (getattr(torch, n, None) for n in ("uint16", "uint32", "uint64")) if d is not None}
+)
 
 
 def _native() -> bool:
@@ -29,24 +53,25 @@ class MpiDriver(Driver):
     # Below gloo: chosen when asked for, or by the MPI launcher, never by default.
     priority = -10
     description = "MPI (CPU): torch's MPI backend, else mpi4py"
-    dtypes = frozenset(
-        {
-            torch.float16,
-            torch.float32,
-            torch.float64,
-            torch.complex64,
-            torch.complex128,
-            torch.int8,
-            torch.uint8,
-            torch.int16,
-            torch.int32,
-            torch.int64,
-            torch.bool,
-        }
-    )
-    reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
     # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
     pack_max_bytes = 1 << 20
+    # Capabilities differ between torch's own ProcessGroupMPI and the mpi4py
+    # process group (hwdist/drivers/_mpi_pg.py); see the properties below.
+
+    @property
+    def native_ops(self) -> frozenset[str]:  # type: ignore[override]
+        """Ops run natively (torch's ProcessGroupMPI has no reduce_scatter)."""
+        return _NATIVE_OPS if _native() else ALL_OPS
+
+    @property
+    def dtypes(self) -> Optional[frozenset[torch.dtype]]:  # type: ignore[override]
+        """dtypes moved as they are (the mpi4py group moves raw bytes: every dtype)."""
+        return _NATIVE_DTYPES if _native() else None
+
+    @property
+    def reduce_dtypes(self) -> Optional[frozenset[torch.dtype]]:  # type: ignore[override]
+        """dtypes MPI reduces; bfloat16 (numpy has none) is widened to float32 by the plan."""
+        return _NATIVE_DTYPES if _native() else _PY_REDUCE_DTYPES
 
     @property
     def torch_name(self) -> str:

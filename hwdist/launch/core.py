@@ -2,20 +2,36 @@
 
 ``init_backend`` is the one place a process group is created: it binds the
 device by LOCAL rank, registers custom backends with torch in this process,
-and passes ``device_id`` where torch supports it. Launcher resolvers
-(torchrun, Slurm, MPI) build on it.
+and passes ``device_id`` where torch supports it. ``init_dist`` reads the
+launcher's environment (:mod:`hwdist.launch.resolvers`) and calls it, then
+creates the per-node local groups; ``init_local_group`` does the latter
+explicitly (mmengine's signature, correct for several nodes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import hashlib
+import os
+import socket
+from collections.abc import Sequence
 from typing import Any, Optional, Union
 
+import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, info, registry
+from ..drivers.gloo import GlooDriver
+from ..drivers.mpi import MpiDriver
+from ..drivers.nccl import NcclDriver
+from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
 
-__all__ = ["init_backend", "destroy", "as_timedelta"]
+__all__ = ["init_backend", "destroy", "as_timedelta", "init_dist", "init_local_group", "LEGACY_BACKEND_IDS"]
+
+#: Integer ids of torch<=0.4's ``dist_backend`` enum, mapped to today's names.
+#: ``0`` was TCP, removed from torch in 1.0 (an error says so).
+LEGACY_BACKEND_IDS: dict[int, str] = {1: MpiDriver.name, 2: GlooDriver.name, 3: NcclDriver.name}
 
 
 def as_timedelta(timeout: Union[None, float, int, datetime.timedelta]) -> Optional[datetime.timedelta]:
@@ -86,3 +102,238 @@ def destroy() -> None:
     registry.clear_cache()
     if _compat.DIST_AVAILABLE and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- init_dist
+def _backend_name(backend: Any) -> str:
+    """The backend to use: as named, a legacy integer id mapped, or detection's choice."""
+    if backend is None:
+        from ..detect import detect
+
+        return detect().backend
+    if isinstance(backend, bool):
+        raise TypeError(f"backend must be a str, an int legacy id or None, got {backend!r}")
+    if isinstance(backend, int):
+        if backend in LEGACY_BACKEND_IDS:
+            return LEGACY_BACKEND_IDS[backend]
+        known = ", ".join(f"{k} -> {v!r}" for k, v in LEGACY_BACKEND_IDS.items())
+        if backend == 0:
+            raise registry.BackendError(
+                "backend=0 is torch<=0.4's dist_backend.TCP, removed from torch in 1.0; use 'gloo'"
+                f" for CPU tensors (legacy ids: {known})"
+            )
+        raise registry.BackendError(f"backend={backend} is not a legacy dist_backend id; known ids: {known}")
+    if isinstance(backend, str):
+        if not backend.strip():
+            raise registry.BackendError(
+                f"backend must be a non-empty name; available: {', '.join(registry.available_backends())}"
+            )
+        return backend.strip()
+    raise TypeError(f"backend must be a str, an int legacy id or None, got {type(backend).__name__}: {backend!r}")
+
+
+def init_dist(
+    launcher: str = "auto",
+    backend: Union[str, int, None] = None,
+    timeout: Union[None, float, datetime.timedelta] = None,
+    **kwargs: Any,
+) -> Optional[LaunchInfo]:
+    """Initialise the default process group from the launcher's environment.
+
+    A drop-in for ``mmengine.dist.init_dist`` (same names, same positional
+    order) that also infers the launcher and the backend, binds the device by
+    LOCAL rank before the group exists, and creates the per-node local groups.
+
+    Args:
+        launcher: ``'auto'`` (:func:`infer_launcher`), ``'pytorch'`` (torchrun),
+            ``'slurm'``, ``'mpi'``, ``'none'`` (no process group), or a
+            launcher registered with :func:`register_launcher`.
+        backend: a backend name, used as named (never replaced by an
+            accelerator's); a legacy integer id (``1`` mpi, ``2`` gloo,
+            ``3`` nccl); or None for what :func:`hwdist.detect` chooses.
+        timeout: seconds (or a timedelta) for rendezvous and collectives.
+        **kwargs: ``local_group`` (default True: create the local groups),
+            ``port`` (rendezvous port; wins over ``MASTER_PORT``, as in
+            mmengine), ``init_backend`` (only ``'torch'``); the rest goes to
+            ``torch.distributed.init_process_group`` (``init_method``,
+            ``store``, ``pg_options``, ...).
+
+    Returns:
+        The :class:`LaunchInfo` (rank, local rank, node, backend), or None
+        for ``launcher='none'``.
+
+    Raises:
+        hwdist.BackendError: unknown or unavailable backend (lists available ones).
+        hwdist.LauncherError: unknown launcher, or its environment is incomplete.
+        RuntimeError: a default process group already exists.
+
+    Example:
+        >>> # torchrun --nproc-per-node 2 train.py
+        >>> info = hwdist.init_dist()            # launcher and backend inferred
+        >>> info.rank, info.local_rank, info.backend
+        # rank 0: (0, 0, 'gloo')   rank 1: (1, 1, 'gloo')
+    """
+    local_group = bool(kwargs.pop("local_group", True))
+    port = kwargs.pop("port", None)
+    init_with = kwargs.pop("init_backend", "torch")
+    if init_with != "torch":
+        raise ValueError(f"init_backend must be 'torch' (hwdist creates the group itself), got {init_with!r}")
+    if _compat.DIST_AVAILABLE and torch_dist.is_initialized():
+        raise RuntimeError(
+            f"a default process group already exists (backend {torch_dist.get_backend()!r});"
+            " call hwdist.destroy() first"
+        )
+    name = infer_launcher() if launcher == "auto" else launcher
+    resolver = get_launcher(name)
+    backend_name = _backend_name(backend)
+    driver = registry.get_driver(backend_name)
+    why = driver.unavailable_reason()
+    if why is not None:
+        raise registry.BackendError(
+            f"backend {driver.name!r} is not available here: {why}."
+            f" Available: {', '.join(registry.available_backends())}"
+        )
+    if not getattr(resolver, "distributed", True):
+        return None
+    launch = resolver.resolve(os.environ)
+    if port is not None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"port must be an int in 1..65535, got {port!r}")
+        launch = dataclasses.replace(launch, master_port=port)
+        os.environ["MASTER_PORT"] = str(port)  # an explicit argument wins, as in mmengine
+    for key, value in launch.exports().items():
+        os.environ.setdefault(key, value)  # never overwrite what the user set
+    import torch.multiprocessing as mp
+
+    if mp.get_start_method(allow_none=True) is None:  # as mmengine does
+        mp.set_start_method("spawn")
+    td = as_timedelta(timeout)
+    store = kwargs.pop("store", None)
+    init_method = kwargs.pop("init_method", None)
+    if store is None and init_method is None:
+        store = resolver.rendezvous(launch, td)
+        if store is None:
+            if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+                init_method = "env://"
+            elif launch.world_size == 1:
+                store = torch_dist.HashStore()
+            else:
+                raise LauncherError(
+                    f"launcher {resolver.name!r}: MASTER_ADDR and MASTER_PORT must be set for"
+                    f" {launch.world_size} ranks to meet (or pass init_method= / store=)"
+                )
+    used = init_backend(
+        backend_name,
+        rank=launch.rank,
+        world_size=launch.world_size,
+        local_rank=launch.local_rank,
+        init_method=init_method,
+        store=store,
+        timeout=td,
+        **kwargs,
+    )
+    if local_group:
+        _auto_local_group(launch)
+    return dataclasses.replace(launch, backend=used.name)
+
+
+# --------------------------------------------------------------------------- local groups
+def _all_gather_ints(values: Sequence[int]) -> list[list[int]]:
+    """Every rank's ``values`` (same length everywhere), on the default group's driver."""
+    driver = registry.resolve(None)
+    plan = driver.plan("all_gather", torch.int64)
+    mine = torch.tensor(list(values), dtype=torch.int64)
+    wire = mine.view(plan.comm_dtype) if plan.view else mine.to(plan.comm_dtype)
+    wire = wire.to(driver.comm_device())
+    outs = [torch.empty_like(wire) for _ in range(torch_dist.get_world_size())]
+    torch_dist.all_gather(outs, wire)
+    back = [o.cpu() for o in outs]
+    return [(o.view(torch.int64) if plan.view else o.to(torch.int64)).tolist() for o in back]
+
+
+def _create_local_groups(nodes: Sequence[Sequence[int]]) -> Any:
+    """Create one group per node, on EVERY rank and in the same order; keep this rank's."""
+    rank = torch_dist.get_rank()
+    mine = None
+    if len(nodes) == 1:
+        mine = _compat.default_group()  # one node: the local group is the world
+    else:
+        for ranks in nodes:
+            group = torch_dist.new_group(list(ranks))
+            if rank in ranks:
+                mine = group
+    info._set_local_group(mine)
+    registry.clear_cache()
+    return mine
+
+
+def _host_key() -> int:
+    """This host as a non-negative int64 (for grouping ranks by node when no node rank is known)."""
+    digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _auto_local_group(launch: LaunchInfo) -> Any:
+    """Group ranks by node (launcher's node rank, else host name) and create every node's group."""
+    if launch.world_size == 1:
+        return _create_local_groups([[0]])
+    key = launch.node_rank if launch.node_rank is not None else _host_key()
+    table = _all_gather_ints([key])
+    nodes: dict[int, list[int]] = {}
+    for rank, (k,) in enumerate(table):
+        nodes.setdefault(k, []).append(rank)
+    return _create_local_groups(list(nodes.values()))
+
+
+def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
+    """Create the process group of the ranks on this node (mmengine's signature).
+
+    Ranks are laid out node by node: node ``i`` holds ranks
+    ``i * num_gpus_per_node`` to ``(i + 1) * num_gpus_per_node - 1``. Every
+    rank takes part in creating EVERY node's group, as torch requires
+    (mmengine's version creates only its own node's group, which hangs
+    multi-node jobs). Arguments are checked on all ranks together, so a bad
+    value raises on every rank instead of hanging the others.
+
+    Args:
+        node_rank: index of this node.
+        num_gpus_per_node: ranks per node (the same on every node).
+
+    Returns:
+        This rank's local group (also returned by ``hwdist.get_local_group()``).
+
+    Raises:
+        RuntimeError: not distributed (call ``init_dist`` first).
+        ValueError: the layout does not fit the world (raised on every rank).
+
+    Example:
+        >>> # 2 nodes x 2 ranks; on node 1:
+        >>> g = hwdist.init_local_group(node_rank=1, num_gpus_per_node=2)
+        >>> hwdist.get_local_rank(), hwdist.get_local_size()
+        # rank 2: (0, 2)   rank 3: (1, 2)
+    """
+    for arg, value in (("node_rank", node_rank), ("num_gpus_per_node", num_gpus_per_node)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{arg} must be an int, got {type(value).__name__}: {value!r}")
+    if not (_compat.DIST_AVAILABLE and torch_dist.is_initialized()):
+        raise RuntimeError("init_local_group needs a process group: call hwdist.init_dist(...) first")
+    world = torch_dist.get_world_size()
+    table = _all_gather_ints([node_rank, num_gpus_per_node])
+    sizes = sorted({n for _, n in table})
+    if len(sizes) != 1:
+        raise ValueError(f"num_gpus_per_node must be the same on every rank, got {sizes}")
+    per_node = sizes[0]
+    if per_node < 1 or world % per_node:
+        raise ValueError(
+            f"num_gpus_per_node={per_node} must be a positive divisor of the world size {world}"
+        )
+    wrong = [(r, nr) for r, (nr, _) in enumerate(table) if nr != r // per_node]
+    if wrong:
+        r, nr = wrong[0]
+        raise ValueError(
+            f"node_rank does not match the layout: rank {r} passed node_rank={nr}, but with"
+            f" num_gpus_per_node={per_node} it is on node {r // per_node}"
+            f" ({len(wrong)} rank(s) disagree)"
+        )
+    nodes = [list(range(i * per_node, (i + 1) * per_node)) for i in range(world // per_node)]
+    return _create_local_groups(nodes)

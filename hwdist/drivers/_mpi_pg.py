@@ -1,0 +1,597 @@
+"""A torch ``ProcessGroup`` implemented in Python with mpi4py (CPU tensors).
+
+Stock PyPI torch is built without MPI, so ``backend='mpi'`` cannot reach
+torch's own ``ProcessGroupMPI``. This module provides the replacement that the
+MPI driver registers with torch under :data:`hwdist.drivers.mpi.PY_MPI_BACKEND`
+(the name ``'mpi'`` is reserved by torch).
+
+Design:
+
+* **Which MPI processes form a group.** torch calls the factory once per
+  group (default group and every ``new_group``) with the group's prefixed
+  store, the caller's rank in the group and the group size, and only on the
+  group's members. Each member writes its ``MPI.COMM_WORLD`` rank into that
+  store and reads everyone else's, so the factory learns the group's MPI
+  ranks in group-rank order without relying on torch's private options.
+  The members then build the sub-communicator with ``Comm.Create_group``,
+  which is collective over the members only (exactly who calls the factory).
+  If two torch ranks report the same MPI rank, the processes were not
+  started by one ``mpiexec``; every member sees the same table and raises.
+* **Data.** Move-only ops (broadcast, gathers, scatter, all-to-all, p2p)
+  transfer raw bytes (``MPI.BYTE``), so every dtype moves, bfloat16 included.
+  Reductions use the numpy dtype; dtypes MPI cannot reduce (bfloat16;
+  float16 where the MPI library lacks it) are reduced in float32 and cast
+  back, bool reductions use MPI's logical ops. hwdist's own collectives
+  never rely on that: the driver declares these dtypes so its plans cast
+  before calling torch.
+* **Work.** Collectives run to completion before returning (blocking MPI
+  calls; mpi4py releases the GIL while they run), and return a completed
+  :class:`MpiWork` whose ``get_future()`` is already done, which is what
+  DDP's communication hooks need. Point-to-point ops are non-blocking
+  (``Isend``/``Irecv``); their work completes in ``wait()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .mpi import PY_MPI_BACKEND
+
+__all__ = ["MpiProcessGroup", "MpiWork", "create_mpi_process_group", "MPI_BACKEND_NAME"]
+
+#: Name reported by ``getBackendName`` (and used with torch's registry).
+MPI_BACKEND_NAME = PY_MPI_BACKEND
+
+_RED = dist.ReduceOp.RedOpType if hasattr(dist.ReduceOp, "RedOpType") else dist.ReduceOp
+
+
+def _mpi() -> Any:
+    """The mpi4py ``MPI`` module (importing it initialises MPI once)."""
+    from mpi4py import MPI
+
+    return MPI
+
+
+class MpiWork(dist.Work):
+    """A torch Work for an MPI operation: done at creation, or at ``wait()`` for p2p."""
+
+    def __init__(
+        self,
+        result: Sequence[torch.Tensor],
+        requests: Sequence[Any] = (),
+        finish: Optional[Callable[[Any], None]] = None,
+    ) -> None:
+        super().__init__()
+        self._result = list(result)
+        self._requests = list(requests)
+        self._finish = finish
+        self._source = -1
+        self._lock = threading.Lock()
+        self._future: torch.futures.Future = torch.futures.Future()
+        if not self._requests:
+            self._complete(None)
+
+    def _complete(self, status: Any) -> None:
+        if self._finish is not None:
+            self._finish(status)
+        if status is not None:
+            self._source = status.Get_source()
+        self._requests = []
+        self._future.set_result(self._result)
+
+    def wait(self, timeout: Any = None) -> bool:  # noqa: D102 (torch's API)
+        with self._lock:
+            if self._requests:
+                status = _mpi().Status()
+                # Only p2p works have requests, and each has exactly one.
+                self._requests[0].Wait(status)
+                self._complete(status)
+        return True
+
+    def is_completed(self) -> bool:  # noqa: D102
+        with self._lock:
+            if self._requests:
+                status = _mpi().Status()
+                if not self._requests[0].Test(status):
+                    return False
+                self._complete(status)
+            return True
+
+    def is_success(self) -> bool:  # noqa: D102
+        return self.is_completed()
+
+    def exception(self) -> Any:  # noqa: D102
+        return None
+
+    def source_rank(self) -> int:  # noqa: D102
+        self.wait()
+        return self._source
+
+    _source_rank = source_rank
+
+    def result(self) -> list[torch.Tensor]:  # noqa: D102
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:  # noqa: D102
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:  # noqa: D102
+        # A p2p future completes when the transfer does; waiting here keeps
+        # the contract "the future is done once the data is there" simple.
+        self.wait()
+        return self._future
+
+
+# ---------------------------------------------------------------- buffers
+class _Buf:
+    """A contiguous CPU stand-in for a tensor, copied back on ``done()`` if needed."""
+
+    __slots__ = ("tensor", "data")
+
+    def __init__(self, tensor: torch.Tensor, what: str) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise RuntimeError(
+                f"{what}: the mpi4py process group works on CPU tensors only, got a tensor on"
+                f" {tensor.device}; move it to the CPU (hwdist's collectives do this for you)"
+            )
+        self.tensor = tensor
+        self.data = tensor.detach()
+        if not self.data.is_contiguous():
+            self.data = self.data.contiguous()
+
+    def bytes(self) -> np.ndarray:
+        """The data as a flat uint8 numpy view (no copy)."""
+        flat = self.data.reshape(-1)
+        if flat.dtype != torch.uint8:
+            flat = flat.view(torch.uint8)
+        return flat.numpy()
+
+    def done(self) -> None:
+        """Copy results back if the tensor was not contiguous."""
+        if self.data.data_ptr() != self.tensor.data_ptr() or self.data.shape != self.tensor.shape:
+            with torch.no_grad():
+                self.tensor.copy_(self.data)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+# Dtypes reduced by MPI as they are (numpy knows them; the MPI standard defines them).
+_NATIVE_REDUCE = frozenset(
+    {
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+    | {d for d in (getattr(torch, n, None) for n in ("uint16", "uint32", "uint64")) if d is not None}
+)
+_fp16_ok: Optional[bool] = None
+
+
+def _mpi_has_fp16() -> bool:
+    """Whether this MPI library reduces float16 (MPICH does, via MPIX_C_FLOAT16)."""
+    global _fp16_ok
+    if _fp16_ok is None:
+        try:
+            dt = _mpi().Datatype.fromcode("e")
+            _fp16_ok = dt != _mpi().DATATYPE_NULL
+        except Exception:
+            _fp16_ok = False
+    return _fp16_ok
+
+
+def _reduce_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a reduction on ``dtype`` runs in."""
+    if dtype in _NATIVE_REDUCE:
+        return dtype
+    if dtype == torch.float16:
+        return dtype if _mpi_has_fp16() else torch.float32
+    if dtype == torch.bfloat16:
+        return torch.float32
+    raise TypeError(
+        f"the mpi4py process group cannot reduce {dtype}; supported: float16, bfloat16, float32,"
+        " float64, complex64, complex128, bool and the integer dtypes"
+    )
+
+
+class _Typed:
+    """A tensor as a flat typed numpy array for reductions (widened when MPI lacks the dtype)."""
+
+    def __init__(self, tensor: torch.Tensor, what: str) -> None:
+        self.buf = _Buf(tensor, what)
+        self.comm_dtype = _reduce_dtype(tensor.dtype)
+        flat = self.buf.data.reshape(-1)
+        self.wide = flat.to(self.comm_dtype) if self.comm_dtype != tensor.dtype else flat
+
+    def array(self) -> np.ndarray:
+        return self.wide.numpy()
+
+    def done(self) -> None:
+        if self.wide.dtype != self.buf.data.dtype:
+            self.buf.data.reshape(-1).copy_(self.wide)
+        self.buf.done()
+
+
+def _mpi_op(opts: Any, dtype: torch.dtype) -> tuple[Any, bool]:
+    """(MPI op, divide-by-size afterwards) for ``opts.reduceOp`` on ``dtype``."""
+    MPI = _mpi()
+    rop = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    code = getattr(rop, "op", rop)
+    is_bool = dtype == torch.bool
+    table = {
+        _RED.SUM: MPI.LOR if is_bool else MPI.SUM,
+        _RED.PRODUCT: MPI.LAND if is_bool else MPI.PROD,
+        _RED.MIN: MPI.LAND if is_bool else MPI.MIN,
+        _RED.MAX: MPI.LOR if is_bool else MPI.MAX,
+        _RED.BAND: MPI.LAND if is_bool else MPI.BAND,
+        _RED.BOR: MPI.LOR if is_bool else MPI.BOR,
+        _RED.BXOR: MPI.LXOR if is_bool else MPI.BXOR,
+    }
+    if code in table:
+        return table[code], False
+    if code == _RED.AVG:
+        if not (dtype.is_floating_point or dtype.is_complex):
+            raise TypeError(f"the mpi4py process group: ReduceOp.AVG needs a floating tensor, got {dtype}")
+        return MPI.SUM, True
+    raise ValueError(f"the mpi4py process group does not support reduce op {rop!r} (PREMUL_SUM included)")
+
+
+def _counts(tensors: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:
+    counts = [_nbytes(t) for t in tensors]
+    displs = [0] * len(counts)
+    for i in range(1, len(counts)):
+        displs[i] = displs[i - 1] + counts[i - 1]
+    return counts, displs
+
+
+def _unpack(flat: np.ndarray, outs: Sequence[torch.Tensor], displs: Sequence[int]) -> None:
+    src = torch.from_numpy(flat)
+    with torch.no_grad():
+        for out, off in zip(outs, displs):
+            n = _nbytes(out)
+            if n == 0:
+                continue
+            chunk = src[off : off + n]
+            if out.dtype != torch.uint8:
+                chunk = chunk.view(out.dtype)
+            out.copy_(chunk.reshape(out.shape))
+
+
+def _pack(tensors: Sequence[torch.Tensor]) -> np.ndarray:
+    parts = [_Buf(t, "input").bytes() for t in tensors]
+    return np.concatenate(parts) if parts else np.empty(0, np.uint8)
+
+
+class MpiProcessGroup(dist.ProcessGroup):
+    """torch ProcessGroup over an MPI communicator (CPU tensors, mpi4py)."""
+
+    def __init__(self, comm: Any, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self.comm = comm
+        self._rank = rank
+        self._size = size
+        MPI = _mpi()
+        # Without MPI_THREAD_MULTIPLE, calls from torch's threads (DDP) are serialised.
+        self._lock: Optional[threading.Lock] = (
+            None if MPI.Query_thread() >= MPI.THREAD_MULTIPLE else threading.Lock()
+        )
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        return MPI_BACKEND_NAME
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._lock is None:
+            return fn(*args, **kwargs)
+        with self._lock:
+            return fn(*args, **kwargs)
+
+    def _check_root(self, root: int, what: str) -> None:
+        if not 0 <= root < self._size:
+            raise ValueError(f"{what}: root rank {root} is outside the group (size {self._size})")
+
+    # ---- reductions ---------------------------------------------------------
+    def _allreduce_one(self, t: torch.Tensor, opts: Any) -> None:
+        typed = _Typed(t, "all_reduce")
+        op, divide = _mpi_op(opts, t.dtype)
+        arr = typed.array()
+        self._call(self.comm.Allreduce, _mpi().IN_PLACE, arr, op=op)
+        if divide:
+            typed.wide.div_(self._size)
+        typed.done()
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        for t in tensors:
+            self._allreduce_one(t, opts)
+        return MpiWork(tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
+        MPI = _mpi()
+        root = int(opts.rootRank)
+        self._check_root(root, "reduce")
+        for t in tensors:
+            typed = _Typed(t, "reduce")
+            op, divide = _mpi_op(opts, t.dtype)
+            arr = typed.array()
+            if self._rank == root:
+                self._call(self.comm.Reduce, MPI.IN_PLACE, arr, op=op, root=root)
+                if divide:
+                    typed.wide.div_(self._size)
+                typed.done()
+            else:
+                self._call(self.comm.Reduce, arr, None, op=op, root=root)
+        return MpiWork(tensors)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> MpiWork:  # noqa: D102
+        for out, ins in zip(outputs, inputs):
+            if len(ins) != self._size:
+                raise ValueError(f"reduce_scatter: expected {self._size} input tensors, got {len(ins)}")
+            comm_dtype = _reduce_dtype(out.dtype)
+            send = torch.cat([i.detach().reshape(-1).to(comm_dtype) for i in ins])
+            recv = _Typed(out, "reduce_scatter")
+            op, divide = _mpi_op(opts, out.dtype)
+            counts = [i.numel() for i in ins]
+            if counts[self._rank] != out.numel():
+                raise ValueError(
+                    f"reduce_scatter: output has {out.numel()} elements, input {self._rank} has {counts[self._rank]}"
+                )
+            self._call(self.comm.Reduce_scatter, send.numpy(), recv.array(), recvcounts=counts, op=op)
+            if divide:
+                recv.wide.div_(self._size)
+            recv.done()
+        return MpiWork(outputs)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> MpiWork:  # noqa: D102
+        if input.numel() != output.numel() * self._size:
+            raise ValueError(
+                f"reduce_scatter: input has {input.numel()} elements, expected output size"
+                f" {output.numel()} x group size {self._size}"
+            )
+        send = _Typed(input, "reduce_scatter input")
+        recv = _Typed(output, "reduce_scatter output")
+        op, divide = _mpi_op(opts, output.dtype)
+        self._call(self.comm.Reduce_scatter_block, send.array(), recv.array(), op=op)
+        if divide:
+            recv.wide.div_(self._size)
+        recv.done()
+        return MpiWork([output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
+        for out, inp in zip(outputs, inputs):
+            self._reduce_scatter_base(out, inp, opts)
+        return MpiWork(outputs)
+
+    # ---- data movement --------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
+        root = int(opts.rootRank)
+        self._check_root(root, "broadcast")
+        for t in tensors:
+            buf = _Buf(t, "broadcast")
+            self._call(self.comm.Bcast, buf.bytes(), root=root)
+            buf.done()
+        return MpiWork(tensors)
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        MPI = _mpi()
+        for outs, inp in zip(outputs, inputs):
+            if len(outs) != self._size:
+                raise ValueError(f"all_gather: expected {self._size} output tensors, got {len(outs)}")
+            counts, displs = _counts(outs)
+            src = _Buf(inp, "all_gather input")
+            if _nbytes(inp) != counts[self._rank]:
+                raise ValueError(
+                    f"all_gather: input has {_nbytes(inp)} bytes, output {self._rank} expects {counts[self._rank]}"
+                )
+            flat = np.empty(sum(counts), np.uint8)
+            self._call(self.comm.Allgatherv, src.bytes(), [flat, counts, displs, MPI.BYTE])
+            _unpack(flat, outs, displs)
+        return MpiWork([t for outs in outputs for t in outs])
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        return self.allgather(outputs, inputs, opts)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
+        if _nbytes(output) != _nbytes(input) * self._size:
+            raise ValueError(
+                f"all_gather_into_tensor: output has {output.numel()} elements, expected"
+                f" {input.numel()} x group size {self._size}"
+            )
+        out = _Buf(output, "all_gather output")
+        src = _Buf(input, "all_gather input")
+        self._call(self.comm.Allgather, src.bytes(), out.bytes())
+        out.done()
+        return MpiWork([output])
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        for out, inp in zip(outputs, inputs):
+            self._allgather_base(out, inp, opts)
+        return MpiWork(outputs)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
+        MPI = _mpi()
+        root = int(opts.rootRank)
+        self._check_root(root, "gather")
+        src = _Buf(inputs[0], "gather input")
+        if self._rank == root:
+            outs = outputs[0]
+            if len(outs) != self._size:
+                raise ValueError(f"gather: expected {self._size} output tensors on the root, got {len(outs)}")
+            counts, displs = _counts(outs)
+            flat = np.empty(sum(counts), np.uint8)
+            self._call(self.comm.Gatherv, src.bytes(), [flat, counts, displs, MPI.BYTE], root=root)
+            _unpack(flat, outs, displs)
+            return MpiWork(outs)
+        self._call(self.comm.Gatherv, src.bytes(), None, root=root)
+        return MpiWork([])
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> MpiWork:  # noqa: D102
+        MPI = _mpi()
+        root = int(opts.rootRank)
+        self._check_root(root, "scatter")
+        out = _Buf(outputs[0], "scatter output")
+        if self._rank == root:
+            ins = inputs[0]
+            if len(ins) != self._size:
+                raise ValueError(f"scatter: expected {self._size} input tensors on the root, got {len(ins)}")
+            counts, displs = _counts(ins)
+            self._call(self.comm.Scatterv, [_pack(ins), counts, displs, MPI.BYTE], out.bytes(), root=root)
+        else:
+            self._call(self.comm.Scatterv, None, out.bytes(), root=root)
+        out.done()
+        return MpiWork(outputs)
+
+    def alltoall_base(  # noqa: D102
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> MpiWork:
+        MPI = _mpi()
+        out = _Buf(output, "all_to_all output")
+        src = _Buf(input, "all_to_all input")
+        scounts, sdispls = self._splits(input, input_split_sizes, "input")
+        rcounts, rdispls = self._splits(output, output_split_sizes, "output")
+        self._call(
+            self.comm.Alltoallv,
+            [src.bytes(), scounts, sdispls, MPI.BYTE],
+            [out.bytes(), rcounts, rdispls, MPI.BYTE],
+        )
+        out.done()
+        return MpiWork([output])
+
+    def _splits(self, t: torch.Tensor, splits: Sequence[int], what: str) -> tuple[list[int], list[int]]:
+        rows = t.shape[0] if t.dim() > 0 else 1
+        row_bytes = _nbytes(t) // rows if rows else 0
+        if not splits:
+            if rows % self._size:
+                raise ValueError(f"all_to_all: {what} has {rows} rows, not divisible by group size {self._size}")
+            splits = [rows // self._size] * self._size
+        if len(splits) != self._size or sum(splits) != rows:
+            raise ValueError(f"all_to_all: {what} split sizes {list(splits)} do not cover {rows} rows in {self._size} parts")
+        counts = [int(s) * row_bytes for s in splits]
+        displs = [0] * len(counts)
+        for i in range(1, len(counts)):
+            displs[i] = displs[i - 1] + counts[i - 1]
+        return counts, displs
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        MPI = _mpi()
+        if len(outputs) != self._size or len(inputs) != self._size:
+            raise ValueError(f"all_to_all: expected {self._size} input and output tensors")
+        scounts, sdispls = _counts(inputs)
+        rcounts, rdispls = _counts(outputs)
+        flat = np.empty(sum(rcounts), np.uint8)
+        self._call(
+            self.comm.Alltoallv,
+            [_pack(inputs), scounts, sdispls, MPI.BYTE],
+            [flat, rcounts, rdispls, MPI.BYTE],
+        )
+        _unpack(flat, outputs, rdispls)
+        return MpiWork(outputs)
+
+    # torch>=2.13 calls these names on the group object itself (a Python process
+    # group has no per-device backends to forward them to).
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(  # noqa: D102
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> MpiWork:
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    # ---- point to point -------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> MpiWork:  # noqa: D102
+        self._check_root(dst, "send")
+        buf = _Buf(tensors[0], "send")
+        data = buf.bytes()
+        req = self._call(self.comm.Isend, data, dest=dst, tag=tag)
+        # The work keeps ``data`` (and so the buffer) alive until completion.
+        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: None)
+
+    def _recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> MpiWork:
+        buf = _Buf(tensors[0], "recv")
+        data = buf.bytes()
+        req = self._call(self.comm.Irecv, data, source=src, tag=tag)
+        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: buf.done())
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MpiWork:  # noqa: D102
+        self._check_root(src, "recv")
+        return self._recv(tensors, src, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> MpiWork:  # noqa: D102
+        return self._recv(tensors, _mpi().ANY_SOURCE, tag)
+
+    def barrier(self, opts: Any = None) -> MpiWork:  # noqa: D102
+        self._call(self.comm.Barrier)
+        return MpiWork([])
+
+
+_KEY = "hwdist_mpi/world_rank/"
+
+
+def _group_world_ranks(store: Any, rank: int, size: int) -> list[int]:
+    """The MPI_COMM_WORLD rank of each group rank, exchanged over the group's store."""
+    me = _mpi().COMM_WORLD.Get_rank()
+    store.set(f"{_KEY}{rank}", str(me))
+    return [int(store.get(f"{_KEY}{r}").decode()) for r in range(size)]
+
+
+def create_mpi_process_group(store: Any, rank: int, size: int, timeout: Any) -> MpiProcessGroup:
+    """torch backend factory: the mpi4py process group for one torch group.
+
+    Called by torch on each member of a new group (the default group and
+    every ``new_group``).
+
+    Raises:
+        RuntimeError: the processes are not one MPI job (started by one
+            ``mpiexec``/``mpirun``), raised identically on every member.
+    """
+    MPI = _mpi()
+    world = MPI.COMM_WORLD
+    ranks = _group_world_ranks(store, rank, size)
+    if len(set(ranks)) != len(ranks) or max(ranks) >= world.Get_size():
+        raise RuntimeError(
+            f"backend 'mpi' needs every rank started by one mpiexec/mpirun: torch ranks 0..{size - 1}"
+            f" map to MPI_COMM_WORLD ranks {ranks} (MPI world size {world.Get_size()}). Start the job"
+            " with `mpiexec -n N python ...` and hwdist.init_dist('mpi', backend='mpi'),"
+            " or use backend 'gloo' under other launchers"
+        )
+    if size == world.Get_size() and ranks == list(range(size)):
+        comm = world.Dup()
+    else:
+        comm = world.Create_group(world.Get_group().Incl(ranks))
+    return MpiProcessGroup(comm, rank, size)

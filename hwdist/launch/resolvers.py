@@ -1,0 +1,342 @@
+"""Launcher resolvers: what a launcher told this process, read from its environment.
+
+A :class:`Launcher` knows how to recognise its environment (``detect``) and
+how to turn it into a :class:`LaunchInfo` (``resolve``): global rank, world
+size, local rank, node and rendezvous address. Resolvers are pure: they read
+a mapping (``os.environ`` by default) and never write it; ``init_dist``
+exports the result with :meth:`LaunchInfo.exports`, which never overwrites a
+variable the user already set.
+
+Launchers are registered like backends: the built-in ones (``pytorch``,
+``mpi``, ``slurm``, ``none``) at import, third-party ones with
+:func:`register_launcher` or the ``hwdist.launchers`` entry-point group.
+:func:`infer_launcher` tries them in ``priority`` order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, overload
+
+__all__ = [
+    "LaunchInfo",
+    "Launcher",
+    "LauncherError",
+    "register_launcher",
+    "unregister_launcher",
+    "get_launcher",
+    "list_launchers",
+    "infer_launcher",
+    "LAUNCHER_ENTRY_POINT_GROUP",
+    "NoLauncher",
+]
+
+LAUNCHER_ENTRY_POINT_GROUP = "hwdist.launchers"
+
+
+class LauncherError(ValueError):
+    """A launcher environment that is missing, malformed or contradictory."""
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits in the job, as a launcher describes it.
+
+    Attributes:
+        launcher: launcher name ('pytorch', 'slurm', 'mpi', ...).
+        rank: global rank. world_size: number of ranks.
+        local_rank: rank on this node (the device is bound by it).
+        local_world_size: ranks on this node, if known.
+        node_rank: index of this node, if the launcher says.
+        master_addr: rendezvous host, if known. master_port: its port, if known.
+        backend: the backend chosen (filled in by ``init_dist``).
+        extra: further variables to export (a custom launcher's own).
+    """
+
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: Optional[int] = None
+    node_rank: Optional[int] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    backend: Optional[str] = None
+    extra: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise LauncherError(f"{self.launcher}: world size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise LauncherError(
+                f"{self.launcher}: rank {self.rank} is outside world size {self.world_size}"
+            )
+        if self.local_rank < 0:
+            raise LauncherError(f"{self.launcher}: local rank must be >= 0, got {self.local_rank}")
+        if self.local_world_size is not None and not 0 <= self.local_rank < self.local_world_size:
+            raise LauncherError(
+                f"{self.launcher}: local rank {self.local_rank} is outside local world size"
+                f" {self.local_world_size}"
+            )
+
+    def exports(self) -> dict[str, str]:
+        """The torch environment variables this launch implies (``RANK``, ``MASTER_ADDR``, ...)."""
+        out = {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+        }
+        if self.local_world_size is not None:
+            out["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
+        if self.node_rank is not None:
+            out["GROUP_RANK"] = str(self.node_rank)
+        if self.master_addr is not None:
+            out["MASTER_ADDR"] = self.master_addr
+        if self.master_port is not None:
+            out["MASTER_PORT"] = str(self.master_port)
+        out.update(self.extra)
+        return out
+
+
+def env_int(env: Mapping[str, str], *names: str, what: str = "") -> Optional[int]:
+    """The first of ``names`` set in ``env``, as an int (None if none is set).
+
+    Raises:
+        LauncherError: the variable is set but is not an integer.
+    """
+    for name in names:
+        raw = env.get(name)
+        if raw is None or not raw.strip():
+            continue
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise LauncherError(
+                f"environment variable {name} must be an integer{' (' + what + ')' if what else ''},"
+                f" got {raw!r}"
+            ) from None
+    return None
+
+
+def require_int(env: Mapping[str, str], launcher: str, *names: str) -> int:
+    """Like :func:`env_int` but raises a clear error naming the variables when unset."""
+    value = env_int(env, *names)
+    if value is None:
+        raise LauncherError(
+            f"launcher {launcher!r}: none of {', '.join(names)} is set; is this process started by"
+            f" the {launcher} launcher?"
+        )
+    return value
+
+
+def check_consistent(env: Mapping[str, str], launcher: str, name: str, value: int, source: str) -> None:
+    """Raise if the user set torch variable ``name`` to something other than ``value``."""
+    user = env_int(env, name)
+    if user is not None and user != value:
+        raise LauncherError(
+            f"launcher {launcher!r}: {name}={user} is set in the environment but {source} says"
+            f" {value}; unset {name}, or use launcher='pytorch' to take {name} as given"
+        )
+
+
+class Launcher:
+    """Base class for launcher resolvers; subclass and set ``name`` and ``priority``."""
+
+    #: Name users pass to ``init_dist(launcher=...)``.
+    name: ClassVar[str] = ""
+    #: ``infer_launcher`` order: higher is tried first.
+    priority: ClassVar[int] = 0
+    #: One line for docs and errors.
+    description: ClassVar[str] = ""
+    #: Whether ``init_dist`` creates a process group for this launcher.
+    distributed: ClassVar[bool] = True
+
+    def detect(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` looks like this launcher started the process."""
+        return False
+
+    def resolve(self, env: Mapping[str, str]) -> LaunchInfo:
+        """The :class:`LaunchInfo` for ``env`` (pure: reads, never writes)."""
+        raise NotImplementedError
+
+    def rendezvous(self, info: LaunchInfo, timeout: Any) -> Optional[Any]:
+        """A torch Store for ranks without ``MASTER_ADDR``/``MASTER_PORT``, or None for ``env://``."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+_lock = threading.RLock()
+_launchers: dict[str, Launcher] = {}
+#: Other names accepted for a launcher.
+_ALIASES = {"torchrun": "pytorch"}
+_entry_points_loaded = False
+L = TypeVar("L", bound=Union[Launcher, type])
+
+
+def _register(name: str, launcher: Any, override: bool) -> Launcher:
+    if not isinstance(name, str) or not name.strip() or name != name.strip():
+        raise LauncherError(f"launcher name must be a non-empty str without spaces, got {name!r}")
+    key = name.lower()
+    if key in ("auto",):
+        raise LauncherError(f"cannot register launcher {name!r}: the name is reserved")
+    inst = launcher() if isinstance(launcher, type) else launcher
+    for member in ("detect", "resolve", "priority"):
+        if not hasattr(inst, member):
+            raise LauncherError(
+                f"launcher {name!r} ({type(inst).__name__}) lacks {member!r}; expected a"
+                " hwdist.Launcher subclass"
+            )
+    inst.name = key  # type: ignore[misc]
+    with _lock:
+        if key in _launchers and not override:
+            raise LauncherError(
+                f"launcher {key!r} is already registered ({_launchers[key]!r}); pass override=True"
+                f" to replace it. Registered: {', '.join(_launchers)}"
+            )
+        _launchers[key] = inst
+    return inst
+
+
+@overload
+def register_launcher(name: str, launcher: None = None, *, override: bool = False) -> Callable[[L], L]: ...
+@overload
+def register_launcher(name: str, launcher: Any, *, override: bool = False) -> Launcher: ...
+def register_launcher(name: str, launcher: Any = None, *, override: bool = False) -> Any:
+    """Register a launcher resolver under ``name``; also usable as a class decorator.
+
+    Args:
+        name: the name users pass to ``init_dist(launcher=...)``.
+        launcher: a :class:`Launcher` instance or subclass (omit for decorator use).
+        override: replace an existing registration instead of raising.
+
+    Raises:
+        LauncherError: duplicate name without ``override``, malformed launcher.
+
+    Example:
+        >>> @hwdist.register_launcher("mycluster")
+        ... class MyCluster(hwdist.Launcher):
+        ...     priority = 25
+        ...     def detect(self, env): return "MYCLUSTER_RANK" in env
+        ...     def resolve(self, env): ...
+    """
+    if launcher is None:
+
+        def decorate(cls: L) -> L:
+            _register(name, cls, override)
+            return cls
+
+        return decorate
+    return _register(name, launcher, override)
+
+
+def unregister_launcher(name: str) -> Launcher:
+    """Remove launcher ``name`` and return it.
+
+    Raises:
+        LauncherError: ``name`` is not registered.
+    """
+    with _lock:
+        try:
+            return _launchers.pop(name.lower())
+        except KeyError:
+            raise LauncherError(f"unknown launcher {name!r}; registered: {', '.join(_launchers)}") from None
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+
+    try:
+        eps = entry_points(group=LAUNCHER_ENTRY_POINT_GROUP)
+    except TypeError:  # Python<3.10 API. Drop when Python>=3.10 is the floor.
+        eps = entry_points().get(LAUNCHER_ENTRY_POINT_GROUP, [])  # type: ignore[attr-defined]
+    for ep in eps:
+        if ep.name.lower() in _launchers:
+            continue
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plug-in must not break hwdist
+            import warnings
+
+            warnings.warn(f"hwdist: could not load launcher entry point {ep.name!r}: {exc}")
+            continue
+        _register(ep.name, obj, override=False)
+
+
+def list_launchers() -> list[str]:
+    """Registered launcher names, in ``infer_launcher`` order (highest priority first)."""
+    _load_entry_points()
+    with _lock:
+        items = list(_launchers.values())
+    return [x.name for x in sorted(items, key=lambda x: -x.priority)]
+
+
+def get_launcher(name: str) -> Launcher:
+    """The launcher registered under ``name``.
+
+    Raises:
+        LauncherError: unknown name (the message lists the registered ones).
+    """
+    if not isinstance(name, str):
+        raise LauncherError(f"launcher must be a str, got {type(name).__name__}: {name!r}")
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    found = _launchers.get(key)
+    if found is None:
+        _load_entry_points()
+        found = _launchers.get(key)
+    if found is None:
+        raise LauncherError(
+            f"unknown launcher {name!r}; expected 'auto' or one of: {', '.join(list_launchers())}"
+        )
+    return found
+
+
+def infer_launcher(env: Optional[Mapping[str, str]] = None) -> str:
+    """The launcher that started this process, from its environment (mmengine names).
+
+    Tried in priority order: ``'pytorch'`` (``WORLD_SIZE`` set: torchrun,
+    ``torch.distributed.launch``, manual env), ``'mpi'`` (Open MPI's
+    ``OMPI_COMM_WORLD_*``, MPICH/Intel MPI's ``PMI_RANK``/``PMI_SIZE``),
+    ``'slurm'`` (``SLURM_NTASKS``), else ``'none'``. Unlike mmengine, MPI is
+    checked before Slurm: ``mpirun`` inside an ``sbatch`` allocation inherits
+    ``SLURM_*`` variables that do not describe its ranks.
+
+    Args:
+        env: the environment to read (default ``os.environ``).
+
+    Returns:
+        A registered launcher name.
+    """
+    import os
+
+    env = os.environ if env is None else env
+    for name in list_launchers():
+        if _launchers[name].detect(env):
+            return name
+    return "none"
+
+
+class NoLauncher(Launcher):
+    """``'none'``: a single, non-distributed process (``init_dist`` creates no group)."""
+
+    name = "none"
+    priority = -1000
+    description = "not distributed: no process group"
+    #: Whether ``init_dist`` creates a process group for this launcher.
+    distributed = False
+
+    def detect(self, env: Mapping[str, str]) -> bool:
+        """Never detected; it is what ``infer_launcher`` returns when nothing else matches."""
+        return False
+
+    def resolve(self, env: Mapping[str, str]) -> LaunchInfo:
+        """Rank 0 of 1."""
+        return LaunchInfo(launcher=self.name, rank=0, world_size=1, local_rank=0, local_world_size=1)
