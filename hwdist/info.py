@@ -59,11 +59,13 @@ def get_default_group() -> Optional[Any]:
 def get_backend(group: Optional[Any] = None) -> Optional[str]:
     """The backend name of ``group`` (default group if None), or None when not distributed.
 
-    The string is torch's (e.g. ``'gloo'``, ``'nccl'``, or ``'cpu:gloo,cuda:nccl'``).
+    The string is torch's (e.g. ``'gloo'``, ``'nccl'``, or ``'cpu:gloo,cuda:nccl'``),
+    except that a name a driver registered with torch under another name (the
+    mpi4py process group) is reported as the driver's name (``'mpi'``).
     """
     if not is_distributed():
         return None
-    return str(torch_dist.get_backend(group))
+    return registry.canonical_name(str(torch_dist.get_backend(group)))
 
 
 def get_world_size(group: Optional[Any] = None) -> int:

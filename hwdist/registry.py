@@ -299,6 +299,11 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
     return drv
 
 
+def canonical_name(backend: str) -> str:
+    """The registered name for a name torch reports (e.g. an alias), else ``backend`` unchanged."""
+    return _aliases.get(backend.lower(), backend)
+
+
 def clear_cache() -> None:
     """Forget group -> driver resolutions (call after destroying groups)."""
     _group_cache.clear()

@@ -124,6 +124,16 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         self._check("all_to_all", [outputs, inputs])
         return self._gloo.alltoall(outputs, inputs, opts)
 
+    # torch>=2.13 calls these names on a Python process group itself.
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None) -> Any:
+        return self.alltoall_base(output, input, out_splits, in_splits, opts)
+
     def send(self, tensors: Any, dst: int, tag: int) -> Any:
         self._check("send", tensors)
         return self._gloo.send(tensors, dst, tag)
