@@ -22,16 +22,14 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, info, registry
-from ..drivers.gloo import GlooDriver
-from ..drivers.mpi import MpiDriver
-from ..drivers.nccl import NcclDriver
+from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
 
 __all__ = ["init_backend", "destroy", "as_timedelta", "init_dist", "init_local_group", "LEGACY_BACKEND_IDS"]
 
 #: Integer ids of torch<=0.4's ``dist_backend`` enum, mapped to today's names.
 #: ``0`` was TCP, removed from torch in 1.0 (an error says so).
-LEGACY_BACKEND_IDS: dict[int, str] = {1: MpiDriver.name, 2: GlooDriver.name, 3: NcclDriver.name}
+
 
 
 def as_timedelta(timeout: Union[None, float, int, datetime.timedelta]) -> Optional[datetime.timedelta]:
@@ -117,10 +115,9 @@ def _backend_name(backend: Any) -> str:
         if backend in LEGACY_BACKEND_IDS:
             return LEGACY_BACKEND_IDS[backend]
         known = ", ".join(f"{k} -> {v!r}" for k, v in LEGACY_BACKEND_IDS.items())
-        if backend == 0:
+        if backend == LEGACY_TCP_ID:
             raise registry.BackendError(
-                "backend=0 is torch<=0.4's dist_backend.TCP, removed from torch in 1.0; use 'gloo'"
-                f" for CPU tensors (legacy ids: {known})"
+                f"backend={backend} is torch<=0.4's dist_backend.TCP: {LEGACY_BACKENDS['tcp']} (legacy ids: {known})"
             )
         raise registry.BackendError(f"backend={backend} is not a legacy dist_backend id; known ids: {known}")
     if isinstance(backend, str):

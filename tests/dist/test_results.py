@@ -15,6 +15,13 @@ import hwdist
 from hwdist.collectives import results as resmod
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
+# Under `mpiexec ... -m hwdist.testing.mpi_suite` every rank runs its own pytest
+# session, so pytest's tmp_path differs per rank: it is not a shared directory.
+needs_shared_tmp_path = pytest.mark.skipif(
+    os.environ.get("HWDIST_MPI_SUITE") == "1",
+    reason="each MPI rank is its own pytest session with its own tmp_path (not shared)",
+)
+
 
 def _item(i: int):
     # genuine None results must survive
@@ -61,6 +68,7 @@ def _collect_inner(n_items: int, pad: bool, mode: str, tmp_base: str) -> list:
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("world_size", world_sizes())
+@needs_shared_tmp_path
 def test_collect_results_order_none_and_unequal_parts(dist, world_size, backend, tmp_path):
     for mode in ("cpu-tmpdir", "cpu-comm", "gpu"):
         # unequal parts (n not divisible by W), padded parts, empty parts, tiny chunks
@@ -163,6 +171,7 @@ def _tmpdir(tmp_base: str) -> list:
 
 
 @pytest.mark.parametrize("backend", backends())
+@needs_shared_tmp_path
 def test_create_tmpdir_is_shared(dist, backend, tmp_path):
     res = dist(_tmpdir, 2, backend, str(tmp_path))
     assert res[0][0] == res[1][0]
