@@ -97,6 +97,7 @@ def _collect_big(mode: str, tmp_base: str) -> bool:
 
 
 @pytest.mark.parametrize("backend", backends())
+@needs_shared_tmp_path
 def test_collect_results_chunks_large_items(dist, backend, tmp_path):
     for mode in ("tmpdir", "comm"):
         assert dist(_collect_big, 3, backend, mode, str(tmp_path)) == [True] * 3
