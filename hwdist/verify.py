@@ -8,9 +8,11 @@ If the ranks disagree, every rank raises :class:`CollectiveMismatch` listing
 each rank's value, e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
 instead of hanging or returning garbage.
 
-Cost when off: one global flag test per call. Cost when on: one all_gather of
-a 24-byte digest per collective, plus one more exchange of the full
-descriptions only when they differ (see docs/reliability.md for figures).
+Cost when off: one global flag test per call. Cost when on: one all_reduce
+(MAX) of ten int32 per collective (a 124-bit digest of the description and
+its length, and their negations: every rank agrees iff max == -max(-x)), plus
+an exchange of the full descriptions only when they differ (figures in
+docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -111,12 +113,12 @@ def _next_seq(group: Any) -> int:
     return seq
 
 
-def check_call(op: str, group: Any, driver: Any, **fields: Any) -> None:
+def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     """Verify that every rank of ``group`` makes the same call; no-op when off.
 
     Callers test ``verify._enabled`` first, so a collective pays nothing when
     verification mode is off. Every rank of the group must reach this call
-    (it is itself a collective: one all_gather of a 24-byte digest).
+    (it is itself a collective: one all_reduce of ten int32).
 
     Args:
         op: the collective's name.
@@ -134,20 +136,41 @@ def check_call(op: str, group: Any, driver: Any, **fields: Any) -> None:
     world = torch_dist.get_world_size(group)
     if world == 1:
         return
-    desc = {"op": op, "seq": seq, **fields}
+    desc = {**fields, "op": op, "seq": seq}
     text = json.dumps(desc, sort_keys=True, default=str)
-    digest = hashlib.blake2b(text.encode(), digest_size=16).digest() + struct.pack("<q", len(text))
+    raw = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    # 31-bit words (so that negating them cannot overflow int32): 4 of the digest, 1 of the length.
+    words = [w >> 1 for w in struct.unpack("<4I", raw)] + [len(text) & 0x7FFFFFFF]
+    if not _digests_agree(words, group, driver):
+        everyone = _exchange_descriptions(text, group, driver, world)
+        raise CollectiveMismatch(_format_mismatch(op, everyone))
+
+
+_DIGEST_PLANS: dict[Any, Any] = {}
+
+
+def _digests_agree(words: list[int], group: Any, driver: Any) -> bool:
+    """One all_reduce MAX of ``words + [-w for w in words]``: every rank agrees iff max == min."""
+    plan = _DIGEST_PLANS.get(driver)
+    if plan is None:
+        try:
+            plan = driver.plan("all_reduce", torch.int32, "max")
+        except TypeError:  # PlanError: no integer MAX here; float64 holds 31-bit words exactly
+            plan = driver.plan("all_reduce", torch.float64, "max")
+        _DIGEST_PLANS[driver] = plan
+    buf = torch.tensor(words + [-w for w in words], dtype=torch.int32)
+    if plan.comm_dtype != torch.int32:  # a lossless widening (the driver never plans a lossy one)
+        buf = buf.to(plan.comm_dtype)
     device = driver.comm_device()
-    mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8)
-    if mine.device != device:
-        mine = mine.to(device)
-    gathered = torch.empty(world * len(digest), dtype=torch.uint8, device=device)
-    _all_gather_bytes(gathered, mine, group, driver)
-    host = gathered.cpu().numpy().tobytes()
-    if host == digest * world:
-        return
-    everyone = _exchange_descriptions(text, group, driver, world)
-    raise CollectiveMismatch(_format_mismatch(op, everyone))
+    if buf.device != device:
+        buf = buf.to(device)
+    torch_dist.all_reduce(buf, _REDUCE_MAX, group=group)
+    got = buf.tolist()
+    n = len(words)
+    return all(got[i] == -got[n + i] for i in range(n))
+
+
+_REDUCE_MAX = torch_dist.ReduceOp.MAX if torch_dist.is_available() else None
 
 
 def _all_gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any) -> None:

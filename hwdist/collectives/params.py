@@ -108,7 +108,7 @@ def _verify_dict_call(data: Any, op: Any, group: Any) -> None:
     else:
         fields, first = type(data).__name__, None
     driver = registry.resolve(group, first.device if first is not None else None)
-    _verify_mode.check_call("all_reduce_dict", group, driver, data=fields, op=_t._op_field(op))
+    _verify_mode.check_call("all_reduce_dict", group, driver, data=fields, reduce_op=_t._op_field(op))
 
 
 def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True) -> None:
@@ -273,7 +273,7 @@ def all_reduce_params(
             group,
             registry.resolve(group, first.device if first is not None else None),
             params=[_verify_mode.describe_tensor(p) for p in items],
-            op=_t._op_field(op),
+            reduce_op=_t._op_field(op),
             coalesce=bool(coalesce),
             bucket_size_mb=bucket_size_mb,
         )

@@ -169,11 +169,14 @@ def _group_index(group: Any, global_rank: int) -> int:
 # ---------------------------------------------------------------------------
 # verification mode (hwdist.verify): only called when it is on
 # ---------------------------------------------------------------------------
-def _verify_call(fn: str, group: Any, data: Any, **fields: Any) -> None:
-    """Check that every rank of ``group`` makes this call (verification mode is on)."""
+def _verify_call(fn: str, group: Any, sample: Any, /, **fields: Any) -> None:
+    """Check that every rank of ``group`` makes this call (verification mode is on).
+
+    ``sample`` (a tensor of the call, if any) picks the driver; ``fields`` must agree across ranks.
+    """
     if not _is_initialized():
         return
-    device = data.device if isinstance(data, torch.Tensor) else None
+    device = sample.device if isinstance(sample, torch.Tensor) else None
     _verify.check_call(fn, group, registry.resolve(group, device), **fields)
 
 
@@ -442,7 +445,7 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
         >>> # rank 0: tensor([2, 3])   rank 1: tensor([2, 3])
     """
     if _verify._enabled:
-        _verify_call("all_reduce", group, data, data=_verify.describe_tensor(data), op=_op_field(op))
+        _verify_call("all_reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op))
     rop = _STR_OPS.get(op) if op.__class__ is str else None
     if rop is None:
         rop = normalize_reduce_op(op)
@@ -510,7 +513,7 @@ def reduce(
         >>> # rank 0: tensor([3.])   rank 1: (unspecified)
     """
     if _verify._enabled:
-        _verify_call("reduce", group, data, data=_verify.describe_tensor(data), op=_op_field(op), dst=repr(dst))
+        _verify_call("reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op), dst=repr(dst))
     rop = normalize_reduce_op(op)
     _check_tensor(data, "data", "reduce")
     if not _is_initialized():
@@ -969,7 +972,7 @@ def reduce_scatter(
     if _verify._enabled:
         _verify_call(
             "reduce_scatter", group, output,
-            output=_verify.describe_tensor(output), input=_describe_many(input_list), op=_op_field(op),
+            output=_verify.describe_tensor(output), input=_describe_many(input_list), reduce_op=_op_field(op),
         )
     rop = normalize_reduce_op(op)
     _check_tensor(output, "output", "reduce_scatter")
