@@ -8,9 +8,11 @@ If the ranks disagree, every rank raises :class:`CollectiveMismatch` listing
 each rank's value, e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
 instead of hanging or returning garbage.
 
-Cost when off: one global flag test per call. Cost when on: one all_gather of
-a 24-byte digest per collective, plus one more exchange of the full
-descriptions only when they differ (see docs/reliability.md for figures).
+Cost when off: one global flag test per call. Cost when on: one all_reduce
+(MAX) of ten int32 per collective (a 124-bit digest of the description and
+its length, and their negations: every rank agrees iff max == -max(-x)), plus
+an exchange of the full descriptions only when they differ (figures in
+docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "set_verification",
     "verification_enabled",
     "describe_tensor",
+    "describe_dtype",
     "check_call",
     "ENV_DEBUG",
 ]
@@ -44,11 +47,17 @@ def _env_flag(name: str) -> bool:
 
 
 _enabled: bool = _env_flag(ENV_DEBUG)
-_sequence: dict[int, int] = {}
+# per group: (the group object, next sequence number). Holding the group keeps its id unique;
+# a new default group (destroy + init) restarts the count.
+_sequence: dict[int, tuple[Any, int]] = {}
 
 
-class CollectiveMismatch(RuntimeError):
-    """Ranks called a collective with different arguments (verification mode)."""
+class CollectiveMismatch(RuntimeError, ValueError):
+    """Ranks called a collective with different arguments (verification mode).
+
+    Also a ``ValueError``, so code that catches the argument errors of a
+    collective (e.g. ``all_reduce_dict``'s own layout check) catches it too.
+    """
 
 
 def verification_enabled() -> bool:
@@ -80,45 +89,88 @@ def verification(enabled: bool = True) -> Iterator[None]:
 
 
 def describe_tensor(t: Any) -> str:
-    """A short description such as ``float32[4, 3]@cpu``."""
+    """A short description such as ``float32[4, 3]@cpu`` (the type name for a non-tensor)."""
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
-    dtype = str(t.dtype).replace("torch.", "")
+    dtype = str(t.dtype)[6:]  # drop "torch."
     return f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
 
 
-def check_call(op: str, group: Any, driver: Any, **fields: Any) -> None:
+def describe_dtype(t: Any) -> str:
+    """``float32@cpu`` for a tensor (shape left out), the type name otherwise."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype)[6:]}@{t.device.type}"
+
+
+def _next_seq(group: Any) -> int:
+    if group is None:
+        group = torch_dist.GroupMember.WORLD
+    key = id(group)
+    entry = _sequence.get(key)
+    seq = 0 if entry is None or entry[0] is not group else entry[1]
+    _sequence[key] = (group, seq + 1)
+    return seq
+
+
+def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     """Verify that every rank of ``group`` makes the same call; no-op when off.
+
+    Callers test ``verify._enabled`` first, so a collective pays nothing when
+    verification mode is off. Every rank of the group must reach this call
+    (it is itself a collective: one all_reduce of ten int32).
 
     Args:
         op: the collective's name.
         group: the process group (None: default).
         driver: the group's driver (decides the device the digest travels on).
-        **fields: what must agree across ranks (JSON-able values).
+        **fields: what must agree across ranks (JSON-able values; dicts and
+            lists are compared item by item in the error message).
 
     Raises:
         CollectiveMismatch: on every rank, listing each rank's differing values.
     """
     if not _enabled:
         return
-    key = id(group)
-    seq = _sequence.get(key, 0)
-    _sequence[key] = seq + 1
-    desc = {"op": op, "seq": seq, **fields}
-    text = json.dumps(desc, sort_keys=True, default=str)
-    digest = hashlib.blake2b(text.encode(), digest_size=16).digest() + struct.pack("<q", len(text))
+    seq = _next_seq(group)
     world = torch_dist.get_world_size(group)
     if world == 1:
         return
+    desc = {**fields, "op": op, "seq": seq}
+    text = json.dumps(desc, sort_keys=True, default=str)
+    raw = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    # 31-bit words (so that negating them cannot overflow int32): 4 of the digest, 1 of the length.
+    words = [w >> 1 for w in struct.unpack("<4I", raw)] + [len(text) & 0x7FFFFFFF]
+    if not _digests_agree(words, group, driver):
+        everyone = _exchange_descriptions(text, group, driver, world)
+        raise CollectiveMismatch(_format_mismatch(op, everyone))
+
+
+_DIGEST_PLANS: dict[Any, Any] = {}
+
+
+def _digests_agree(words: list[int], group: Any, driver: Any) -> bool:
+    """One all_reduce MAX of ``words + [-w for w in words]``: every rank agrees iff max == min."""
+    plan = _DIGEST_PLANS.get(driver)
+    if plan is None:
+        try:
+            plan = driver.plan("all_reduce", torch.int32, "max")
+        except TypeError:  # PlanError: no integer MAX here; float64 holds 31-bit words exactly
+            plan = driver.plan("all_reduce", torch.float64, "max")
+        _DIGEST_PLANS[driver] = plan
+    buf = torch.tensor(words + [-w for w in words], dtype=torch.int32)
+    if plan.comm_dtype != torch.int32:  # a lossless widening (the driver never plans a lossy one)
+        buf = buf.to(plan.comm_dtype)
     device = driver.comm_device()
-    mine = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
-    gathered = torch.empty(world * len(digest), dtype=torch.uint8, device=device)
-    _all_gather_bytes(gathered, mine, group, driver)
-    rows = gathered.cpu().view(world, len(digest))
-    if bool((rows == rows[0]).all()):
-        return
-    everyone = _exchange_descriptions(text, group, driver, world)
-    raise CollectiveMismatch(_format_mismatch(op, everyone))
+    if buf.device != device:
+        buf = buf.to(device)
+    torch_dist.all_reduce(buf, _REDUCE_MAX, group=group)
+    got = buf.tolist()
+    n = len(words)
+    return all(got[i] == -got[n + i] for i in range(n))
+
+
+_REDUCE_MAX = torch_dist.ReduceOp.MAX if torch_dist.is_available() else None
 
 
 def _all_gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any) -> None:
@@ -133,11 +185,12 @@ def _all_gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: 
 
 def _exchange_descriptions(text: str, group: Any, driver: Any, world: int) -> list[dict[str, Any]]:
     data = text.encode()
-    # Pad to a multiple of 4 so any byte-view dtype fits; sizes first (as bytes too).
+    # Pad to a multiple of 8 so any byte-view dtype fits; sizes first (as bytes too).
     size = struct.pack("<q", len(data))
     sizes = torch.empty(world * 8, dtype=torch.uint8, device=driver.comm_device())
     _all_gather_bytes(sizes, torch.frombuffer(bytearray(size), dtype=torch.uint8).to(sizes.device), group, driver)
-    lengths = [struct.unpack("<q", bytes(sizes[i * 8:(i + 1) * 8].cpu().tolist()))[0] for i in range(world)]
+    raw = sizes.cpu().numpy().tobytes()
+    lengths = [struct.unpack("<q", raw[i * 8:(i + 1) * 8])[0] for i in range(world)]
     width = (max(lengths) + 7) // 8 * 8
     padded = bytearray(data) + bytearray(width - len(data))
     buf = torch.empty(world * width, dtype=torch.uint8, device=sizes.device)
@@ -146,20 +199,61 @@ def _exchange_descriptions(text: str, group: Any, driver: Any, world: int) -> li
     return [json.loads(host[i * width:i * width + lengths[i]]) for i in range(world)]
 
 
+_MISSING = "(missing)"
+_MAX_LINES = 8
+
+
 def _format_mismatch(op: str, everyone: list[dict[str, Any]]) -> str:
-    keys = sorted({k for d in everyone for k in d})
-    parts = []
+    ops = [d.get("op") for d in everyone]
+    seqs = [d.get("seq") for d in everyone]
+    keys = sorted({k for d in everyone for k in d} - {"seq"})
+    parts: list[str] = []
     for k in keys:
-        values = [d.get(k) for d in everyone]
-        if any(v != values[0] for v in values):
-            parts.append(f"{k}: " + "; ".join(f"rank {r}: {_show(v)}" for r, v in enumerate(values)))
+        values = [d.get(k, _MISSING) for d in everyone]
+        if all(v == values[0] for v in values):
+            continue
+        if k != "op" and any(o != ops[0] for o in ops):
+            continue  # different collectives: their arguments differ anyway
+        parts.extend(_diff(k, values))
+    if any(s != seqs[0] for s in seqs):
+        parts.append("call number: " + "; ".join(f"rank {r}: {s}" for r, s in enumerate(seqs)))
+    if len(parts) > _MAX_LINES:
+        parts = parts[:_MAX_LINES] + [f"... and {len(parts) - _MAX_LINES} more differences"]
     lines = "\n  ".join(parts) if parts else "(descriptions differ)"
-    return f"collective mismatch in '{op}' across ranks (verification mode):\n  {lines}"
+    return (
+        f"collective mismatch in '{op}' (call #{seqs[0]} on this group) across ranks"
+        f" (verification mode):\n  {lines}"
+    )
+
+
+def _diff(name: str, values: list[Any]) -> list[str]:
+    """Lines naming each rank's value of ``name``; dicts and equal-length lists item by item."""
+    if all(isinstance(v, dict) for v in values):
+        subkeys = sorted({s for v in values for s in v})
+        out = []
+        for s in subkeys:
+            items = [v.get(s, _MISSING) for v in values]
+            if any(i != items[0] for i in items):
+                out.append(_line(f"{name}[{s}]", items))
+        return out
+    if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
+        out = []
+        for i in range(len(values[0])):
+            items = [v[i] for v in values]
+            if any(x != items[0] for x in items):
+                out.append(_line(f"{name}[{i}]", items))
+        return out
+    return [_line(name, values)]
+
+
+def _line(name: str, values: list[Any]) -> str:
+    return f"{name}: " + "; ".join(f"rank {r}: {_show(v)}" for r, v in enumerate(values))
 
 
 def _show(value: Any) -> str:
     if isinstance(value, list):
-        return ", ".join(map(str, value)) if value else "[]"
+        text = ", ".join(map(str, value)) if value else "[]"
+        return text if len(text) <= 200 else text[:200] + f"... ({len(value)} items)"
     return str(value)
 
 

@@ -21,6 +21,15 @@ one of two paths, the same on every rank:
   portable path is the default because it measured faster on every size
   (see ``docs/objects.md``).
 
+Verification mode (:mod:`hwdist.verify`): the record exchange checks the
+call's identity (which collective, its src/dst) in every mode, so those
+disagreements raise :class:`CollectiveArgumentError` on every rank even when
+the mode is off. When the mode is on, each object collective also takes part
+in the mode's per-group digest exchange (op name, call number, src/dst) before
+its record exchange: a 1 KiB record exchange must never meet a tensor
+collective's 24-byte digest exchange on another rank, so every verified
+collective, tensor or object, starts with the same exchange.
+
 Outside a process group every function behaves as mmengine's does.
 """
 
@@ -35,6 +44,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, registry
+from .. import verify as _verify
 from ..drivers.base import PlanError
 from ..info import is_distributed
 from . import serialization as _ser
@@ -450,6 +460,11 @@ def _check_root(comm: _Comm, root: Any, name: str) -> int:
     return grank
 
 
+def _verify_call(comm: _Comm, op: str, **fields: Any) -> None:
+    """Verification mode: the call's digest exchange (see the module docstring)."""
+    _verify.check_call(op, comm.group, comm.driver, **fields)
+
+
 def _world(group: Any) -> int:
     return torch_dist.get_world_size(group) if is_distributed() else 1
 
@@ -496,6 +511,8 @@ def all_gather_object(
         root = torch_dist.get_global_rank(group, 0) if group is not None else 0
         return gather_object(data, root, group, map_location=map_location, serializer=serializer)
     comm = _Comm(group)
+    if _verify._enabled:
+        _verify_call(comm, "all_gather_object")
     op = _OPS["all_gather_object"]
     if _native(comm.driver, map_location, serializer):
         out: list[Any] = [None] * world
@@ -562,6 +579,8 @@ def gather_object(
     if world == 1:
         return [data]
     comm = _Comm(group)
+    if _verify._enabled:
+        _verify_call(comm, "gather_object", dst=repr(dst))
     op = _OPS["gather_object"]
     own = None
     try:
@@ -634,6 +653,8 @@ def broadcast_object_list(
     if _world(group) == 1:
         return
     comm = _Comm(group)
+    if _verify._enabled:
+        _verify_call(comm, "broadcast_object_list", src=repr(src))
     op = _OPS["broadcast_object_list"]
     own = None
     try:
@@ -725,6 +746,8 @@ def scatter_object_list(
         scatter_object_output_list[0] = scatter_object_input_list[0]
         return
     comm = _Comm(group)
+    if _verify._enabled:
+        _verify_call(comm, "scatter_object_list", src=repr(src))
     op = _OPS["scatter_object_list"]
     frames: list[Frame] = []
     try:

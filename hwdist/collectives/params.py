@@ -16,6 +16,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import registry
+from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
 from . import tensor as _t
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors
@@ -95,6 +96,21 @@ def _explain(texts: list[str]) -> str:
     return "; ".join(parts) or "the ranks' dicts differ"
 
 
+def _verify_dict_call(data: Any, op: Any, group: Any) -> None:
+    """Verification mode: every rank passes the same keys, shapes, dtypes and op (one digest exchange)."""
+    if isinstance(data, MutableMapping):
+        try:
+            keys = sorted(data)
+        except TypeError:
+            keys = sorted(data, key=_key_order)
+        fields: Any = {repr(k): _verify_mode.describe_tensor(data[k]) for k in keys}
+        first = next((v for v in data.values() if isinstance(v, torch.Tensor)), None)
+    else:
+        fields, first = type(data).__name__, None
+    driver = registry.resolve(group, first.device if first is not None else None)
+    _verify_mode.check_call("all_reduce_dict", group, driver, data=fields, reduce_op=_t._op_field(op))
+
+
 def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
@@ -112,6 +128,12 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     every rank raises ValueError naming the difference (e.g. "rank 1 lacks
     keys 'b'"), instead of hanging or mixing up values. ``verify=False``
     skips that collective (mmengine's cost; a mismatch is then undefined).
+    In verification mode (:func:`hwdist.verification`, ``HWDIST_DEBUG=1``)
+    the mode's digest exchange checks keys, shapes, dtypes and ``op``
+    whatever ``verify`` says, and replaces this check (so still one extra
+    collective); a mismatch raises :class:`hwdist.CollectiveMismatch` (a
+    ValueError) listing each rank's value per key. ``verify`` stays True by
+    default: no zero-cost check is safe when buffer lengths differ.
 
     Non-distributed or a one-rank group: does nothing.
 
@@ -130,6 +152,8 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         >>> dist.all_reduce_dict(data)
         >>> # rank 0: {'loss': 3., 'n': [2]}   rank 1: {'loss': 3., 'n': [2]}
     """
+    if _verify_mode._enabled and torch_dist.is_initialized():
+        _verify_dict_call(data, op, group)
     rop = _t.normalize_reduce_op(op)
     if not isinstance(data, MutableMapping):
         raise TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
@@ -157,7 +181,10 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
                     by_dtype[v.dtype] = _t._plan(driver, "all_reduce", v.dtype, rop)
         except (TypeError, ValueError) as exc:  # PlanError is a TypeError
             problem = f"{type(exc).__name__}: {exc}"
-    if verify:
+    if _verify_mode._enabled:  # the layouts agree (checked above): a problem is the same on every rank
+        if problem is not None:
+            raise (ValueError if verify else TypeError)(f"all_reduce_dict: {problem}")
+    elif verify:
         _verify(keys, data, problem, group, driver, ws)
     elif problem is not None:
         raise TypeError(f"all_reduce_dict: {problem}")
@@ -238,9 +265,21 @@ def all_reduce_params(
         >>> dist.all_reduce_params(params)
         >>> # rank 0: [3., 5.], [7.]   rank 1: [3., 5.], [7.]
     """
+    items = params if isinstance(params, (list, tuple)) else list(params)
+    if _verify_mode._enabled and torch_dist.is_initialized():
+        first = next((p for p in items if isinstance(p, torch.Tensor)), None)
+        _verify_mode.check_call(
+            "all_reduce_params",
+            group,
+            registry.resolve(group, first.device if first is not None else None),
+            params=[_verify_mode.describe_tensor(p) for p in items],
+            reduce_op=_t._op_field(op),
+            coalesce=bool(coalesce),
+            bucket_size_mb=bucket_size_mb,
+        )
     rop = _t.normalize_reduce_op(op)
     tensors: list[Tensor] = []
-    for i, p in enumerate(params):
+    for i, p in enumerate(items):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"all_reduce_params: params[{i}] must be a torch.Tensor, got {type(p).__name__}")
         tensors.append(p.data)

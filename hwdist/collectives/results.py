@@ -15,7 +15,7 @@ Two transports:
   a probe file with a random token and every rank checks it sees it, so a
   directory that is not shared fails on every rank *before* anyone writes
   results; parts are written atomically (temporary name, then ``os.replace``)
-  into a private sub-directory that is removed even on error.
+  into a private (mode 0700) sub-directory that is removed even on error.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .. import verify as _verify
 from . import serialization as _ser
 from .objects import (
     _ARGUMENT,
@@ -53,6 +54,8 @@ __all__ = ["collect_results", "collect_results_cpu", "collect_results_gpu", "cre
 #: Target size of one serialized chunk of results (bytes).
 CHUNK_BYTES = 16 << 20
 _FIRST_CHUNK = 64  # items in the first chunk, which measures the size of an item
+#: Mode of the directories hwdist creates (the ranks of one job run as one user).
+_PRIVATE = 0o700
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -142,6 +145,8 @@ def _collect_comm(
     bad: str = "",
 ) -> Optional[list[Any]]:
     comm = _Comm(group)
+    if _verify._enabled:
+        _verify.check_call(what, group, comm.driver, size=repr(size), transport="communication")
     op = _OPS["collect_results"]
     frames: list[Frame] = []
     part: list[Any] = []
@@ -259,6 +264,8 @@ def _collect_files(
     comm = _Comm(group)
     op = _OPS["collect_results(tmpdir)"]
     what = "collect_results(device='cpu', tmpdir=...)"
+    if _verify._enabled:
+        _verify.check_call("collect_results", group, comm.driver, size=repr(size), transport="tmpdir")
     me = comm.rank
     frames: list[Frame] = []
     part: list[Any] = []
@@ -277,10 +284,10 @@ def _collect_files(
                 token = secrets.randbits(62) | 1
                 try:
                     if not os.path.isdir(tmpdir):
-                        os.makedirs(tmpdir, exist_ok=True)
+                        os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
                         created = tmpdir
                     workdir = _workdir(tmpdir, token)
-                    os.mkdir(workdir)
+                    os.mkdir(workdir, mode=_PRIVATE)
                     _write_probe(os.path.join(workdir, "probe"), token)
                 except OSError as exc:
                     raise _LocalFailure(_IO, f"cannot create a working directory in tmpdir {tmpdir!r}: {exc}") from exc
@@ -442,9 +449,11 @@ def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, g
     if _world(group) == 1:
         if tmpdir is None:
             return tempfile.mkdtemp(prefix="hwdist-")
-        os.makedirs(tmpdir, exist_ok=True)
+        os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
         return os.fspath(tmpdir)
     comm = _Comm(group)
+    if _verify._enabled:
+        _verify.check_call("create_tmpdir", group, comm.driver, tmpdir_given=tmpdir is not None)
     op = _OPS["create_tmpdir"]
     what = "create_tmpdir"
     probe: Optional[str] = None
@@ -456,7 +465,7 @@ def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, g
                 if tmpdir is None:
                     path = tempfile.mkdtemp(prefix="hwdist-")
                 else:
-                    os.makedirs(path, exist_ok=True)
+                    os.makedirs(path, mode=_PRIVATE, exist_ok=True)
                 probe = os.path.join(path, f".hwdist-probe-{token:016x}")
                 _write_probe(probe, token)
                 raw = np.frombuffer(path.encode(), dtype=np.uint8)

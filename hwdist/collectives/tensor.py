@@ -14,6 +14,9 @@ Every function follows the same path (see docs/collectives.md):
 4. The torch.distributed call(s), then ``plan.post`` (mean = SUM / n), then a
    copy back into the caller's tensor in its own dtype and device.
 
+In verification mode (:mod:`hwdist.verify`) every collective except
+send/recv first checks that every rank makes the same call.
+
 No function here looks at a backend name. ``src``/``dst`` are global ranks, as
 in torch.distributed.
 """
@@ -29,6 +32,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, registry
+from .. import verify as _verify
 from ..drivers.base import Driver, Plan, PlanError, Post
 
 __all__ = [
@@ -160,6 +164,45 @@ def _group_index(group: Any, global_rank: int) -> int:
     """Position of a global rank inside ``group`` (the index into gathered lists)."""
     ranks = _group_ranks(group)
     return global_rank if ranks is None else ranks.index(global_rank)
+
+
+# ---------------------------------------------------------------------------
+# verification mode (hwdist.verify): only called when it is on
+# ---------------------------------------------------------------------------
+def _verify_call(fn: str, group: Any, sample: Any, /, **fields: Any) -> None:
+    """Check that every rank of ``group`` makes this call (verification mode is on).
+
+    ``sample`` (a tensor of the call, if any) picks the driver; ``fields`` must agree across ranks.
+    """
+    if not _is_initialized():
+        return
+    device = sample.device if isinstance(sample, torch.Tensor) else None
+    _verify.check_call(fn, group, registry.resolve(group, device), **fields)
+
+
+def _op_field(op: Any) -> str:
+    """A reduce op as the fingerprint shows it: its hwdist name, or its repr when invalid."""
+    try:
+        return normalize_reduce_op(op)
+    except ValueError:
+        return repr(op)
+
+
+def _describe_many(value: Any) -> Any:
+    """Fingerprint of a tensor or a list of tensors."""
+    if isinstance(value, (list, tuple)):
+        return [_verify.describe_tensor(t) for t in value]
+    return _verify.describe_tensor(value)
+
+
+def _piece_size_errors(table: list[list[int]], ws: int) -> list[str]:
+    """Disagreements in an all_to_all size table (row j: rank j's send sizes, then its receive sizes)."""
+    return [
+        f"rank {j} sends {table[j][r]} elements to rank {r}, which expects {table[r][ws + j]}"
+        for j in range(ws)
+        for r in range(ws)
+        if table[j][r] != table[r][ws + j]
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -401,6 +444,8 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
         >>> dist.all_reduce(data, op="mean")
         >>> # rank 0: tensor([2, 3])   rank 1: tensor([2, 3])
     """
+    if _verify._enabled:
+        _verify_call("all_reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op))
     rop = _STR_OPS.get(op) if op.__class__ is str else None
     if rop is None:
         rop = normalize_reduce_op(op)
@@ -467,6 +512,8 @@ def reduce(
         >>> dist.reduce(data, dst=0)
         >>> # rank 0: tensor([3.])   rank 1: (unspecified)
     """
+    if _verify._enabled:
+        _verify_call("reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op), dst=repr(dst))
     rop = normalize_reduce_op(op)
     _check_tensor(data, "data", "reduce")
     if not _is_initialized():
@@ -653,6 +700,9 @@ def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = 
         >>> # rank 0: [tensor([0]), tensor([0, 1])]
         >>> # rank 1: [tensor([0]), tensor([0, 1])]
     """
+    if _verify._enabled:
+        desc = _verify.describe_tensor(data) if same_shape else _verify.describe_dtype(data)
+        _verify_call("all_gather", group, data, data=desc, same_shape=bool(same_shape))
     _check_tensor(data, "data", "all_gather")
     if not _is_initialized():
         return _done(async_op, [data])
@@ -693,6 +743,9 @@ def gather(
         >>> dist.gather(data, dst=0)
         >>> # rank 0: [tensor([0]), tensor([1])]   rank 1: []
     """
+    if _verify._enabled:
+        desc = _verify.describe_tensor(data) if same_shape else _verify.describe_dtype(data)
+        _verify_call("gather", group, data, data=desc, same_shape=bool(same_shape), dst=repr(dst))
     _check_tensor(data, "data", "gather")
     if not _is_initialized():
         return _done(async_op, [data])
@@ -716,6 +769,8 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
         >>> dist.pad_to_largest_tensor(t)
         >>> # rank 0: ([1, 2], tensor([1, 0]))   rank 1: ([1, 2], tensor([1, 1]))
     """
+    if _verify._enabled:
+        _verify_call("pad_to_largest_tensor", group, tensor, tensor=_verify.describe_dtype(tensor))
     _check_tensor(tensor, "tensor", "pad_to_largest_tensor")
     flat = tensor.reshape(-1)
     if not _is_initialized() or torch_dist.get_world_size(group) == 1:
@@ -754,6 +809,8 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
         >>> dist.broadcast(data, src=0)
         >>> # rank 0: tensor([1, 2])   rank 1: tensor([1, 2])
     """
+    if _verify._enabled:
+        _verify_call("broadcast", group, data, data=_verify.describe_tensor(data), src=repr(src))
     _check_tensor(data, "data", "broadcast")
     if not _is_initialized():
         return _done(async_op)
@@ -816,6 +873,8 @@ def scatter(
         >>> dist.scatter(data, lst, src=0)
         >>> # rank 0: tensor([0., 0.])   rank 1: tensor([1., 1.])
     """
+    if _verify._enabled:
+        _verify_call("scatter", group, data, data=_verify.describe_tensor(data), src=repr(src))
     _check_tensor(data, "data", "scatter")
     if not _is_initialized():
         items = _check_tensor_list(scatter_list, "scatter_list", "scatter", 1, data)
@@ -910,6 +969,11 @@ def reduce_scatter(
         >>> dist.reduce_scatter(out, inp)
         >>> # rank 0: tensor([3.])   rank 1: tensor([30.])
     """
+    if _verify._enabled:
+        _verify_call(
+            "reduce_scatter", group, output,
+            output=_verify.describe_tensor(output), input=_describe_many(input_list), reduce_op=_op_field(op),
+        )
     rop = normalize_reduce_op(op)
     _check_tensor(output, "output", "reduce_scatter")
     ws = torch_dist.get_world_size(group) if _is_initialized() else 1
@@ -987,6 +1051,13 @@ def all_to_all(
         >>> dist.all_to_all(out, inp)
         >>> # rank 0: [0], [10]   rank 1: [1], [11]
     """
+    if _verify._enabled:  # piece sizes may differ by design: dtype and count here, sizes below
+        first = input_list[0] if isinstance(input_list, (list, tuple)) and input_list else input_list
+        _verify_call(
+            "all_to_all", group, first,
+            input=_verify.describe_dtype(first),
+            pieces=[len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in (input_list, output_list)],
+        )
     ws = torch_dist.get_world_size(group) if _is_initialized() else 1
     if not isinstance(input_list, (list, tuple)) or not input_list:
         raise TypeError(f"all_to_all: input_list must be a list of {ws} tensors, got {type(input_list).__name__}")
@@ -1003,6 +1074,13 @@ def all_to_all(
     if plan.native_op == "all_to_all":
         in_sizes = [_comm_numel(t, plan) for t in ins]
         out_sizes = [_comm_numel(t, plan) for t in outs]
+        if _verify._enabled:  # the emulated path below always checks; the native one in this mode
+            bad = _piece_size_errors(_all_gather_ints(in_sizes + out_sizes, group, driver, ws), ws)
+            if bad:
+                raise _verify.CollectiveMismatch(
+                    "collective mismatch in 'all_to_all' across ranks (verification mode): piece sizes do not"
+                    " match: " + "; ".join(bad[:4])
+                )
         if len(set(in_sizes + out_sizes)) == 1:  # equal pieces: torch's list form, no copy when none is needed
             in_bufs = [_prepare(t, plan, cdev)[0] for t in ins]
             prepared = [_prepare(t, plan, cdev) for t in outs]
@@ -1036,12 +1114,7 @@ def all_to_all(
     in_sizes = [_comm_numel(t, plan) for t in ins]
     out_sizes = [_comm_numel(t, plan) for t in outs]
     table = _all_gather_ints(in_sizes + out_sizes, group, driver, ws)
-    bad = [
-        f"rank {j} sends {table[j][r]} elements to rank {r}, which expects {table[r][ws + j]}"
-        for j in range(ws)
-        for r in range(ws)
-        if table[j][r] != table[r][ws + j]
-    ]
+    bad = _piece_size_errors(table, ws)
     if bad:
         raise ValueError("all_to_all: piece sizes do not match across ranks: " + "; ".join(bad[:4]))
     totals = [sum(row[:ws]) for row in table]
@@ -1069,6 +1142,9 @@ def all_to_all(
 # ---------------------------------------------------------------------------
 # point to point
 # ---------------------------------------------------------------------------
+# Verification mode does not fingerprint send/recv: a point-to-point call has one
+# partner, not the whole group, so a group-wide digest exchange would deadlock
+# (see docs/reliability.md). A mismatched pair fails in the process-group timeout.
 def _p2p_setup(fn: str, data: Tensor, peer: Optional[int], argname: str, group: Any) -> tuple[Driver, Plan, Tensor, bool]:
     _check_tensor(data, "data", fn)
     if not _is_initialized():

@@ -1,6 +1,8 @@
 """Run a function on N real ranks and report every rank's outcome.
 
-* Ranks are spawned processes joined through a private file store (no ports).
+* Ranks are spawned processes joined through a private (0700) file store
+  (no ports to choose); Gloo's pair sockets are kept on the loopback
+  interface (``GLOO_SOCKET_IFNAME``, unless set by the user).
 * A :class:`RankPool` keeps its ranks and their process group alive between
   calls, so hundreds of checks cost one spawn per (world size, backend).
 * Every call has a hard timeout; the process group gets its own timeout too.
@@ -165,7 +167,7 @@ class RankPool:
         self.backend = backend
         self.timeout = timeout
         self.pg_timeout = pg_timeout
-        self.env = dict(env or {})
+        self.env = {**_loopback_env(), **(env or {})}
         self.broken = False
         self._dir = tempfile.mkdtemp(prefix="hwdist-ranks-")  # private (0700)
         ctx = mp.get_context("spawn")
@@ -335,6 +337,22 @@ class RankPool:
         if ok:
             lines.append(f"\n(ranks that finished: {', '.join(map(str, ok))})")
         return "\n".join(lines)
+
+
+def _loopback_env() -> dict[str, str]:
+    """Keep Gloo's pair sockets on the loopback interface (the ranks are local), unless the user chose one."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return {}
+    try:
+        import socket
+
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return {}
+    for name in ("lo", "lo0"):
+        if name in names:
+            return {"GLOO_SOCKET_IFNAME": name}
+    return {}
 
 
 def _exit_text(code: Optional[int]) -> str:
