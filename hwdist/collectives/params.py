@@ -178,7 +178,7 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         try:
             for v in values:
                 if v.dtype not in by_dtype:
-                    by_dtype[v.dtype] = _t._plan(driver, "all_reduce", v.dtype, rop)
+                    by_dtype[v.dtype] = driver.plan("all_reduce", v.dtype, rop)
         except (TypeError, ValueError) as exc:  # PlanError is a TypeError
             problem = f"{type(exc).__name__}: {exc}"
     if _verify_mode._enabled:  # the layouts agree (checked above): a problem is the same on every rank
@@ -300,9 +300,9 @@ def all_reduce_params(
     packed = [t for t in tensors if not (limit > 0 and t.numel() * t.element_size() >= limit)]
     bucket_bytes = int(bucket_size_mb * 1024 * 1024) if bucket_size_mb > 0 else -1
     buckets = bucket_tensors(packed, bucket_bytes)
-    plans = [_t._plan(driver, "all_reduce", packed[b[0]].dtype, rop) for b in buckets]
+    plans = [driver.plan("all_reduce", packed[b[0]].dtype, rop) for b in buckets]
     for t in direct:  # errors before any communication
-        _t._plan(driver, "all_reduce", t.dtype, rop)
+        driver.plan("all_reduce", t.dtype, rop)
     use_async = driver.supports_async
     handles = [_t.all_reduce(t, rop, group, async_op=True) for t in direct]
     pending: list[tuple[Any, Tensor, Tensor, Plan, list[Tensor], FlatLayout]] = []

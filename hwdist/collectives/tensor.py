@@ -208,40 +208,8 @@ def _piece_size_errors(table: list[list[int]], ws: int) -> list[str]:
 # ---------------------------------------------------------------------------
 # plans and the comm buffer
 # ---------------------------------------------------------------------------
-_INT_MEAN_PLANS: dict[tuple[Driver, str, torch.dtype], Plan] = {}
-
-
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _plan(driver: Driver, op: str, dtype: torch.dtype, rop: Optional[str] = None) -> Plan:
-    """``driver.plan`` plus one rule of hwdist's own: an integer mean sums in a wider int."""
-    if rop == "mean" and not (dtype.is_floating_point or dtype.is_complex):
-        key = (driver, op, dtype)
-        found = _INT_MEAN_PLANS.get(key)
-        if found is None:
-            found = _INT_MEAN_PLANS[key] = _int_mean_plan(driver, op, dtype)
-        return found
-    return driver.plan(op, dtype, rop)
-
-
-def _int_mean_plan(driver: Driver, op: str, dtype: torch.dtype) -> Plan:
-    # The sum of n small ints can overflow their dtype although the mean fits:
-    # sum in the widest integer the backend reduces natively, then floor-divide.
-    base = driver.plan(op, dtype, "mean")  # PlanError for bool, unsupported int64, ...
-    if base.post is not Post.DIVIDE:
-        return base
-    for wide in (torch.int64, torch.int32):
-        if _itemsize(wide) <= _itemsize(base.comm_dtype):
-            break
-        try:
-            p = driver.plan(op, wide, "sum")
-        except PlanError:
-            continue
-        if p.comm_dtype == wide and not p.view:
-            return Plan(op, p.native_op, dtype, wide, reduce_op="sum", post=Post.DIVIDE)
-    return base
 
 
 # Comm devices without an index (e.g. 'cpu') cannot change with set_device: remember them.
@@ -267,7 +235,7 @@ def _fast_plan(driver: Driver, op: str, dtype: torch.dtype, rop: Optional[str]) 
     key = (driver, op, dtype, rop)
     found = _FAST.get(key)
     if found is None:
-        plan = _plan(driver, op, dtype, rop)
+        plan = driver.plan(op, dtype, rop)
         fast = None
         if plan.passthrough:
             fast = _NAME_TO_TORCH[plan.reduce_op] if plan.reduce_op is not None else True
@@ -521,7 +489,7 @@ def reduce(
     ws = torch_dist.get_world_size(group)
     _check_rank(dst, "dst", "reduce", group, ws)
     driver = registry.resolve(group, data.device)
-    plan = _plan(driver, "reduce", data.dtype, rop)
+    plan = driver.plan("reduce", data.dtype, rop)
     cdev = _comm_dev(driver, data)
     buf, aliased = _prepare(data, plan, cdev)
     torch_op = _torch_op(plan)
@@ -983,7 +951,7 @@ def reduce_scatter(
             output.copy_(items[0])
         return _done(async_op)
     driver = registry.resolve(group, output.device)
-    plan = _plan(driver, "reduce_scatter", output.dtype, rop)
+    plan = driver.plan("reduce_scatter", output.dtype, rop)
     cdev = _comm_dev(driver, output)
     comm_device = cdev if cdev is not None else output.device
     n = _comm_numel(output, plan)

@@ -298,6 +298,8 @@ class Driver:
                 rop = "avg"
             else:
                 rop, post = "sum", Post.DIVIDE
+                if not (comm.is_floating_point or comm.is_complex):
+                    comm = self._widest_int(comm)
         if rop == "premul_sum" and rop not in self.reduce_ops:
             raise PlanError(f"{where}: the backend has no premul_sum and no exact emulation")
         if rop not in self.reduce_ops and rop != "avg":
@@ -305,6 +307,16 @@ class Driver:
                 f"{where}: reduce op not supported (supported: {', '.join(sorted(self.reduce_ops))})"
             )
         return Plan(op, native, dtype, comm, view=view, reduce_op=rop, post=post)
+
+    def _widest_int(self, dtype: torch.dtype) -> torch.dtype:
+        # An integer mean sums first: n small ints can overflow their dtype although
+        # the mean fits, so sum in the widest integer the backend reduces.
+        for wide in (torch.int64, torch.int32):
+            if _itemsize(wide) <= _itemsize(dtype):
+                break
+            if self._can_reduce(wide):
+                return wide
+        return dtype
 
     def _widen(self, dtype: torch.dtype, where: str) -> torch.dtype:
         for cand in _WIDEN.get(dtype, ()):

@@ -73,13 +73,13 @@ def test_accelerator_plans_without_hardware():
 
 
 def test_integer_mean_sums_in_a_wider_integer(gloo, emu):
-    p = T._plan(gloo, "all_reduce", torch.int8, "mean")
+    p = gloo.plan("all_reduce", torch.int8, "mean")
     assert (p.comm_dtype, p.reduce_op, p.post, p.dtype) == (torch.int64, "sum", Post.DIVIDE, torch.int8)
-    p = T._plan(emu, "all_reduce", torch.uint8, "mean")  # emu has no int64: int32 is the widest
+    p = emu.plan("all_reduce", torch.uint8, "mean")  # emu has no int64: int32 is the widest
     assert p.comm_dtype == torch.int32
     with pytest.raises(hwdist.PlanError):
-        T._plan(gloo, "all_reduce", torch.bool, "mean")
-    assert T._plan(gloo, "all_reduce", torch.float32, "mean") is gloo.plan("all_reduce", torch.float32, "mean")
+        gloo.plan("all_reduce", torch.bool, "mean")
+    assert gloo.plan("all_reduce", torch.float32, "mean").comm_dtype == torch.float32
 
 
 def test_reduce_op_names():
