@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, TypeVar, Union, overload
 import torch
 
 from . import _compat
+from ._plugins import load_plugins
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
 from .drivers.base import Driver
 
@@ -174,24 +175,7 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    try:
-        eps = entry_points(group=ENTRY_POINT_GROUP)
-    except TypeError:  # Python<3.10 API. Drop when Python>=3.10 is the floor.
-        eps = entry_points().get(ENTRY_POINT_GROUP, [])  # type: ignore[attr-defined]
-    for ep in eps:
-        if ep.name.lower() in _drivers:
-            continue
-        try:
-            obj = ep.load()
-        except Exception as exc:  # a broken plug-in must not break hwdist
-            import warnings
-
-            warnings.warn(f"hwdist: could not load driver entry point {ep.name!r}: {exc}")
-            continue
-        if ep.name.lower() not in _drivers:
-            _register(ep.name, obj, override=False)
+    load_plugins(ENTRY_POINT_GROUP, "driver", _drivers.__contains__, lambda n, obj: _register(n, obj, override=False))
 
 
 def list_backends() -> list[str]:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, overload
 
+from .._plugins import load_plugins
+
 __all__ = [
     "LaunchInfo",
     "Launcher",
@@ -251,23 +253,7 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    try:
-        eps = entry_points(group=LAUNCHER_ENTRY_POINT_GROUP)
-    except TypeError:  # Python<3.10 API. Drop when Python>=3.10 is the floor.
-        eps = entry_points().get(LAUNCHER_ENTRY_POINT_GROUP, [])  # type: ignore[attr-defined]
-    for ep in eps:
-        if ep.name.lower() in _launchers:
-            continue
-        try:
-            obj = ep.load()
-        except Exception as exc:  # a broken plug-in must not break hwdist
-            import warnings
-
-            warnings.warn(f"hwdist: could not load launcher entry point {ep.name!r}: {exc}")
-            continue
-        _register(ep.name, obj, override=False)
+    load_plugins(LAUNCHER_ENTRY_POINT_GROUP, "launcher", _launchers.__contains__, lambda n, obj: _register(n, obj, False))
 
 
 def list_launchers() -> list[str]:

@@ -137,9 +137,9 @@ def test_entry_point_drivers_load_lazily(monkeypatch, clean_name):
     def fake_entry_points(group=None):
         return [ep] if group == registry.ENTRY_POINT_GROUP else []
 
-    import importlib.metadata
+    from hwdist import _plugins
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
+    monkeypatch.setattr(_plugins, "entry_points", fake_entry_points)
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
     assert isinstance(hwdist.get_driver("ep_toy"), EpDriver)
     assert "ep_toy" in hwdist.list_backends()
@@ -150,7 +150,9 @@ def test_broken_entry_point_warns_and_is_skipped(monkeypatch):
     import importlib.metadata
 
     ep = EntryPoint(name="ep_broken", value="no_such_module_xyz:Driver", group=registry.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [ep])
+    from hwdist import _plugins
+
+    monkeypatch.setattr(_plugins, "entry_points", lambda group=None: [ep])
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
     with pytest.warns(UserWarning, match="could not load driver entry point 'ep_broken'"):
         names = hwdist.list_backends()
@@ -160,3 +162,26 @@ def test_broken_entry_point_warns_and_is_skipped(monkeypatch):
 def test_resolve_without_process_group_is_clear():
     with pytest.raises(RuntimeError, match="no process group: call hwdist.init_dist"):
         hwdist.resolve()
+
+
+def test_launcher_entry_points_load_lazily(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from hwdist import _plugins
+    from hwdist.launch import resolvers
+
+    mod = types.ModuleType("hwdist_ep_launcher")
+
+    class EpLauncher(resolvers.Launcher):
+        priority = -100
+
+    mod.EpLauncher = EpLauncher
+    monkeypatch.setitem(sys.modules, "hwdist_ep_launcher", mod)
+    ep = EntryPoint(name="eplaunch", value="hwdist_ep_launcher:EpLauncher", group=resolvers.LAUNCHER_ENTRY_POINT_GROUP)
+    monkeypatch.setattr(_plugins, "entry_points", lambda group=None: [ep] if group == resolvers.LAUNCHER_ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(resolvers, "_entry_points_loaded", False)
+    try:
+        assert isinstance(hwdist.get_launcher("eplaunch"), EpLauncher)
+        assert "eplaunch" in hwdist.list_launchers()
+    finally:
+        hwdist.unregister_launcher("eplaunch")
