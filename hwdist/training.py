@@ -31,7 +31,7 @@ import math
 import multiprocessing
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, overload
 
 import torch
 import torch.distributed as torch_dist

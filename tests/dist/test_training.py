@@ -8,7 +8,6 @@ data from its seed), and expected reductions come from rank numbers.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -328,7 +327,7 @@ def test_accumulation_and_misuse(dist, combo):
         if ws > 1:
             kind, msg = res["mismatch"]
             assert kind == "ValueError" and "every rank must pass the same number of tensors" in msg
-            assert f"rank {r} passed {4 + (r == ws - 1)}" in msg and f"between 4 and 5" in msg
+            assert f"rank {r} passed {4 + (r == ws - 1)}" in msg and "between 4 and 5" in msg
             kind, msg = res["shape_mismatch"]
             assert kind == "ValueError" and "same shapes and dtypes" in msg
         else:  # one rank: nothing to compare against
