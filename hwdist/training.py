@@ -158,23 +158,33 @@ def _distributed_size(group: Any) -> int:
 # GradientSynchronizer
 # ---------------------------------------------------------------------------
 class _Bucket:
-    """Parameters whose gradients travel in one flat buffer, and one step's state."""
+    """Parameters whose gradients travel together, and one step's state.
 
-    __slots__ = ("index", "params", "remaining", "flat_dtype", "handle", "flat", "layout", "in_backward")
+    A *direct* bucket holds one large gradient reduced in place (no packing
+    copy, where the driver's ``pack_max_bytes`` says copies cost more than they
+    save); a packed bucket copies its gradients into one flat buffer.
+    """
 
-    def __init__(self, index: list[int], params: list[Tensor]) -> None:
+    __slots__ = ("index", "params", "direct", "slot", "remaining", "flat_dtype", "handle", "flat", "layout",
+                 "present", "in_backward")
+
+    def __init__(self, index: list[int], params: list[Tensor], direct: bool, slot: int) -> None:
         self.index = index
         self.params = params
+        self.direct = direct
+        self.slot = slot  # position among the direct buckets' presence flags
         self.remaining = len(params)
         self.flat_dtype: Optional[torch.dtype] = None
         self.handle: Any = None
         self.flat: Optional[Tensor] = None
         self.layout: Optional[FlatLayout] = None
+        self.present = True
         self.in_backward = False
 
     def reset(self) -> None:
         self.remaining = len(self.params)
         self.handle = self.flat = self.layout = None
+        self.present = True
         self.in_backward = False
 
 
@@ -184,13 +194,17 @@ class GradientSynchronizer:
     MegEngine's gradient all-reduce callback for a plain training loop,
     without ``DistributedDataParallel``. Parameters are packed by dtype (and
     device) into buckets of about ``bucket_size_mb`` MiB, in reverse order
-    (gradients arrive from the last layer to the first). A hook on every
-    parameter (``Tensor.register_post_accumulate_grad_hook``) counts the
-    gradients as backward produces them; as soon as a bucket is complete its
-    gradients are copied into one flat buffer and all-reduced
+    (gradients arrive from the last layer to the first; like DDP, the first
+    bucket is capped at ``first_bucket_mb`` so communication starts early).
+    A hook on every parameter (``Tensor.register_post_accumulate_grad_hook``)
+    counts the gradients as backward produces them; as soon as a bucket is
+    complete its gradients are copied into one flat buffer and all-reduced
     *asynchronously* while backward goes on. :meth:`wait` (after backward)
     launches the buckets still open, waits for all of them and writes the
-    results back into each ``.grad`` in its own dtype and device.
+    results back into each ``.grad`` in its own dtype and device. Gradients
+    of at least the driver's ``pack_max_bytes`` (1 MiB on CPU backends,
+    where a packing copy costs as much as the wire; 0 on accelerators) are
+    reduced in place instead, one asynchronous all_reduce each.
 
     Buckets are launched strictly in bucket order on every rank (a complete
     bucket waits for the ones before it), so the collectives match across
@@ -202,14 +216,16 @@ class GradientSynchronizer:
     rank produced one, and stays None if no rank did -- the same on every
     rank, so optimizers skip it everywhere. The mean divides by the world
     size (DDP's rule), not by the number of ranks that used the parameter.
-    The flat buffer carries one presence flag per parameter for this.
+    Packed buckets carry one presence flag per parameter for this; in-place
+    gradients share one small extra all_reduce of flags per step.
 
     Construction is collective when a process group exists: one tiny
     all_reduce checks that every rank passed the same parameters (count,
     shapes, dtypes), then the parameters are broadcast from
     ``broadcast_from`` so every rank starts from the same weights (pass
     None to skip). Without a process group (or with one rank) it does
-    nothing, so the same script runs in a single process.
+    nothing, so the same script runs in a single process. ``.grad`` values
+    are undefined between the end of backward and :meth:`wait`.
 
     Gradient accumulation: run the backward passes that must not
     synchronise inside :meth:`no_sync`; the last one (outside) launches the
@@ -221,7 +237,9 @@ class GradientSynchronizer:
             ``requires_grad=False`` are ignored, duplicates are kept once.
         op: ``'mean'`` (default) or ``'sum'``.
         bucket_size_mb: bucket limit in MiB (default 10); ``<= 0``: one
-            bucket per dtype (no overlap).
+            bucket per dtype.
+        first_bucket_mb: limit of the first bucket in MiB (default 1, as in
+            DDP; never above ``bucket_size_mb``); ``<= 0``: no special first bucket.
         group: process group (default group if None).
         broadcast_from: global rank whose parameters every rank copies at
             construction; None: no broadcast.
@@ -248,6 +266,7 @@ class GradientSynchronizer:
         op: Any = "mean",
         *,
         bucket_size_mb: float = 10.0,
+        first_bucket_mb: float = 1.0,
         group: Optional[Any] = None,
         broadcast_from: Optional[int] = 0,
         overlap: bool = True,
@@ -255,6 +274,7 @@ class GradientSynchronizer:
         fn = "GradientSynchronizer"
         problem: Optional[Exception] = None
         plist: list[Tensor] = []
+        self._bucket_bytes = self._first_bytes = -1
         try:
             self._op = _grad_op(op, fn)
             items = _tensor_list(params, fn, "params")
@@ -263,8 +283,8 @@ class GradientSynchronizer:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     plist.append(p)
-            if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, (int, float)) or math.isnan(bucket_size_mb):
-                raise TypeError(f"{fn}: bucket_size_mb must be a number of MiB, got {bucket_size_mb!r}")
+            self._bucket_bytes = _mib(bucket_size_mb, "bucket_size_mb", fn)
+            self._first_bytes = _mib(first_bucket_mb, "first_bucket_mb", fn)
         except (TypeError, ValueError) as exc:
             problem = exc
             self._op = "mean"
@@ -279,28 +299,28 @@ class GradientSynchronizer:
         self._next = 0  # next bucket to launch (buckets go in order on every rank)
         self._seen = [False] * len(plist)
         self._last_overlapped = 0
-        order = list(reversed(range(len(plist))))
-        limit = int(bucket_size_mb * MiB) if problem is None and bucket_size_mb > 0 else -1
+        self._flags_handle: Any = None
+        self._flags: Optional[Tensor] = None
         self._buckets: list[_Bucket] = []
-        self._where: list[int] = [0] * len(plist)
-        for b, members in enumerate(bucket_tensors([plist[i] for i in order], limit)):
-            index = [order[j] for j in members]
-            for i in index:
-                self._where[i] = b
-            self._buckets.append(_Bucket(index, [plist[i] for i in index]))
+        self._where: list[int] = []
+        self._direct_bytes: Optional[int] = None
         if is_distributed():
+            ws = torch_dist.get_world_size(group)
             if problem is None and broadcast_from is not None:
                 try:
-                    _t._check_rank(broadcast_from, "broadcast_from", fn, group, torch_dist.get_world_size(group))
+                    _t._check_rank(broadcast_from, "broadcast_from", fn, group, ws)
                 except (TypeError, ValueError) as exc:
                     problem = exc
-            if torch_dist.get_world_size(group) > 1:
+            if ws > 1:
                 _agree(fn, plist, group, problem=problem)
                 self._verified = True
+                self._build(self._driver_pack_bytes())
                 if broadcast_from is not None:
                     _broadcast_flat(plist, broadcast_from, group)
         if problem is not None:
             raise problem
+        if self._direct_bytes is None:
+            self._build(0)
         if self._overlap:
             ref = weakref.ref(self)
             for i, p in enumerate(plist):
@@ -340,6 +360,7 @@ class GradientSynchronizer:
                 try:
                     for b in range(self._next, len(self._buckets)):
                         self._launch(b, in_backward=False)
+                    self._launch_flags()
                     for bucket in self._buckets:
                         self._finish(bucket)
                 except BaseException:
@@ -389,12 +410,57 @@ class GradientSynchronizer:
         )
 
     # ---- internals ---------------------------------------------------------
+    def _driver_pack_bytes(self) -> int:
+        if not self._params:
+            return 0
+        driver = registry.resolve(self._group, self._params[0].device)
+        return int(getattr(driver, "pack_max_bytes", 0) or 0)
+
+    def _build(self, direct_bytes: int) -> None:
+        """Split the parameters into buckets; the same layout on every rank (same params, same driver)."""
+        plist = self._params
+        arrival = list(reversed(range(len(plist))))  # gradients arrive roughly back to front
+        pos = {i: k for k, i in enumerate(arrival)}
+
+        def nbytes(i: int) -> int:
+            return plist[i].numel() * plist[i].element_size()
+
+        big = [i for i in arrival if direct_bytes > 0 and nbytes(i) >= direct_bytes]
+        small = [i for i in arrival if not (direct_bytes > 0 and nbytes(i) >= direct_bytes)]
+        groups: list[tuple[list[int], bool]] = [([i], True) for i in big]
+        first = self._first_bytes
+        if self._bucket_bytes > 0:
+            first = min(first, self._bucket_bytes) if first > 0 else -1
+        else:
+            first = -1  # one bucket per dtype: no early first bucket either
+        if small and first > 0:
+            head = [small[j] for j in bucket_tensors([plist[i] for i in small], first)[0]]
+            groups.append((head, False))
+            taken = set(head)
+            small = [i for i in small if i not in taken]
+        for b in bucket_tensors([plist[i] for i in small], self._bucket_bytes):
+            groups.append(([small[j] for j in b], False))
+        groups.sort(key=lambda g: max(pos[i] for i in g[0]))  # launch order: when the last gradient arrives
+        self._buckets = []
+        self._where = [0] * len(plist)
+        slot = 0
+        for b, (index, direct) in enumerate(groups):
+            for i in index:
+                self._where[i] = b
+            self._buckets.append(_Bucket(index, [plist[i] for i in index], direct, slot))
+            slot += direct
+        self._direct_bytes = direct_bytes
+
     def _start_step(self) -> int:
         if self._ws is None:
             self._ws = _distributed_size(self._group)
-            if self._ws > 1 and not self._verified:  # built before the process group existed
-                _agree("GradientSynchronizer", self._params, self._group)
-                self._verified = True
+            if self._ws > 1:
+                if not self._verified:  # built before the process group existed
+                    _agree("GradientSynchronizer", self._params, self._group)
+                    self._verified = True
+                direct = self._driver_pack_bytes()
+                if direct != self._direct_bytes:
+                    self._build(direct)
         return self._ws
 
     def _on_grad(self, i: int) -> None:
@@ -415,38 +481,66 @@ class GradientSynchronizer:
             while self._next < len(self._buckets) and self._buckets[self._next].remaining == 0:
                 self._launch(self._next, in_backward=True)
 
+    def _grad_of(self, p: Tensor) -> Optional[Tensor]:
+        g = p.grad
+        if g is not None and g.layout != torch.strided:
+            raise RuntimeError(
+                f"GradientSynchronizer: sparse gradients are not supported (parameter of shape"
+                f" {tuple(p.shape)} has a {g.layout} gradient)"
+            )
+        return g
+
     def _launch(self, b: int, in_backward: bool) -> None:
         bucket = self._buckets[b]
         self._next = b + 1
+        bucket.in_backward = in_backward
+        if bucket.direct:  # one large gradient, reduced where it is
+            p = bucket.params[0]
+            g = self._grad_of(p)
+            if g is None:
+                bucket.present = False
+                g = bucket.flat = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            bucket.handle = _t.all_reduce(g, self._op, self._group, async_op=True)
+            return
+        driver = registry.resolve(self._group, bucket.params[0].device)
         if bucket.flat_dtype is None:
             first = bucket.params[0]
-            plan = _t._plan(registry.resolve(self._group, first.device), "all_reduce", first.dtype, self._op)
+            plan = _t._plan(driver, "all_reduce", first.dtype, self._op)
             # Pack straight into the dtype the backend reduces (bf16 -> fp32 where needed): no second copy.
             bucket.flat_dtype = first.dtype if plan.view else plan.comm_dtype
-        driver = registry.resolve(self._group, bucket.params[0].device)
         grads: list[Tensor] = []
         flags: list[float] = []
         for p in bucket.params:
-            g = p.grad
-            if g is None:
-                g = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                flags.append(0.0)
-            else:
-                if g.layout != torch.strided:
-                    raise RuntimeError(
-                        f"GradientSynchronizer: sparse gradients are not supported (parameter of shape"
-                        f" {tuple(p.shape)} has a {g.layout} gradient)"
-                    )
-                flags.append(1.0)
-            grads.append(g)
+            g = self._grad_of(p)
+            flags.append(0.0 if g is None else 1.0)
+            grads.append(torch.zeros_like(p, memory_format=torch.contiguous_format) if g is None else g)
         cdev = driver.comm_device()
         grads.append(torch.tensor(flags, dtype=bucket.flat_dtype, device=cdev))
         flat, layout = flatten_tensors(grads, dtype=bucket.flat_dtype, device=cdev)
-        bucket.flat, bucket.layout, bucket.in_backward = flat, layout, in_backward
+        bucket.flat, bucket.layout = flat, layout
         bucket.handle = _t.all_reduce(flat, self._op, self._group, async_op=True)
+
+    def _launch_flags(self) -> None:
+        """One small all_reduce(MAX) of the in-place gradients' presence flags (after every bucket)."""
+        direct = [b for b in self._buckets if b.direct]
+        if not direct:
+            return
+        driver = registry.resolve(self._group, direct[0].params[0].device)
+        flags = torch.tensor([int(b.present) for b in direct], dtype=torch.int32, device=driver.comm_device())
+        self._flags = flags
+        self._flags_handle = _t.all_reduce(flags, "max", self._group, async_op=True)
 
     def _finish(self, bucket: _Bucket) -> None:
         bucket.handle.wait()
+        if bucket.direct:
+            if not bucket.present:
+                if self._flags_handle is not None:
+                    self._flags_handle.wait()
+                    self._flags_handle = None
+                assert self._flags is not None
+                if int(self._flags[bucket.slot]) > 0:  # another rank had a gradient: take the reduced one
+                    bucket.params[0].grad = bucket.flat
+            return
         assert bucket.flat is not None and bucket.layout is not None
         pieces = unflatten_tensors(bucket.flat, bucket.layout)
         present: Optional[list[float]] = None  # the presence flags, read only when needed
@@ -462,11 +556,21 @@ class GradientSynchronizer:
                     p.grad = piece.to(device=p.device, dtype=p.dtype, copy=True)
 
     def _reset(self) -> None:
+        if self._flags_handle is not None:
+            self._flags_handle.wait()  # issued on every rank: complete it before the next step
+        self._flags_handle = self._flags = None
         for bucket in self._buckets:
             bucket.reset()
         self._next = 0
         self._ws = None
         self._seen = [False] * len(self._params)
+
+
+def _mib(value: Any, argname: str, fn: str) -> int:
+    """A size in MiB as bytes (``<= 0`` -> -1); TypeError for anything but a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise TypeError(f"{fn}: {argname} must be a number of MiB, got {value!r}")
+    return int(value * MiB) if value > 0 else -1
 
 
 def _make_hook(ref: "weakref.ReferenceType[GradientSynchronizer]", i: int) -> Callable[[Tensor], None]:

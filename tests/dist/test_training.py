@@ -173,7 +173,7 @@ def test_buckets_launch_during_backward(dist, combo):
 # dtypes, unused parameters, accumulation, misuse
 # ---------------------------------------------------------------------------
 class Mixed(torch.nn.Module):
-    """float32 layers, a float64 and a bfloat16/float16 scale, a layer used on rank 0 only, one never used."""
+    """float32 layers, float64/bfloat16/float16 scales, big tensors, params used on rank 0 only, one never used."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -184,12 +184,16 @@ class Mixed(torch.nn.Module):
         self.scale_f16 = torch.nn.Parameter(torch.tensor([0.5, 1.0, 2.0], dtype=torch.float16))
         self.extra = torch.nn.Linear(4, 3)
         self.never = torch.nn.Parameter(torch.ones(2))
+        # >= 1 MiB: reduced in place on CPU drivers (gloo's pack_max_bytes), packed on emu
+        self.big = torch.nn.Parameter(torch.linspace(-1, 1, 300_000))
+        self.big_extra = torch.nn.Parameter(torch.linspace(1, 2, 300_000))
 
     def forward(self, x: torch.Tensor, use_extra: bool) -> torch.Tensor:
         out = self.body(x) * self.scale_bf16.float() * self.scale_f16.float()
         out = out * self.scale64.float()
+        out = out + self.big[:3] * self.big[-3:]
         if use_extra:
-            out = out + self.extra(x)
+            out = out + self.extra(x) + self.big_extra[1:4]
         return out
 
 
@@ -250,6 +254,8 @@ def test_mixed_dtypes_and_unused_parameters(dist, combo, how):
             "scale_f16": "torch.float16",
             "extra.weight": "torch.float32",
             "extra.bias": "torch.float32",
+            "big": "torch.float32",
+            "big_extra": "torch.float32",
         }
         for step in range(2):
             got, want = res[step]

@@ -65,7 +65,13 @@ def test_synchronizer_ignores_frozen_and_duplicate_params_and_groups_dtypes():
     c = torch.nn.Parameter(torch.ones(2))
     sync = hwdist.GradientSynchronizer([a, b, frozen, a, c])
     assert sync.params == [a, b, c]
-    assert sync.buckets == [[2, 0], [1]]  # one bucket per dtype (reverse order inside)
+    # one bucket per dtype, reverse order inside; launched when their last gradient arrives (b before a)
+    assert sync.buckets == [[1], [2, 0]]
+    assert hwdist.GradientSynchronizer([a, b, c], bucket_size_mb=0).buckets == [[1], [2, 0]]
+    small_first = hwdist.GradientSynchronizer([a, b, c], first_bucket_mb=8 / 2**20)  # c alone fits in 8 bytes
+    assert small_first.buckets == [[2], [1], [0]]
+    with pytest.raises(TypeError, match="first_bucket_mb must be a number of MiB, got None"):
+        hwdist.GradientSynchronizer([a], first_bucket_mb=None)
 
 
 def test_synchronizer_validation():
