@@ -112,12 +112,12 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     g = torch.Generator().manual_seed(rank)
     cases = [
         ("MLP", lambda: mlp(512, 6), torch.randn(64, 512, generator=g), torch.randint(0, 10, (64,), generator=g)),
-        ("CNN", lambda: cnn(32, 12), torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)),
+        ("CNN", lambda: cnn(16, 16), torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)),
     ]
     rows: list[dict[str, Any]] = []
     for name, make, x, y in cases:
         variants, info = _steps(make, x, y)
-        iters, samples = (2, 5) if quick else (3, 15)
+        iters, samples = (2, 5) if quick else (3, 11)
         times = _measure(variants, iters, samples)
         ddp, per = times["torch DDP"], times["per-tensor"]
         label = f"{name}: {info['tensors']} tensors, {info['mib']:.1f} MiB of gradients"

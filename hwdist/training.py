@@ -201,10 +201,10 @@ class GradientSynchronizer:
     complete its gradients are copied into one flat buffer and all-reduced
     *asynchronously* while backward goes on. :meth:`wait` (after backward)
     launches the buckets still open, waits for all of them and writes the
-    results back into each ``.grad`` in its own dtype and device. Gradients
-    of at least the driver's ``pack_max_bytes`` (1 MiB on CPU backends,
-    where a packing copy costs as much as the wire; 0 on accelerators) are
-    reduced in place instead, one asynchronous all_reduce each.
+    results back into each ``.grad`` in its own dtype and device. A gradient
+    that fills a bucket alone is reduced in place instead (no packing copy)
+    where the driver's ``pack_max_bytes`` says copies are costly (CPU
+    backends; never on accelerators, where ``pack_max_bytes`` is 0).
 
     Buckets are launched strictly in bucket order on every rank (a complete
     bucket waits for the ones before it), so the collectives match across
@@ -425,8 +425,10 @@ class GradientSynchronizer:
         def nbytes(i: int) -> int:
             return plist[i].numel() * plist[i].element_size()
 
-        big = [i for i in arrival if direct_bytes > 0 and nbytes(i) >= direct_bytes]
-        small = [i for i in arrival if not (direct_bytes > 0 and nbytes(i) >= direct_bytes)]
+        # In place only what would fill a bucket alone anyway: no extra collective, one copy less.
+        alone = max(direct_bytes, self._bucket_bytes) if direct_bytes > 0 and self._bucket_bytes > 0 else 0
+        big = [i for i in arrival if alone > 0 and nbytes(i) >= alone]
+        small = [i for i in arrival if not (alone > 0 and nbytes(i) >= alone)]
         groups: list[tuple[list[int], bool]] = [([i], True) for i in big]
         first = self._first_bytes
         if self._bucket_bytes > 0:

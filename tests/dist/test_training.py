@@ -184,7 +184,7 @@ class Mixed(torch.nn.Module):
         self.scale_f16 = torch.nn.Parameter(torch.tensor([0.5, 1.0, 2.0], dtype=torch.float16))
         self.extra = torch.nn.Linear(4, 3)
         self.never = torch.nn.Parameter(torch.ones(2))
-        # >= 1 MiB: reduced in place on CPU drivers (gloo's pack_max_bytes), packed on emu
+        # >= 1 MiB: reduced in place on gloo when buckets are smaller (how="small"), else packed
         self.big = torch.nn.Parameter(torch.linspace(-1, 1, 300_000))
         self.big_extra = torch.nn.Parameter(torch.linspace(1, 2, 300_000))
 
