@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Any, Optional
 
 import torch
@@ -52,6 +53,18 @@ class AcceleratorDriver(Driver):
         if self.unavailable_reason() is not None:
             return 0
         return int(self._module().device_count())
+
+    def is_initialized(self) -> bool:
+        """Whether ``torch.<device_type>.is_initialized()`` says so (never imports the vendor package)."""
+        if self.vendor_module is not None and self.vendor_module not in sys.modules:
+            return False  # the vendor extension was never imported: its device cannot be initialised
+        fn = getattr(getattr(torch, self.device_type, None), "is_initialized", None)
+        if fn is None:
+            return False
+        try:
+            return bool(fn())
+        except Exception:  # a broken vendor install must not crash the check
+            return False
 
     def set_device(self, local_rank: int) -> None:
         """Bind this process to device ``local_rank % device_count``."""

@@ -192,6 +192,10 @@ class Driver:
         """Number of devices of ``device_type`` visible to this process."""
         return 1
 
+    def is_initialized(self) -> bool:
+        """Whether this process has initialised the device runtime (forking it is then unsafe)."""
+        return False
+
     def details(self) -> dict[str, Any]:
         """Extra runtime facts for ``hwdist env`` (versions, launchers); {} if none."""
         return {}
