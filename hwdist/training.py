@@ -507,7 +507,7 @@ class GradientSynchronizer:
         driver = registry.resolve(self._group, bucket.params[0].device)
         if bucket.flat_dtype is None:
             first = bucket.params[0]
-            plan = _t._plan(driver, "all_reduce", first.dtype, self._op)
+            plan = driver.plan("all_reduce", first.dtype, self._op)
             # Pack straight into the dtype the backend reduces (bf16 -> fp32 where needed): no second copy.
             bucket.flat_dtype = first.dtype if plan.view else plan.comm_dtype
         grads: list[Tensor] = []
@@ -856,7 +856,7 @@ def average_metrics(metrics: Mapping[str, Any], count: float = 1.0, group: Optio
         return {k: (v if weight > 0 else math.nan) for k, v in values.items()}
     driver = registry.resolve(group, None)
     try:
-        _t._plan(driver, "all_reduce", torch.float64, "sum")
+        driver.plan("all_reduce", torch.float64, "sum")
         dtype = torch.float64
     except TypeError:  # the backend cannot reduce float64: float32 still sums counts exactly up to 2**24
         dtype = torch.float32
