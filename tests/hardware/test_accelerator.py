@@ -1,0 +1,82 @@
+"""The same check bodies as tests/dist, on the machine's real accelerator backend.
+
+Gated: runs only with ``HWDIST_RUN_HARDWARE=1`` and an available driver whose
+device is not the CPU (detection's choice, e.g. NCCL on CUDA GPUs, HCCL on
+Ascend). World sizes are bounded by the device count (one rank per device).
+The check functions keep their CPU inputs: on an accelerator backend hwdist
+moves them to the driver's comm device and back, which is part of what is
+checked here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hwdist
+from tests.dist import test_objects, test_params, test_tensor_collectives
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _accelerator() -> tuple[str, int]:
+    if not _flag("HWDIST_RUN_HARDWARE"):
+        pytest.skip("set HWDIST_RUN_HARDWARE=1 to run the accelerator tests")
+    det = hwdist.detect()
+    drv = hwdist.get_driver(det.backend)
+    if drv.device_type == "cpu" or drv.device_count() < 1:
+        pytest.skip(f"no accelerator here (detected backend {det.backend!r} on {det.device_type!r})")
+    return drv.name, drv.device_count()
+
+
+def _world_sizes(count: int) -> list[int]:
+    return [w for w in (1, 2, 3) if w <= count]
+
+
+pytestmark = pytest.mark.hardware
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_hwdist_check_passes_on_the_accelerator(nproc):
+    backend, count = _accelerator()
+    if nproc > count:
+        pytest.skip(f"{nproc} ranks need {nproc} devices; {count} visible")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "hwdist", "check", "-n", str(nproc), "--backend", backend],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        test_tensor_collectives.test_all_reduce_and_reduce,
+        test_tensor_collectives.test_all_gather_gather_any_dtype_and_shape,
+        test_tensor_collectives.test_broadcast_scatter_reduce_scatter_all_to_all_p2p,
+        test_tensor_collectives.test_bad_input_raises_on_every_rank,
+        test_params.test_all_reduce_dict,
+        test_params.test_all_reduce_params,
+    ],
+    ids=lambda f: f.__name__,
+)
+def test_tensor_checks_on_the_accelerator(dist, body):
+    backend, count = _accelerator()
+    for ws in _world_sizes(count):
+        body(dist, (ws, backend))
+
+
+def test_object_collectives_on_the_accelerator(dist):
+    backend, count = _accelerator()
+    for ws in _world_sizes(count):
+        test_objects.test_object_collectives(dist, ws, backend)
+        test_objects.test_tensors_land_on_cpu_or_map_location(dist, backend)
