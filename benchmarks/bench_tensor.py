@@ -20,23 +20,17 @@ call is cheapest so the wrapper's own cost shows).
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as tdist
 
 import hwdist
-from hwdist.testing import RankPool
 
-KiB = 1024
-# One intra-op thread per rank, as torchrun sets it: 2 ranks on 2 cores must not oversubscribe.
-_ENV = {"OMP_NUM_THREADS": "1"}
-MiB = 1024 * 1024
+from ._common import KiB, MiB, bench_main, fmt_us, measure
+
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:
@@ -53,23 +47,6 @@ def resnet50_shapes() -> list[tuple[int, ...]]:
             inplanes = planes * 4
     shapes += [(1000, 2048), (1000,)]
     return shapes
-
-
-def _measure(cases: dict[str, Callable[[], Any]], iters: int, samples: int) -> dict[str, list[float]]:
-    """Per-call seconds of each case, sampled interleaved (order alternates each sample)."""
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    names = list(cases)
-    for fn in cases.values():  # warm up (plans, caches, gloo buffers)
-        fn()
-    for s in range(samples):
-        for name in names if s % 2 == 0 else reversed(names):
-            fn = cases[name]
-            tdist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            times[name].append((time.perf_counter() - t0) / iters)
-    return times
 
 
 def _row(label: str, times: dict[str, list[float]], ours: str, raw: str) -> dict[str, Any]:
@@ -105,7 +82,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     for nbytes in sizes:
         t = torch.ones(nbytes // 4)
         iters, samples = _iters_for(nbytes, quick)
-        times = _measure(
+        times = measure(
             {"hw": lambda: hwdist.all_reduce(t), "raw": lambda: tdist.all_reduce(t)}, iters, samples
         )
         rows.append(_row(f"all_reduce sum {_size(nbytes)}", times, "hw", "raw"))
@@ -117,7 +94,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
             tdist.all_reduce(t)
             t.div_(ws)
 
-        times = _measure({"hw": lambda: hwdist.all_reduce(t, "mean"), "raw": raw_mean}, iters, samples)
+        times = measure({"hw": lambda: hwdist.all_reduce(t, "mean"), "raw": raw_mean}, iters, samples)
         rows.append(_row(f"all_reduce mean {_size(nbytes)} (raw: sum + div_)", times, "hw", "raw"))
 
     # ---- all_gather / broadcast ---------------------------------------------------
@@ -129,7 +106,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
             out = [torch.empty_like(t) for _ in range(ws)]
             tdist.all_gather(out, t)
 
-        times = _measure(
+        times = measure(
             {
                 "hw": lambda: hwdist.all_gather(t),
                 "hw_same": lambda: hwdist.all_gather(t, same_shape=True),
@@ -143,7 +120,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     for nbytes in (4 * KiB, MiB):
         t = torch.ones(nbytes // 4)
         iters, samples = _iters_for(nbytes, quick)
-        times = _measure(
+        times = measure(
             {"hw": lambda: hwdist.broadcast(t, 0), "raw": lambda: tdist.broadcast(t, 0)}, iters, samples
         )
         rows.append(_row(f"broadcast {_size(nbytes)}", times, "hw", "raw"))
@@ -159,7 +136,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
             metrics[k] = v
 
     iters, samples = (50 if quick else 100), (5 if quick else 21)
-    times = _measure(
+    times = measure(
         {
             "hw": lambda: hwdist.all_reduce_dict(metrics),
             "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
@@ -176,7 +153,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     total = sum(p.numel() for p in params)
     flat_limit = torch.ones(total)
     samples = 3 if quick else 7
-    times = _measure(
+    times = measure(
         {
             "coalesced": lambda: hwdist.all_reduce_params(params),
             "bucket25": lambda: hwdist.all_reduce_params(params, bucket_size_mb=25),
@@ -195,7 +172,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     # ---- per-call overhead on a 1-element tensor --------------------------------------------
     one = torch.ones(1)
     iters, samples = (100 if quick else 200), (7 if quick else 31)
-    times = _measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
+    times = measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
     row = _row("all_reduce 1 element, 2 ranks", times, "hw", "raw")
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     rows.append(row)
@@ -206,7 +183,7 @@ def bench_solo_rank(quick: bool) -> list[dict[str, Any]]:
     """Wrapper cost with a 1-rank gloo group: the raw call is cheapest, so the overhead shows."""
     one = torch.ones(1)
     iters, samples = (1000 if quick else 2000), (7 if quick else 31)
-    times = _measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
+    times = measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
     row = _row("all_reduce 1 element, 1-rank group", times, "hw", "raw")
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     return [row]
@@ -225,34 +202,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         extra = f" (+{r['overhead_us']:.1f} us)" if "overhead_us" in r else ""
         lines.append(
-            f"| {r['case']} | {_fmt(r['hwdist_median_us'])} | {_fmt(r['hwdist_min_us'])} |"
-            f" {_fmt(r['raw_median_us'])} | {_fmt(r['raw_min_us'])} | {r['ratio']:.2f}x{extra} |"
+            f"| {r['case']} | {fmt_us(r['hwdist_median_us'])} | {fmt_us(r['hwdist_min_us'])} |"
+            f" {fmt_us(r['raw_median_us'])} | {fmt_us(r['raw_min_us'])} | {r['ratio']:.2f}x{extra} |"
             f" {r['ratio_min']:.2f}x |"
         )
     return "\n".join(lines)
 
 
-def _fmt(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
-
-
 def main(argv: list[str]) -> int:
     """Run the benchmark and print the table (and write JSON if asked)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer samples")
-    ap.add_argument("--json", help="also write the rows to this JSON file")
-    args = ap.parse_args(argv)
-    start = time.perf_counter()
-    with RankPool(2, "gloo", timeout=600, env=_ENV) as pool:
-        rows = pool.run(bench_rank, args.quick, timeout=600)[0]
-    with RankPool(1, "gloo", timeout=600, env=_ENV) as pool:
-        rows += pool.run(bench_solo_rank, args.quick, timeout=600)[0]
-    print(f"torch {torch.__version__}, gloo, 2 ranks on one host; {time.perf_counter() - start:.0f}s\n")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
-    return 0
+    return bench_main(argv, __doc__.splitlines()[0], [(2, bench_rank), (1, bench_solo_rank)], format_table)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,8 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import torch
@@ -36,9 +33,8 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 
 import hwdist
-from hwdist.testing import RankPool
 
-from .bench_tensor import _ENV, _measure
+from ._common import bench_main, measure
 
 MiB = 1024 * 1024
 
@@ -118,7 +114,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     for name, make, x, y in cases:
         variants, info = _steps(make, x, y)
         iters, samples = (2, 5) if quick else (3, 11)
-        times = _measure(variants, iters, samples)
+        times = measure(variants, iters, samples)
         ddp, per = times["torch DDP"], times["per-tensor"]
         label = f"{name}: {info['tensors']} tensors, {info['mib']:.1f} MiB of gradients"
         for variant, ts in times.items():
@@ -157,19 +153,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     """Run the benchmark and print the table (and write JSON if asked)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer samples")
-    ap.add_argument("--json", help="also write the rows to this JSON file")
-    args = ap.parse_args(argv)
-    start = time.perf_counter()
-    with RankPool(2, "gloo", timeout=600, env=_ENV) as pool:
-        rows = pool.run(bench_rank, args.quick, timeout=600)[0]
-    print(f"torch {torch.__version__}, gloo, 2 ranks on one host; {time.perf_counter() - start:.0f}s\n")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
-    return 0
+    return bench_main(argv, __doc__.splitlines()[0], [(2, bench_rank)], format_table)
 
 
 if __name__ == "__main__":

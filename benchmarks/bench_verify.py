@@ -16,11 +16,8 @@ path), all_reduce_dict of 20 metrics, all_gather_object of a small dict.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import torch
@@ -28,35 +25,14 @@ import torch.distributed as tdist
 
 import hwdist
 from hwdist import verify
-from hwdist.testing import RankPool
 
-KiB = 1024
-MiB = 1024 * 1024
-_ENV = {"OMP_NUM_THREADS": "1"}
+from ._common import KiB, MiB, bench_main, fmt_us, measure
 
 
-def _measure(cases: dict[str, Callable[[], Any]], iters: int, samples: int) -> dict[str, list[float]]:
+def _measure_modes(cases: dict[str, Callable[[], Any]], iters: int, samples: int) -> dict[str, list[float]]:
     """Per-call seconds of each case; ``on_*`` cases run with verification mode on. Interleaved."""
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    names = list(cases)
+    return measure(cases, iters, samples, context=lambda name: verify.verification(name.startswith("on")))
 
-    def once(name: str, n: int) -> None:
-        fn = cases[name]
-        with verify.verification(name.startswith("on")):
-            tdist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            dt = time.perf_counter() - t0
-        times[name].append(dt / n)
-
-    for name in names:  # warm up
-        once(name, 2)
-        times[name].clear()
-    for s in range(samples):
-        for name in names if s % 2 == 0 else reversed(names):
-            once(name, iters)
-    return times
 
 
 def _row(label: str, times: dict[str, list[float]]) -> dict[str, Any]:
@@ -81,22 +57,22 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     for label, numel in (("1 element", 1), ("4 KiB", KiB), ("1 MiB", MiB // 4)):
         t = torch.ones(numel)
         iters = 10 if numel >= MiB // 4 else (100 if quick else 300)
-        times = _measure(
+        times = _measure_modes(
             {"off": lambda: hwdist.all_reduce(t), "on": lambda: hwdist.all_reduce(t), "raw": lambda: tdist.all_reduce(t)},
             iters,
             samples,
         )
         rows.append(_row(f"all_reduce {label}", times))
     t = torch.ones(KiB)
-    times = _measure({"off": lambda: hwdist.all_gather(t), "on": lambda: hwdist.all_gather(t)}, 100, samples)
+    times = _measure_modes({"off": lambda: hwdist.all_gather(t), "on": lambda: hwdist.all_gather(t)}, 100, samples)
     rows.append(_row("all_gather 4 KiB (shape exchange)", times))
     metrics = {f"metric_{i:02d}": torch.tensor(float(i)) for i in range(20)}
-    times = _measure(
+    times = _measure_modes(
         {"off": lambda: hwdist.all_reduce_dict(metrics), "on": lambda: hwdist.all_reduce_dict(metrics)}, 100, samples
     )
     rows.append(_row("all_reduce_dict 20 metrics (off: verify=True's own check)", times))
     obj = {"rank": tdist.get_rank(), "loss": 0.5}
-    times = _measure(
+    times = _measure_modes(
         {"off": lambda: hwdist.all_gather_object(obj), "on": lambda: hwdist.all_gather_object(obj)}, 100, samples
     )
     rows.append(_row("all_gather_object small dict", times))
@@ -112,31 +88,15 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         raw = f"{r['off_over_raw']:.2f}x" if "off_over_raw" in r else "-"
         lines.append(
-            f"| {r['case']} | {_fmt(r['off_median_us'])} | {_fmt(r['on_median_us'])} | {r['on_over_off']:.2f}x |"
-            f" {_fmt(r['added_us'])} | {raw} |"
+            f"| {r['case']} | {fmt_us(r['off_median_us'])} | {fmt_us(r['on_median_us'])} | {r['on_over_off']:.2f}x |"
+            f" {fmt_us(r['added_us'])} | {raw} |"
         )
     return "\n".join(lines)
 
 
-def _fmt(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if abs(us) >= 1000 else f"{us:.1f} us"
-
-
 def main(argv: list[str]) -> int:
     """Run the benchmark and print the table (and write JSON if asked)."""
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer samples")
-    ap.add_argument("--json", help="also write the rows to this JSON file")
-    args = ap.parse_args(argv)
-    start = time.perf_counter()
-    with RankPool(2, "gloo", timeout=600, env=_ENV) as pool:
-        rows = pool.run(bench_rank, args.quick, timeout=600)[0]
-    print(f"torch {torch.__version__}, gloo, 2 ranks on one host; {time.perf_counter() - start:.0f}s\n")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
-    return 0
+    return bench_main(argv, (__doc__ or "").splitlines()[0], [(2, bench_rank)], format_table)
 
 
 if __name__ == "__main__":

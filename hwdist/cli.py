@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import sys
 import time
 from typing import Any, Callable, Optional, Sequence, TextIO
