@@ -22,7 +22,7 @@ import inspect
 import operator
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
