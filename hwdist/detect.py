@@ -26,7 +26,7 @@ class Detection:
     """The outcome of :func:`detect`.
 
     Attributes:
-        device_type: device type computation runs on ('cuda', 'npu', 'cpu', ...).
+        device_type: device type computation runs on (cuda, npu, cpu, ...).
         backend: backend name collectives use.
         source: 'auto', or the environment variable that chose it.
         reason: one line on why.
@@ -110,7 +110,7 @@ def get_device() -> str:
     """The device type this process computes on, like ``mmengine.device.get_device()``.
 
     Returns:
-        'cuda', 'npu', 'mlu', 'xpu', 'musa', 'mps' or 'cpu' (or a custom
+        cuda, npu, mlu, xpu, musa, mps or cpu (or a custom
         driver's device type).
     """
     return detect().device_type

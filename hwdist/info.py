@@ -59,7 +59,7 @@ def get_default_group() -> Optional[Any]:
 def get_backend(group: Optional[Any] = None) -> Optional[str]:
     """The backend name of ``group`` (default group if None), or None when not distributed.
 
-    The string is torch's (e.g. ``'gloo'``, ``'nccl'``, or ``'cpu:gloo,cuda:nccl'``),
+    The string is torch's (e.g. ``gloo``, ``nccl``, or ``cpu:gloo,cuda:nccl``),
     except that a name a driver registered with torch under another name (the
     mpi4py process group) is reported as the driver's name (``'mpi'``).
     """

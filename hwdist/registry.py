@@ -200,7 +200,7 @@ def get_driver(name_or_group: Any = None, device: Union[str, torch.device, None]
     """The driver for a backend name, a process group, or the default group.
 
     Args:
-        name_or_group: a backend name (``'nccl'``, ``'cpu:gloo,cuda:nccl'``,
+        name_or_group: a backend name (``nccl``, ``cpu:gloo,cuda:nccl``,
             a custom name), a ``ProcessGroup``, or None for the default group.
         device: for mixed backend strings, the device type the data is on.
 

@@ -24,7 +24,19 @@ import pytest
 
 from .harness import RankFailure, RankPool
 
-__all__ = ["world_sizes", "backends", "PoolCache"]
+__all__ = ["world_sizes", "backends", "PoolCache", "capture_error"]
+
+
+def capture_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Optional[tuple[str, str]]:
+    """``(exception type name, message)`` if ``fn(*args, **kwargs)`` raises, else None.
+
+    Rank functions return it so the parent can assert that every rank raised the same error.
+    """
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # the caller inspects type and message
+        return type(exc).__name__, str(exc)
+    return None
 
 
 def world_sizes() -> list[int]:
@@ -70,6 +82,16 @@ class PoolCache:
         while self._pools:
             _, pool = self._pools.popitem()
             pool.close()
+
+
+_COMBOS = [(ws, be) for be in backends() for ws in world_sizes()]
+
+
+@pytest.fixture(scope="session", params=_COMBOS, ids=[f"{ws}-{be}" for ws, be in _COMBOS])
+def combo(request: Any) -> tuple[int, str]:
+    """``(world_size, backend)`` over the test matrix; session scope, so pytest runs the
+    tests of one combination together and each pool is spawned once."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

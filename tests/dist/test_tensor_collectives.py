@@ -14,24 +14,11 @@ import pytest
 import torch
 
 import hwdist
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import capture_error as _catch
 
 R = torch.distributed.ReduceOp
-COMBOS = [(ws, be) for be in backends() for ws in world_sizes()]
 
 
-@pytest.fixture(scope="session", params=COMBOS, ids=[f"{ws}-{be}" for ws, be in COMBOS])
-def combo(request):
-    """(world_size, backend); session scope so pytest groups the tests by pool."""
-    return request.param
-
-
-def _catch(fn, *args, **kwargs):
-    try:
-        fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the test inspects type and message
-        return type(exc).__name__, str(exc)
-    return None
 
 
 # ---------------------------------------------------------------------------
