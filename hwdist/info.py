@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 import torch
 import torch.distributed as torch_dist
 
-from . import _compat, registry
+from . import _compat, registry, verify
 
 __all__ = [
     "is_distributed",
@@ -166,9 +166,15 @@ rank_zero_only = master_only
 
 
 def barrier(group: Optional[Any] = None) -> None:
-    """Block until every rank of ``group`` arrives; no-op when not distributed."""
+    """Block until every rank of ``group`` arrives; no-op when not distributed.
+
+    In verification mode a rank that meets another collective instead raises
+    :class:`hwdist.CollectiveMismatch` on every rank.
+    """
     if not is_distributed():
         return
+    if verify._enabled:
+        verify.check_call("barrier", group, registry.resolve(group))
     torch_dist.barrier(group)
 
 

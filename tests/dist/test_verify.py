@@ -47,3 +47,22 @@ def test_env_flag_parsing(monkeypatch):
     for value, expected in [("1", True), ("true", True), ("0", False), ("", False), ("no", False)]:
         monkeypatch.setenv(verify.ENV_DEBUG, value)
         assert verify._env_flag(verify.ENV_DEBUG) is expected
+
+
+def _barrier_vs_all_reduce():
+    with verify.verification():
+        try:
+            if hwdist.get_rank() == 0:
+                hwdist.barrier()
+            else:
+                hwdist.all_reduce(torch.ones(1))
+        except verify.CollectiveMismatch as exc:
+            return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_barrier_takes_part_in_verification(dist, backend):
+    results = dist(_barrier_vs_all_reduce, 2, backend)
+    for msg in results:
+        assert msg is not None and "rank 0: barrier; rank 1: all_reduce" in msg, msg
