@@ -31,7 +31,7 @@ def load_plugins(group: str, what: str, known: Callable[[str], bool], register: 
         try:
             obj = ep.load()
         except Exception as exc:  # a broken plug-in must not break hwdist
-            warnings.warn(f"hwdist: could not load {what} entry point {ep.name!r}: {exc}")
+            warnings.warn(f"hwdist: could not load {what} entry point {ep.name!r}: {exc}", stacklevel=3)
             continue
         if not known(ep.name.lower()):
             register(ep.name, obj)

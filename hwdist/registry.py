@@ -83,7 +83,7 @@ def _check_driver(name: str, driver: Any) -> Driver:
             f"driver for backend {name!r} ({type(driver).__name__}) is missing required"
             f" members: {', '.join(missing)}; expected a hwdist.Driver subclass"
         )
-    if not isinstance(getattr(driver, "device_type"), str) or not driver.device_type:
+    if not isinstance(driver.device_type, str) or not driver.device_type:
         raise BackendError(
             f"driver for backend {name!r}: device_type must be a non-empty str,"
             f" got {driver.device_type!r}"

@@ -147,7 +147,6 @@ def test_entry_point_drivers_load_lazily(monkeypatch, clean_name):
 
 def test_broken_entry_point_warns_and_is_skipped(monkeypatch):
     from importlib.metadata import EntryPoint
-    import importlib.metadata
 
     ep = EntryPoint(name="ep_broken", value="no_such_module_xyz:Driver", group=registry.ENTRY_POINT_GROUP)
     from hwdist import _plugins
