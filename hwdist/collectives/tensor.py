@@ -304,6 +304,14 @@ def _divide(buf: Tensor, n: int) -> None:
             buf.div_(n, rounding_mode="floor")
 
 
+def _finish_reduction(data: Tensor, buf: Tensor, plan: Plan, ws: int, aliased: bool) -> None:
+    """After a reduction: the mean's division, then the copy back unless ``buf`` is ``data``."""
+    if plan.post is Post.DIVIDE:
+        _divide(buf, ws)
+    if not aliased:
+        _restore(data, buf, plan)
+
+
 def _torch_op(plan: Plan) -> Any:
     return _NAME_TO_TORCH[plan.reduce_op or "sum"]
 
@@ -442,10 +450,7 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
         return torch_dist.all_reduce(buf, torch_op, group, is_async)
 
     def finish() -> None:
-        if plan.post is Post.DIVIDE:
-            _divide(buf, ws)
-        if not aliased:
-            _restore(data, buf, plan)
+        _finish_reduction(data, buf, plan, ws, aliased)
 
     return _run(driver, async_op, issue, finish)
 
@@ -501,12 +506,8 @@ def reduce(
         return torch_dist.all_reduce(buf, torch_op, group, is_async)
 
     def finish() -> None:
-        if not is_dst:
-            return
-        if plan.post is Post.DIVIDE:
-            _divide(buf, ws)
-        if not aliased:
-            _restore(data, buf, plan)
+        if is_dst:
+            _finish_reduction(data, buf, plan, ws, aliased)
 
     return _run(driver, async_op, issue, finish)
 
@@ -971,10 +972,7 @@ def reduce_scatter(
         return torch_dist.all_reduce(flat, torch_op, group, is_async)
 
     def finish() -> None:
-        if plan.post is Post.DIVIDE:
-            _divide(out_buf, ws)
-        if not aliased:
-            _restore(output, out_buf, plan)
+        _finish_reduction(output, out_buf, plan, ws, aliased)
 
     return _run(driver, async_op, issue, finish)
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .mpi import PY_MPI_BACKEND
+from .mpi import MPI_REDUCE_DTYPES, PY_MPI_BACKEND
 
 __all__ = ["MpiProcessGroup", "MpiWork", "create_mpi_process_group", "MPI_BACKEND_NAME"]
 
@@ -166,21 +166,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 # Dtypes reduced by MPI as they are (numpy knows them; the MPI standard defines them).
-_NATIVE_REDUCE = frozenset(
-    {
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-        torch.int8,
-        torch.uint8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
-    | {d for d in (getattr(torch, n, None) for n in ("uint16", "uint32", "uint64")) if d is not None}
-)
+_NATIVE_REDUCE = MPI_REDUCE_DTYPES
 _fp16_ok: Optional[bool] = None
 
 

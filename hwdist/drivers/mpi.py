@@ -20,10 +20,9 @@ _NATIVE_DTYPES = frozenset(
     {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64}
 )
 _NATIVE_OPS = ALL_OPS - {"reduce_scatter"}
-# What the mpi4py process group reduces natively (bool through MPI's logical ops).
-_PY_REDUCE_DTYPES = frozenset(
+# Dtypes MPI reduces as they are (numpy knows them; bool through MPI's logical ops).
+MPI_REDUCE_DTYPES = frozenset(
     {
-        torch.float16,
         torch.float32,
         torch.float64,
         torch.complex64,
@@ -37,6 +36,8 @@ _PY_REDUCE_DTYPES = frozenset(
     }
     | {d for d in (getattr(torch, n, None) for n in ("uint16", "uint32", "uint64")) if d is not None}
 )
+# What the mpi4py process group reduces: float16 too (natively or through float32).
+_PY_REDUCE_DTYPES = MPI_REDUCE_DTYPES | {torch.float16}
 
 
 def _native() -> bool:
