@@ -15,9 +15,10 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.distributed as torch_dist
 
-from .. import registry
+from .. import _compat, registry
 from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
+from . import _layouts
 from . import tensor as _t
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors
 
@@ -43,33 +44,40 @@ def _fingerprint(desc: list[tuple[str, tuple[int, ...], str]]) -> tuple[int, int
 _FINGERPRINTS: dict[tuple[Any, ...], tuple[int, int]] = {}
 
 
-def _layout_fingerprint(keys: list[Any], data: Any) -> tuple[int, int]:
-    """The fingerprint of keys, shapes and dtypes (cached: metric dicts repeat every step)."""
-    sig = (tuple(keys), tuple(data[k].shape for k in keys), tuple(data[k].dtype for k in keys))
+def _layout_fingerprint(keys: list[Any], data: Any, op: Optional[str] = None) -> tuple[int, int]:
+    """The fingerprint of keys, shapes, dtypes and op (cached: metric dicts repeat every step)."""
+    sig = (op, tuple(keys), tuple(data[k].shape for k in keys), tuple(data[k].dtype for k in keys))
     found = _FINGERPRINTS.get(sig)
     if found is None:
         if len(_FINGERPRINTS) > 256:
             _FINGERPRINTS.clear()
-        found = _FINGERPRINTS[sig] = _fingerprint(_describe(keys, data))
+        desc: Any = _describe(keys, data)
+        found = _FINGERPRINTS[sig] = _fingerprint(desc if op is None else [("op", (), op), *desc])
     return found
 
 
-def _verify(keys: list[Any], data: Any, problem: Optional[str], group: Any, driver: Any, ws: int) -> None:
-    """One small all_reduce (MAX of [error, f, -f]) proves every rank holds the same dict layout.
+def _verify(
+    keys: list[Any], data: Any, problem: Optional[str], group: Any, driver: Any, ws: int, op: Optional[str] = None
+) -> None:
+    """One small all_reduce (MAX of [error, f, -f]) proves every rank holds the same dict layout (and op).
 
     On a mismatch every rank sees the same reduced values and raises; the
     descriptions are then exchanged (error path only) to name the difference.
     """
-    f0, f1 = _layout_fingerprint(keys, data) if problem is None else (0, 0)
+    f0, f1 = _layout_fingerprint(keys, data, op) if problem is None else (0, 0)
     flag = torch.tensor([int(problem is not None), f0, f1, -f0, -f1], dtype=torch.int32, device=driver.comm_device())
     _t.all_reduce(flag, "max", group)
     err, mx0, mx1, nmn0, nmn1 = flag.tolist()
     if err == 0 and mx0 == -nmn0 and mx1 == -nmn1:
         return
-    text = ("ERROR " + problem) if problem is not None else repr(_describe(keys, data))
+    text = ("ERROR " + problem) if problem is not None else repr([op, _describe(keys, data)])
     payload = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).to(driver.comm_device())
     texts = [bytes(t.cpu().tolist()).decode() for t in _t.all_gather(payload, group)]
-    raise ValueError("all_reduce_dict: " + _explain(texts) + "; every rank must pass the same keys, shapes and dtypes")
+    what = "keys, shapes and dtypes" if op is None else "keys, shapes, dtypes and op"
+    explained = _explain(texts)
+    if not any(t.startswith("ERROR ") for t in texts):
+        explained += f"; every rank must pass the same {what}"
+    raise ValueError("all_reduce_dict: " + explained)
 
 
 def _explain(texts: list[str]) -> str:
@@ -78,10 +86,14 @@ def _explain(texts: list[str]) -> str:
         return "; ".join(errors)
     import ast
 
-    descs = [{k: (s, d) for k, s, d in ast.literal_eval(t)} for t in texts]
+    parsed = [ast.literal_eval(t) for t in texts]
+    ops = [op for op, _ in parsed]
+    descs = [{k: (s, d) for k, s, d in desc} for _, desc in parsed]
     ref = descs[0]
     parts = []
     for r, other in enumerate(descs[1:], start=1):
+        if ops[r] != ops[0]:
+            parts.append(f"op is '{ops[0]}' on rank 0 but '{ops[r]}' on rank {r}")
         missing = sorted(set(ref) - set(other))
         extra = sorted(set(other) - set(ref))
         if missing:
@@ -121,19 +133,23 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     in the key's own dtype, shape and device (as in mmengine). Same ops and
     mean rule as :func:`hwdist.all_reduce`.
 
-    With ``verify=True`` (default) one extra tiny all_reduce (5 int32: an
-    error flag and a 62-bit fingerprint of keys, shapes and dtypes, reduced
-    with MAX as value and negated value) checks that every rank holds the same
-    layout before the data moves. On a mismatch or a bad value on any rank,
-    every rank raises ValueError naming the difference (e.g. "rank 1 lacks
-    keys 'b'"), instead of hanging or mixing up values. ``verify=False``
-    skips that collective (mmengine's cost; a mismatch is then undefined).
-    In verification mode (:func:`hwdist.verification`, ``HWDIST_DEBUG=1``)
-    the mode's digest exchange checks keys, shapes, dtypes and ``op``
-    whatever ``verify`` says, and replaces this check (so still one extra
-    collective); a mismatch raises :class:`hwdist.CollectiveMismatch` (a
-    ValueError) listing each rank's value per key. ``verify`` stays True by
-    default: no zero-cost check is safe when buffer lengths differ.
+    With ``verify=True`` (default) every rank checks that all ranks hold the
+    same keys, shapes, dtypes and op; on a mismatch or a bad value on any
+    rank, every rank raises ValueError naming the difference (e.g. "rank 1
+    lacks keys 'b'"), instead of hanging or mixing up values. The check costs
+    no extra collective once the ranks have agreed on a layout: the first
+    call with a layout runs one small all_reduce (a fingerprint) before the
+    data; later calls whose layout every rank can predict (the same dict as
+    last time, or the one that followed it last time) carry a one-element
+    "matches" flag inside the data buffer instead. When the flag says some
+    rank's dict changed, the result is dropped and the checked path runs
+    (three collectives on that call). See ``docs/collectives.md``.
+    ``verify=False`` skips every check (mmengine's behaviour: a mismatch is
+    then undefined). In verification mode (:func:`hwdist.verification`,
+    ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes,
+    dtypes and ``op`` whatever ``verify`` says and replaces this check; a
+    mismatch raises :class:`hwdist.CollectiveMismatch` (a ValueError).
+    ``verify`` must be the same on every rank.
 
     Non-distributed or a one-rank group: does nothing.
 
@@ -155,11 +171,14 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     if _verify_mode._enabled and torch_dist.is_initialized():
         _verify_dict_call(data, op, group)
     rop = _t.normalize_reduce_op(op)
-    if not isinstance(data, MutableMapping):
+    if type(data) is not dict and not isinstance(data, MutableMapping):
         raise TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
     if not torch_dist.is_initialized():
         return
-    ws = torch_dist.get_world_size(group)
+    hist = _layouts.history(
+        group if group is not None else _compat.default_group(), lambda: torch_dist.get_world_size(group)
+    )
+    ws = hist.ws
     if ws == 1:
         return
     try:
@@ -167,59 +186,205 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     except TypeError:  # keys of mixed types: still one order on every rank
         keys = sorted(data, key=_key_order)
     values = [data[k] for k in keys]
+    checked = verify and not _verify_mode._enabled
+    if checked:
+        predicted = hist.predicted
+        if predicted is not None and predicted.flag is not None:  # shared state: the same branch on every rank
+            call = _stacked_call if predicted.stack else _predicted_call
+            if call(predicted, rop, keys, values, data, group, ws):
+                hist.agreed(predicted)
+                return
+            # some rank's dict is not the predicted one: every rank saw the same flag; check properly
+    elif not verify and not _verify_mode._enabled:
+        recent = hist.unchecked  # this rank's own last layout: a local shortcut, no shared state
+        if recent is not None and recent.stack and _stacked_call(recent, rop, keys, values, data, group, ws, False):
+            return
+    sig = _layouts.signature(rop, keys, values)
+    layout = None
+    driver = None
+    if sig is not None and values:
+        driver = registry.resolve(group, values[0].device)
+        layout = _layouts.cached(sig, driver, values[0].device.type, ws)
+    plans: dict[torch.dtype, Plan] = {}
     problem: Optional[str] = None
-    for k, v in zip(keys, values):
-        if not isinstance(v, torch.Tensor):
-            problem = f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
-            break
-    driver = registry.resolve(group, values[0].device if values and problem is None else None)
-    by_dtype: dict[torch.dtype, Plan] = {}
-    if problem is None:
-        try:
-            for v in values:
-                if v.dtype not in by_dtype:
-                    by_dtype[v.dtype] = driver.plan("all_reduce", v.dtype, rop)
-        except (TypeError, ValueError) as exc:  # PlanError is a TypeError
-            problem = f"{type(exc).__name__}: {exc}"
+    if layout is None:
+        for k, v in zip(keys, values):
+            if not isinstance(v, torch.Tensor):
+                problem = f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+                break
+        driver = registry.resolve(group, values[0].device if values and problem is None else None)
+        if problem is None:
+            try:
+                for v in values:
+                    if v.dtype not in plans:
+                        plans[v.dtype] = driver.plan("all_reduce", v.dtype, rop)
+            except (TypeError, ValueError) as exc:  # PlanError is a TypeError
+                problem = f"{type(exc).__name__}: {exc}"
     if _verify_mode._enabled:  # the layouts agree (checked above): a problem is the same on every rank
         if problem is not None:
             raise (ValueError if verify else TypeError)(f"all_reduce_dict: {problem}")
     elif verify:
-        _verify(keys, data, problem, group, driver, ws)
+        _verify(keys, data, problem, group, driver, ws, rop)
     elif problem is not None:
         raise TypeError(f"all_reduce_dict: {problem}")
     if not keys:
         return
-    cdev = driver.comm_device()
-    # one buffer per way of travelling: (comm dtype, issued op, post, view of which dtype)
-    if len(by_dtype) == 1:
-        groups = {("",): list(range(len(values)))}
+    if layout is None:
+        assert sig is not None
+        layout = _layouts.build(sig, driver, values[0].device.type, plans, ws)
+    bufs, stacked = _pack(layout, values, layout.driver.comm_device(), 0)
+    _reduce(layout, bufs, group)
+    _finish(layout, bufs, stacked, keys, values, data, ws)
+    if checked:
+        hist.agreed(layout)
+    elif not verify:
+        hist.unchecked = layout
+
+
+def _stacked_call(
+    layout: _layouts.DictLayout,
+    rop: str,
+    keys: list[Any],
+    values: list[Any],
+    data: Any,
+    group: Any,
+    ws: int,
+    check: bool = True,
+) -> bool:
+    """:func:`_predicted_call` for a layout of one dtype and one shape: one ``torch.stack``, flag row last.
+
+    ``check=False`` (``verify=False``): returns False without communicating when this rank's dict
+    does not fit ``layout``, and ignores the flag.
+    """
+    flag = layout.flag
+    flat = None
+    try:
+        if rop == layout.sig[0] and keys == layout.keys and {v.dtype for v in values} == layout.dtypes and values[0].device.type == layout.device_type:
+            flat = torch.stack([*values, layout.flag_tensor(values[0].device, flag.match if flag is not None else 0)])
+            if flat.shape[1:] != layout.shape:
+                flat = None
+    except (AttributeError, RuntimeError, TypeError):  # not tensors, shapes or devices differ: no match
+        flat = None
+    if flat is None:
+        if not check or flag is None:
+            return False
+        cdev = layout.driver.comm_device()
+        flat = torch.zeros((len(layout.keys) + 1, *layout.shape), dtype=layout.dtype, device=cdev)
+        flat[-1] = flag.mismatch
     else:
-        groups = {}
-        for i, v in enumerate(values):
-            p = by_dtype[v.dtype]
-            gk = (str(p.comm_dtype), p.reduce_op or "", p.post.value, str(p.dtype) if p.view else "")
-            groups.setdefault(gk, []).append(i)
-    for gk in sorted(groups):
-        idx = groups[gk]
-        members = [values[i] for i in idx] if len(groups) > 1 else values
-        plan = by_dtype[members[0].dtype]
-        if plan.view:  # pack in the original dtype, then view the whole buffer
-            flat, layout = flatten_tensors(members, device=cdev)
-            wire = flat.view(plan.comm_dtype)
+        if flat.requires_grad:
+            flat = flat.detach()
+        if not (layout.cpu and flat.is_cpu):
+            cdev = layout.driver.comm_device()
+            if flat.device != cdev:
+                flat = flat.to(cdev)
+    torch_dist.all_reduce(flat, layout.torch_op, group)
+    if check and not flag.ok((flat[-1] if flat.dim() == 1 else flat[-1].reshape(-1)[-1]).item()):  # type: ignore[union-attr]
+        return False
+    if layout.divide:
+        _t._divide(flat, ws)
+    home = values[0]
+    if not (flat.is_cpu and home.is_cpu) and flat.device != home.device:
+        flat = flat.to(home.device)
+    for k, piece in zip(keys, flat.unbind(0)):  # the last row (the flag) has no key
+        data[k] = piece
+    return True
+
+
+def _predicted_call(
+    layout: _layouts.DictLayout, rop: str, keys: list[Any], values: list[Any], data: Any, group: Any, ws: int
+) -> bool:
+    """One collective in the predicted layout, flag included; True (and ``data`` updated) if every rank matched."""
+    flag = layout.flag
+    assert flag is not None
+    sig = _layouts.signature(rop, keys, values)
+    # a device of another type may belong to another driver (mixed backends): count it as a mismatch
+    match = sig == layout.sig and values[0].device.type == layout.device_type
+    bufs, stacked = _pack(layout, values if match else None, layout.driver.comm_device(), flag.match if match else flag.mismatch)
+    _reduce(layout, bufs, group)
+    wire = bufs[0][1]
+    if not flag.ok((wire[-1] if wire.dim() == 1 else wire.reshape(-1)[-1]).item()):
+        return False
+    _finish(layout, bufs, stacked, keys, values, data, ws)
+    return True
+
+
+def _pack(
+    layout: _layouts.DictLayout, values: Optional[list[Tensor]], cdev: torch.device, flag: int
+) -> tuple[list[tuple[Tensor, Tensor]], bool]:
+    """The layout's buffers ``[(flat, wire)]`` holding ``values`` (zeros if None) and ``flag``; and whether stacked."""
+    if layout.stack and values is not None:
+        try:
+            flat = torch.stack([*values, layout.flag_tensor(values[0].device, flag)])
+        except RuntimeError:  # values on several devices: pack them one by one below
+            pass
         else:
-            flat, layout = flatten_tensors(members, dtype=plan.comm_dtype, device=cdev)
-            wire = flat
-        torch_dist.all_reduce(wire, _t._torch_op(plan), group)
-        if plan.post is Post.DIVIDE:
+            if flat.requires_grad:
+                flat = flat.detach()
+            if flat.device != cdev:
+                flat = flat.to(cdev)
+            return [(flat, flat)], True
+    with torch.no_grad():
+        bufs = []
+        for part in layout.parts:
+            fl = part.layout
+            total = fl.total
+            if values is None:
+                flat = torch.zeros(total + part.extra, dtype=part.pack_dtype, device=cdev)
+            else:
+                flat = torch.empty(total + part.extra, dtype=part.pack_dtype, device=cdev)
+                body = flat[:total]
+                members = [values[i] for i in part.idx]
+                if all(m.device == cdev for m in members):
+                    torch.cat([m.reshape(-1) for m in members], out=body)  # casts into pack_dtype
+                else:
+                    for m, off, n in zip(members, fl.offsets, fl.numels):
+                        body[off : off + n].copy_(m.reshape(-1))
+                if part.extra:
+                    flat[total:].zero_()
+            wire = flat.view(part.plan.comm_dtype) if part.plan.view else flat
+            if part.extra:
+                wire[-1] = flag
+            bufs.append((flat, wire))
+    return bufs, False
+
+
+def _reduce(layout: _layouts.DictLayout, bufs: list[tuple[Tensor, Tensor]], group: Any) -> None:
+    for part, (_, wire) in zip(layout.parts, bufs):
+        torch_dist.all_reduce(wire, _t._torch_op(part.plan), group)
+
+
+def _finish(
+    layout: _layouts.DictLayout,
+    bufs: list[tuple[Tensor, Tensor]],
+    stacked: bool,
+    keys: list[Any],
+    values: list[Tensor],
+    data: Any,
+    ws: int,
+) -> None:
+    """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
+    for part, (_, wire) in zip(layout.parts, bufs):
+        if part.plan.post is Post.DIVIDE:
             _t._divide(wire, ws)
-        fd, fdev = flat.dtype, flat.device
+    if stacked:
+        flat = bufs[0][0]
+        if flat.device != values[0].device:
+            flat = flat.to(values[0].device)
+        for k, piece in zip(keys, flat.unbind(0)):  # the last row (the flag) has no key
+            data[k] = piece
+        return
+    for part, (flat, _) in zip(layout.parts, bufs):
+        fl = part.layout
+        body = flat[: fl.total] if part.extra else flat
+        members = [values[i] for i in part.idx]
+        fd, fdev = body.dtype, body.device
         same = all(m.dtype == fd and m.device == fdev for m in members)
-        if same and all(len(sh) == 0 for sh in layout.shapes):  # scalar metrics: one call makes every view
-            pieces: Any = flat.unbind(0)
+        if same and all(len(sh) == 0 for sh in fl.shapes):  # scalar metrics: one call makes every view
+            pieces: Any = body.unbind(0)
         else:
-            pieces = [piece.view(sh) for piece, sh in zip(flat.split(layout.numels), layout.shapes)]
-        for i, orig, piece in zip(idx, members, pieces):
+            pieces = [piece.view(sh) for piece, sh in zip(body.split(fl.numels), fl.shapes)]
+        for i, orig, piece in zip(part.idx, members, pieces):
             if not same:
                 if piece.dtype != orig.dtype:
                     piece = piece.to(orig.dtype)

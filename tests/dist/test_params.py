@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import math
+import operator
+
+import pytest
 import torch
 
 import hwdist
@@ -134,3 +139,191 @@ def test_all_reduce_params(dist, combo):
         assert got["mean"] == mean
         assert got["max_bucketed"] == expect(max)
         assert got["bad"] == ("TypeError", "all_reduce_params: params[1] must be a torch.Tensor, got str")
+
+
+# ---------------------------------------------------------------------------
+# all_reduce_dict's layout history: one collective per call once the ranks agree
+# ---------------------------------------------------------------------------
+class _CountAllReduce:
+    """Counts torch.distributed.all_reduce calls; every call still runs the real collective."""
+
+    def __enter__(self) -> "_CountAllReduce":
+        import torch.distributed as tdist
+
+        self.n = 0
+        self._real = tdist.all_reduce
+
+        def counting(*args, **kwargs):
+            self.n += 1
+            return self._real(*args, **kwargs)
+
+        tdist.all_reduce = counting
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch.distributed as tdist
+
+        tdist.all_reduce = self._real
+
+
+def _reduce_counted(d: dict, *args, **kwargs) -> int:
+    with _CountAllReduce() as c:
+        hwdist.all_reduce_dict(d, *args, **kwargs)
+    return c.n
+
+
+_GROUP: list = []  # the history test's own group (a fresh history, whatever ran before in this pool)
+
+
+def _layouts(r: int, ints: torch.dtype) -> dict:
+    """Dicts of several kinds; every value depends on the rank and the key's position."""
+    return {
+        "A": lambda: {k: torch.tensor(r + 1.0 + i) for i, k in enumerate(("loss", "acc", "lr"))},
+        "B": lambda: {k: torch.tensor(r + 10.0 * (i + 1)) for i, k in enumerate(("top1", "top5"))},
+        "grid": lambda: {k: torch.arange(6.0).reshape(3, 2) + r + i for i, k in enumerate("xy")},
+        "mixed": lambda: {
+            "f": torch.tensor(r + 0.5),
+            "n": torch.tensor([r + 1, 2 * r], dtype=ints),
+            "b": torch.tensor([r == 0, True]),
+            "d": torch.tensor([r * 0.25], dtype=torch.float64),
+        },
+        "ints": lambda: {k: torch.tensor([r + 1 + i, 3], dtype=ints) for i, k in enumerate("pq")},
+    }
+
+
+def check_dict_history(backend: str) -> dict:
+    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    ints = torch.int32 if backend == "emu" else torch.int64
+    make = _layouts(r, ints)
+    _GROUP[:] = [torch.distributed.new_group(list(range(ws)))] if ws > 1 else [None]
+    group = _GROUP[0]
+    out: dict = {"steps": []}
+    for name in ["A", "A", "A", "B", "B", "A", "B", "A", "B"]:
+        d = make[name]()
+        n = _reduce_counted(d, group=group)
+        out["steps"].append((name, n, {k: v.tolist() for k, v in d.items()}))
+    out["ops"] = []
+    for name, op in [
+        ("A", "mean"), ("A", "max"), ("A", "min"), ("A", "product"), ("grid", "sum"), ("grid", "mean"),
+        ("mixed", "sum"), ("mixed", "max"), ("ints", "mean"),
+        *([] if backend == "emu" else [("ints", "band"), ("ints", "bor"), ("ints", "bxor")]),  # emu: no bitwise ops
+    ]:
+        for _ in range(3):  # the first call checks; the next ones take the predicted path (bxor has no flag)
+            d = make[name]()
+            n = _reduce_counted(d, op, group)
+            out["ops"].append((name, op, n, {k: (v.tolist(), str(v.dtype), tuple(v.shape)) for k, v in d.items()}))
+    out["unchecked"] = []
+    for _ in range(3):
+        d = make["A"]()
+        out["unchecked"].append((_reduce_counted(d, group=group, verify=False), {k: v.tolist() for k, v in d.items()}))
+    if ws > 1:
+        last = ws - 1
+        bad = {
+            "extra_key": lambda d: d.update(c=torch.tensor(1.0)),
+            "renamed": lambda d: d.update(zz=d.pop("lr")),
+            "shape": lambda d: d.update(lr=torch.ones(2)),
+            "float64": lambda d: d.update(lr=d["lr"].double()),
+            "int_in_floats": lambda d: d.update(lr=torch.tensor(3, dtype=ints)),  # stack would promote it silently
+            "not_tensor": lambda d: d.update(lr=0.5),
+        }
+        out["errors"] = {}
+        for case, spoil in bad.items():
+            _reduce_counted(make["A"](), group=group)  # agreed on A: the next call is predicted
+            d = make["A"]()
+            if r == last:
+                spoil(d)
+            before = dict(d)
+            with _CountAllReduce() as c:
+                err = _catch(hwdist.all_reduce_dict, d, group=group)
+            out["errors"][case] = (err, c.n, all(d[k] is before[k] for k in before))
+        _reduce_counted(make["A"](), group=group)
+        d = make["A"]()
+        out["errors"]["op"] = (_catch(hwdist.all_reduce_dict, d, "max" if r == last else "sum", group), None, True)
+    d = make["A"]()
+    out["healthy"] = (_reduce_counted(d, group=group), d["loss"].item())
+    return out
+
+
+def test_all_reduce_dict_history(dist, combo):
+    """Steady state costs one all_reduce; a changed dict on any rank is caught on every rank."""
+    ws, backend = combo
+    many = ws > 1
+    total = sum(range(ws))
+
+    def expect_sum(name):
+        return {
+            "A": {k: total + ws * (1.0 + i) for i, k in enumerate(("loss", "acc", "lr"))},
+            "B": {k: total + ws * 10.0 * (i + 1) for i, k in enumerate(("top1", "top5"))},
+        }[name]
+
+    for got in dist(check_dict_history, ws, backend, backend):
+        names = [s[0] for s in got["steps"]]
+        assert [s[2] for s in got["steps"]] == [expect_sum(n) for n in names]
+        # first call: check + data; same again: 1; an unpredicted change: 3; learned alternation: 1
+        assert [s[1] for s in got["steps"]] == ([2, 1, 1, 3, 1, 3, 1, 1, 1] if many else [0] * 9)
+        for name, op, n, result in got["ops"]:
+            ranks = range(ws)
+            if name == "A":
+                per_key = [[r + 1.0 + i for r in ranks] for i in range(3)]
+                red = {"mean": lambda v: sum(v) / ws, "max": max, "min": min, "product": math.prod}[op]
+                assert {k: v[0] for k, v in result.items()} == {
+                    k: pytest.approx(red(per_key[i])) for i, k in enumerate(("loss", "acc", "lr"))
+                }
+            elif name == "grid":
+                base = torch.arange(6.0).reshape(3, 2)
+                for i, k in enumerate("xy"):
+                    s = base * ws + total + ws * i
+                    assert result[k] == ((s / ws if op == "mean" else s).tolist(), "torch.float32", (3, 2))
+            elif name == "mixed":
+                if op == "sum":
+                    assert result["f"] == (total + 0.5 * ws, "torch.float32", ())
+                    assert result["n"][0] == [total + ws, 2 * total]
+                    assert result["b"] == ([True, True], "torch.bool", (2,))
+                    assert result["d"] == ([0.25 * total], "torch.float64", (1,))
+                else:
+                    assert result["n"][0] == [ws, 2 * (ws - 1)]
+                    assert result["b"] == ([True, True], "torch.bool", (2,))
+            else:  # ints
+                for i, k in enumerate("pq"):
+                    vals = [r + 1 + i for r in ranks]
+                    want = {
+                        "mean": [sum(vals) // ws, 3],
+                        "band": [functools.reduce(operator.and_, vals), 3],
+                        "bor": [functools.reduce(operator.or_, vals), 3],
+                        "bxor": [functools.reduce(operator.xor, vals), 3 if ws % 2 else 0],
+                    }[op]
+                    assert result[k][0] == want and result[k][1] in ("torch.int32", "torch.int64")
+        counts = [(name, op, n) for name, op, n, _ in got["ops"]]
+        if many:
+            for name, op, n in counts:
+                assert n >= 1
+            by_op: dict = {}
+            for name, op, n in counts:
+                by_op.setdefault((name, op), []).append(n)
+            for (name, op), ns in by_op.items():
+                if op == "bxor":  # no exact flag under XOR: checked on every call
+                    assert ns[1:] == [2, 2], (name, op, ns)
+                elif name == "mixed":  # one buffer per dtype (float32, int, bool, float64), flag in the first
+                    assert ns[1:] == [4, 4], (name, op, ns)
+                else:
+                    assert ns[1:] == [1, 1], (name, op, ns)
+        assert got["unchecked"] == [(1 if many else 0, expect_sum("A"))] * 3
+        if many:
+            last = ws - 1
+            errs = got["errors"]
+            for case, (err, n, untouched) in errs.items():
+                assert err is not None and err[0] == "ValueError", (case, err)
+                assert untouched, case  # nothing half-written on any rank
+                if n is not None:
+                    assert n == 2, (case, n)  # the predicted call, then the small check
+            assert f"rank {last} has extra keys 'c'" in errs["extra_key"][0][1]
+            assert f"rank {last} lacks keys 'lr' that rank 0 has" in errs["renamed"][0][1]
+            assert f"rank {last} has extra keys 'zz'" in errs["renamed"][0][1]
+            assert f"key 'lr' has shape () on rank 0 but (2,) on rank {last}" in errs["shape"][0][1]
+            assert f"key 'lr' has dtype float32 on rank 0 but float64 on rank {last}" in errs["float64"][0][1]
+            int_name = "int32" if backend == "emu" else "int64"
+            assert f"key 'lr' has dtype float32 on rank 0 but {int_name} on rank {last}" in errs["int_in_floats"][0][1]
+            assert f"rank {last}: data['lr'] must be a torch.Tensor, got float" in errs["not_tensor"][0][1]
+            assert f"op is 'sum' on rank 0 but 'max' on rank {last}" in errs["op"][0][1]
+        n, loss = got["healthy"]
+        assert loss == total + ws and n == (1 if many else 0)
