@@ -368,6 +368,13 @@ class _Comm:
         return records
 
 
+def _parse_record(rank: int, row: np.ndarray) -> Record:
+    """One rank's record from its bytes."""
+    head = row[: 8 * _HEAD].copy().view("<i8")
+    n = int(head[7])
+    return Record(rank, head, row[8 * _HEAD : 8 * _HEAD + n] if n else None)
+
+
 def _raise_failures(records: Sequence[Record], what: str, opcode: int, root: int) -> None:
     failed = [rec for rec in records if rec.status != _OK]
     if failed:
@@ -654,30 +661,43 @@ def broadcast_object_list(
         return
     comm = _Comm(group)
     if _verify._enabled:
-        _verify_call(comm, "broadcast_object_list", src=repr(src))
+        _verify_call(comm, "broadcast_object_list", src=repr(src), data_is_list=not bad)
     op = _OPS["broadcast_object_list"]
-    own = None
     try:
-        if bad:
-            raise _arg_error(f"data must be a list, got {type(data).__name__}")
         root = _check_root(comm, src, "src")
-        if _native(comm.driver, map_location, serializer):
-            torch_dist.broadcast_object_list(data, src=src, group=group)
-            return
-        frame = _serialize(data, serializer, "data") if comm.rank == root else None
-        rec, own = _payload_record(op, frame, root=root)
-    except _LocalFailure as fail:
-        rec, root = _failure_record(op, fail), -1
-    records = comm.exchange(rec, "broadcast_object_list", op, root)
-    root = records[0].root
-    source = records[root]
-    if source.inline is not None:
-        if comm.rank != root:
-            data[:] = _decode_inline(source, serializer, map_location)
+    except _LocalFailure as fail:  # no rank to receive from: this rank cannot take part
+        raise CollectiveArgumentError(f"broadcast_object_list: {fail}") from None
+    if not bad and _native(comm.driver, map_location, serializer):
+        torch_dist.broadcast_object_list(data, src=src, group=group)
         return
-    buf = comm.broadcast(own, source.total, root)
-    if comm.rank != root:
-        data[:] = _decode(buf, serializer, map_location)
+    # One broadcast of src's record (status, size and, when small, the payload itself): the same
+    # collectives as torch's size-then-data broadcast, one fewer for small objects. Only src can
+    # fail (it alone serializes); its failure reaches every rank in the record.
+    if comm.rank == root:
+        own = None
+        try:
+            if bad:
+                raise _arg_error(f"data must be a list, got {type(data).__name__}")
+            rec, own = _payload_record(op, _serialize(data, serializer, "data"), root=root)
+        except _LocalFailure as fail:
+            rec = _failure_record(op, fail, root=root)
+        comm.broadcast(rec, RECORD_BYTES, root)
+        source = _parse_record(root, rec)
+        _raise_failures([source], "broadcast_object_list", op, root)
+        if own is not None:
+            comm.broadcast(own, source.total, root)
+        return
+    source = _parse_record(root, comm.broadcast(None, RECORD_BYTES, root))
+    if source.status == _OK and (source.opcode != op or source.root != root):
+        raise CollectiveArgumentError(
+            f"broadcast_object_list: rank {root} sent {_OP_NAMES.get(source.opcode, source.opcode)} with source"
+            f" {source.root}; every rank must call broadcast_object_list with the same src"
+        )
+    _raise_failures([source], "broadcast_object_list", op, root)
+    buf = source.inline if source.inline is not None else comm.broadcast(None, source.total, root)
+    if bad:  # raised after taking part, so src and the other ranks are not left waiting
+        raise CollectiveArgumentError(bad)
+    data[:] = _decode(buf.copy() if source.inline is not None else buf, serializer, map_location)
 
 
 def broadcast_object(

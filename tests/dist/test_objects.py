@@ -189,11 +189,16 @@ def test_unpicklable_object_fails_fast_on_every_rank(dist, world_size, backend):
 
 def _bad_arguments() -> list:
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
-    seen = []
+    seen: list = []
+    # broadcast_object_list: only src's arguments reach the others (one broadcast, no exchange)
+    try:  # a bad list on a non-src rank: that rank raises after taking part; the others complete
+        hwdist.broadcast_object_list("not a list" if rank == 1 else [1], src=0)
+        seen.append(None)
+    except hwdist.CollectiveArgumentError as exc:
+        seen.append(str(exc))
     cases = [
-        lambda: hwdist.broadcast_object_list("not a list" if rank == 1 else [1], src=0),
+        lambda: hwdist.broadcast_object_list("not a list" if rank == 0 else [1], src=0),  # bad on src: every rank
         lambda: hwdist.gather_object(1, dst=world if rank == 0 else 0),
-        lambda: hwdist.broadcast_object_list([1], src=rank),  # ranks disagree on src
         lambda: hwdist.scatter_object_list([None], [1] if rank == 0 else None, src=0),  # wrong length on src
         lambda: hwdist.scatter_object_list([] if rank == 1 else [None], [1] * world if rank == 0 else None),
         lambda: (hwdist.all_gather_object(1) if rank == 0 else hwdist.gather_object(1)),  # different calls
@@ -213,10 +218,11 @@ def _bad_arguments() -> list:
 @pytest.mark.parametrize("backend", backends())
 def test_bad_arguments_raise_on_every_rank(dist, backend):
     per_rank = dist(_bad_arguments, 2, backend)
+    assert per_rank[0][0] is None
+    assert per_rank[1][0] == "broadcast_object_list: data must be a list, got str"
     for msgs in per_rank:
-        assert "data must be a list, got str" in msgs[0] and "rank 1" in msgs[0]
-        assert "dst=2 is not a rank of the group" in msgs[1]
-        assert "disagree" in msgs[2]
+        assert "broadcast_object_list failed on rank(s) 0" in msgs[1] and "data must be a list, got str" in msgs[1]
+        assert "dst=2 is not a rank of the group" in msgs[2]
         assert "scatter_object_input_list must be a list of 2 objects" in msgs[3]
         assert "scatter_object_output_list must be a non-empty list" in msgs[4]
         assert "different object collectives" in msgs[5]
