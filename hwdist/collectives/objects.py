@@ -8,7 +8,9 @@ one of two paths, the same on every rank:
   each rank's status, payload size and, for small payloads, the payload
   itself. If any rank failed to serialize or passed a bad argument, every
   rank raises the same clear error right there, instead of hanging in the
-  next collective. Larger payloads then move as exact-size byte tensors on
+  next collective. ``broadcast_object_list`` instead broadcasts ``src``'s
+  record alone (only ``src`` can fail there; see its docstring), one
+  collective for a small object where torch uses two. Larger payloads then move as exact-size byte tensors on
   ``driver.comm_device()`` (broadcast per rank, point-to-point to a gather
   root, or a padded all_gather when that is cheaper), in the byte dtype the
   driver's plan allows. Tensors inside received objects land on CPU or the
@@ -24,7 +26,7 @@ one of two paths, the same on every rank:
 Verification mode (:mod:`hwdist.verify`): the record exchange checks the
 call's identity (which collective, its src/dst) in every mode, so those
 disagreements raise :class:`CollectiveArgumentError` on every rank even when
-the mode is off. When the mode is on, each object collective also takes part
+the mode is off (``broadcast_object_list``: only with the mode on). When the mode is on, each object collective also takes part
 in the mode's per-group digest exchange (op name, call number, src/dst) before
 its record exchange: a 1 KiB record exchange must never meet a tensor
 collective's 24-byte digest exchange on another rank, so every verified
@@ -636,6 +638,14 @@ def broadcast_object_list(
 
     Outside a process group does nothing (mmengine). On other ranks the list
     is replaced in place by ``src``'s objects (its length follows ``src``).
+
+    One broadcast of ``src``'s 1 KiB record (payload inline when it fits,
+    else one more broadcast of the exact bytes). If ``src`` cannot serialize
+    its list, or ``data`` is not a list there, every rank raises the same
+    error naming ``src``. A non-list ``data`` on another rank raises
+    :class:`CollectiveArgumentError` on that rank after it took part (the
+    others complete). Ranks that disagree on ``src`` are undefined, as in
+    torch, unless verification mode is on (then every rank raises first).
 
     Args:
         data: a list on every rank; its content matters on ``src`` only.
