@@ -109,7 +109,7 @@ class DictLayout:
 
     __slots__ = (
         "sig", "_hash", "driver", "device_type", "parts", "stack", "flag", "_flag_tensors", "__weakref__",
-        "keys", "dtypes", "dtype", "shape", "torch_op", "divide", "cpu",
+        "keys", "dtypes", "dtype", "shape", "scalar", "torch_op", "divide", "cpu", "row_value", "cpu_row",
     )
 
     def __init__(self, sig: Signature, driver: Any, device_type: str, plans: dict[torch.dtype, Plan], ws: int) -> None:
@@ -157,8 +157,12 @@ class DictLayout:
         self.shape = shapes[0] if shapes else None
         self.torch_op = reduce_op_to_torch(first.reduce_op or "sum") if first is not None else None
         self.divide = first is not None and first.post is Post.DIVIDE
+        self.scalar = self.shape is not None and len(self.shape) == 0
         #: the driver communicates on the CPU (then no device check is needed for CPU values)
         self.cpu = driver.comm_device().type == "cpu"
+        #: the stacked layout's flag row when this rank matches (the one value a matching rank sends)
+        self.row_value = self.flag.match if self.flag is not None else 0
+        self.cpu_row = self.flag_tensor(torch.device("cpu"), self.row_value) if self.stack else None
 
     # equal when the signatures are (histories compare layouts by what they describe, not by object)
     def __hash__(self) -> int:
@@ -196,6 +200,8 @@ class History:
     def agreed(self, layout: DictLayout) -> None:
         """Record a layout every rank used (called on every rank after the same successful call)."""
         last = self.last
+        if layout is last and layout is self.predicted:
+            return  # the steady state: nothing would change (a missing "follows itself" entry predicts the same)
         if last is not None and self.follows.get(last) is not layout:
             if len(self.follows) >= self.LIMIT and last not in self.follows:
                 self.follows.clear()  # the same on every rank: the histories are equal
@@ -204,22 +210,27 @@ class History:
         self.predicted = self.follows.get(layout, layout)
 
 
-_histories: "weakref.WeakKeyDictionary[Any, History]" = weakref.WeakKeyDictionary()
-_strong_histories: dict[int, tuple[Any, History]] = {}  # for group objects without weak references
+_histories: dict[int, tuple[Callable[[], Any], History]] = {}
 
 
-def history(group: Any, world_size: Callable[[], int]) -> History:
-    """The layout history of ``group`` (a process group object, not None); ``world_size`` on first use."""
-    try:
-        found = _histories.get(group)
-        if found is None:
-            found = _histories[group] = History(world_size())
-        return found
-    except TypeError:
-        hit = _strong_histories.get(id(group))
-        if hit is None or hit[0] is not group:
-            hit = _strong_histories[id(group)] = (group, History(world_size()))
+def history(group: Any) -> History:
+    """The layout history of ``group`` (a process group object, not None).
+
+    Kept by ``id(group)`` with a weak reference (a strong one for group objects
+    that allow none) to tell a new group at a reused address from the old one.
+    """
+    hit = _histories.get(id(group))
+    if hit is not None and hit[0]() is group:
         return hit[1]
+    for key in [k for k, (ref, _) in _histories.items() if ref() is None]:
+        del _histories[key]  # groups that are gone
+    try:
+        ref: Callable[[], Any] = weakref.ref(group)
+    except TypeError:
+        ref = lambda: group  # noqa: E731
+    found = History(torch.distributed.get_world_size(group))
+    _histories[id(group)] = (ref, found)
+    return found
 
 
 _layouts: dict[tuple[Signature, int, str, int], DictLayout] = {}

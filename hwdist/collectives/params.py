@@ -175,9 +175,7 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         raise TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
     if not torch_dist.is_initialized():
         return
-    hist = _layouts.history(
-        group if group is not None else _compat.default_group(), lambda: torch_dist.get_world_size(group)
-    )
+    hist = _layouts.history(group if group is not None else _compat.default_group())
     ws = hist.ws
     if ws == 1:
         return
@@ -259,9 +257,17 @@ def _stacked_call(
     flag = layout.flag
     flat = None
     try:
-        if rop == layout.sig[0] and keys == layout.keys and {v.dtype for v in values} == layout.dtypes and values[0].device.type == layout.device_type:
-            flat = torch.stack([*values, layout.flag_tensor(values[0].device, flag.match if flag is not None else 0)])
-            if flat.shape[1:] != layout.shape:
+        first = values[0]
+        on_cpu = first.is_cpu
+        if (
+            rop == layout.sig[0]
+            and keys == layout.keys
+            and {v.dtype for v in values} == layout.dtypes  # stack would promote a stray int silently
+            and (on_cpu if layout.device_type == "cpu" else first.device.type == layout.device_type)
+        ):
+            row = layout.cpu_row if on_cpu else layout.flag_tensor(first.device, layout.row_value)
+            flat = torch.stack([*values, row])
+            if (flat.dim() != 1) if layout.scalar else (flat.shape[1:] != layout.shape):
                 flat = None
     except (AttributeError, RuntimeError, TypeError):  # not tensors, shapes or devices differ: no match
         flat = None
@@ -284,7 +290,7 @@ def _stacked_call(
     if layout.divide:
         _t._divide(flat, ws)
     home = values[0]
-    if not (flat.is_cpu and home.is_cpu) and flat.device != home.device:
+    if not (on_cpu and flat.is_cpu) and flat.device != home.device:
         flat = flat.to(home.device)
     for k, piece in zip(keys, flat.unbind(0)):  # the last row (the flag) has no key
         data[k] = piece
