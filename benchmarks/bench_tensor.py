@@ -190,18 +190,28 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
 
 
 def _dict_python_cost(metrics: dict, raw_dict: Callable[[], None], ws: int, quick: bool) -> dict[str, Any]:
-    """all_reduce_dict's own CPU time: the same calls with the collective replaced by ``mul_(ws)``.
+    """all_reduce_dict's own CPU time: the same calls with the collective replaced by a local stand-in.
 
-    ``mul_(ws)`` is what a SUM of identical buffers gives, so the layout flag
-    reads "every rank matched" and the steady-state path runs as it does for
-    real. Deterministic where the collective's latency is not.
+    The all_reduce becomes ``mul_(ws)`` and the flat all_gather (gloo's small
+    reductions) a copy of this rank's buffer into every row: what identical
+    buffers on every rank give. So the layout flag reads "every rank matched"
+    and the steady-state path runs as it does for real (the local reduction
+    of the gathered rows included). Deterministic where the collective's
+    latency is not.
     """
-    real = tdist.all_reduce
+    from hwdist import _compat
+
+    real = tdist.all_reduce, _compat.all_gather_into_tensor
+
+    def gather_same(out: torch.Tensor, inp: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        out.view(ws, -1).copy_(inp.reshape(1, -1))  # every rank "sent" the same buffer
+
     tdist.all_reduce = lambda t, *args, **kwargs: t.mul_(ws)  # type: ignore[assignment]
+    _compat.all_gather_into_tensor = gather_same
     try:
         times = measure_local({"hw": lambda: hwdist.all_reduce_dict(metrics), "raw": raw_dict}, 2000 if quick else 5000, 7)
     finally:
-        tdist.all_reduce = real
+        tdist.all_reduce, _compat.all_gather_into_tensor = real
     row = _row("all_reduce_dict 20 metrics, CPU time without the collective", times, "hw", "raw")
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     return row

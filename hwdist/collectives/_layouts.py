@@ -39,14 +39,6 @@ from ..drivers.base import Plan, Post
 from .flat import FlatLayout
 
 Tensor = torch.Tensor
-_R = torch.distributed.ReduceOp if torch.distributed.is_available() else None
-
-
-def reduce_op_to_torch(name: str) -> Any:
-    """The torch ReduceOp for an issued reduce-op name."""
-    return getattr(_R, name.upper())
-
-
 #: (op, sorted keys, shapes, dtypes): everything of a call that decides the wire format.
 Signature = tuple[str, tuple[Any, ...], tuple[torch.Size, ...], tuple[torch.dtype, ...]]
 
@@ -109,7 +101,7 @@ class DictLayout:
 
     __slots__ = (
         "sig", "_hash", "driver", "device_type", "parts", "stack", "flag", "_flag_tensors", "__weakref__",
-        "keys", "dtypes", "dtype", "shape", "scalar", "torch_op", "divide", "cpu", "row_value", "cpu_row",
+        "keys", "dtypes", "dtype", "shape", "scalar", "reduce_name", "divide", "cpu", "row_value", "cpu_row",
     )
 
     def __init__(self, sig: Signature, driver: Any, device_type: str, plans: dict[torch.dtype, Plan], ws: int) -> None:
@@ -155,7 +147,7 @@ class DictLayout:
         self.dtypes = set(dtypes)
         self.dtype = dtypes[0] if dtypes else None
         self.shape = shapes[0] if shapes else None
-        self.torch_op = reduce_op_to_torch(first.reduce_op or "sum") if first is not None else None
+        self.reduce_name = (first.reduce_op or "sum") if first is not None else "sum"
         self.divide = first is not None and first.post is Post.DIVIDE
         self.scalar = self.shape is not None and len(self.shape) == 0
         #: the driver communicates on the CPU (then no device check is needed for CPU values)

@@ -231,7 +231,7 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         assert sig is not None
         layout = _layouts.build(sig, driver, values[0].device.type, plans, ws)
     bufs, stacked = _pack(layout, values, layout.driver.comm_device(), 0)
-    _reduce(layout, bufs, group)
+    _reduce(layout, bufs, group, ws)
     _finish(layout, bufs, stacked, keys, values, data, ws)
     if checked:
         hist.agreed(layout)
@@ -284,7 +284,7 @@ def _stacked_call(
             cdev = layout.driver.comm_device()
             if flat.device != cdev:
                 flat = flat.to(cdev)
-    torch_dist.all_reduce(flat, layout.torch_op, group)
+    _all_reduce_buffer(flat, layout.reduce_name, group, ws, layout.driver)
     if check and not flag.ok((flat[-1] if flat.dim() == 1 else flat[-1].reshape(-1)[-1]).item()):  # type: ignore[union-attr]
         return False
     if layout.divide:
@@ -307,7 +307,7 @@ def _predicted_call(
     # a device of another type may belong to another driver (mixed backends): count it as a mismatch
     match = sig == layout.sig and values[0].device.type == layout.device_type
     bufs, stacked = _pack(layout, values if match else None, layout.driver.comm_device(), flag.match if match else flag.mismatch)
-    _reduce(layout, bufs, group)
+    _reduce(layout, bufs, group, ws)
     wire = bufs[0][1]
     if not flag.ok((wire[-1] if wire.dim() == 1 else wire.reshape(-1)[-1]).item()):
         return False
@@ -355,9 +355,47 @@ def _pack(
     return bufs, False
 
 
-def _reduce(layout: _layouts.DictLayout, bufs: list[tuple[Tensor, Tensor]], group: Any) -> None:
+def _reduce(layout: _layouts.DictLayout, bufs: list[tuple[Tensor, Tensor]], group: Any, ws: int) -> None:
     for part, (_, wire) in zip(layout.parts, bufs):
-        torch_dist.all_reduce(wire, _t._torch_op(part.plan), group)
+        _all_reduce_buffer(wire, part.plan.reduce_op or "sum", group, ws, layout.driver)
+
+
+def _bitwise(fn: Any) -> Any:
+    def reduce(gathered: Tensor, out: Tensor) -> None:
+        out.copy_(gathered[0])
+        for row in gathered[1:]:
+            fn(out, row, out=out)
+
+    return reduce
+
+
+#: Local reductions over the rows of an all_gather (dim 0), written into ``out`` in its own dtype.
+_LOCAL_REDUCE: dict[str, Any] = {
+    "sum": lambda g, out: torch.sum(g, 0, dtype=out.dtype, out=out),
+    "product": lambda g, out: torch.prod(g, 0, dtype=out.dtype, out=out),
+    "max": lambda g, out: torch.amax(g, 0, out=out),
+    "min": lambda g, out: torch.amin(g, 0, out=out),
+    "band": _bitwise(torch.bitwise_and),
+    "bor": _bitwise(torch.bitwise_or),
+    "bxor": _bitwise(torch.bitwise_xor),
+}
+
+
+def _all_reduce_buffer(buf: Tensor, reduce_op: str, group: Any, ws: int, driver: Any) -> None:
+    """All-reduce one contiguous buffer in place (one collective).
+
+    Small buffers on a driver with ``reduce_by_gather_max_bytes`` go as one
+    all_gather plus a local reduction: every rank reduces the same rows in the
+    same order, so every rank gets the same bits.
+    """
+    limit = driver.reduce_by_gather_max_bytes
+    local = _LOCAL_REDUCE.get(reduce_op) if limit else None
+    if local is not None and buf.numel() * buf.element_size() * ws <= limit:
+        gathered = torch.empty(ws * buf.numel(), dtype=buf.dtype, device=buf.device)
+        _compat.all_gather_into_tensor(gathered, buf.reshape(-1), group)
+        local(gathered.view(ws, *buf.shape), buf)
+    else:
+        torch_dist.all_reduce(buf, _t._NAME_TO_TORCH[reduce_op], group)
 
 
 def _finish(

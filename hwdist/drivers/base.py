@@ -175,6 +175,10 @@ class Driver:
     supports_async: ClassVar[bool] = True
     #: Tensors of at least this many bytes are reduced in place, not packed into a flat buffer (0: pack all).
     pack_max_bytes: ClassVar[int] = 0
+    #: hwdist's own small flat reductions (``all_reduce_dict``) whose gathered size (bytes x ranks) is at most
+    #: this go as one all_gather plus a local reduction, where that is faster than the backend's all_reduce
+    #: (0: always all_reduce). Public ``all_reduce`` calls always issue torch's all_reduce.
+    reduce_by_gather_max_bytes: ClassVar[int] = 0
 
     def __init__(self) -> None:
         self._plans: dict[tuple[str, torch.dtype, Optional[str]], Plan] = {}

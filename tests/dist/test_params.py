@@ -145,25 +145,35 @@ def test_all_reduce_params(dist, combo):
 # all_reduce_dict's layout history: one collective per call once the ranks agree
 # ---------------------------------------------------------------------------
 class _CountAllReduce:
-    """Counts torch.distributed.all_reduce calls; every call still runs the real collective."""
+    """Counts the collectives all_reduce_dict issues: torch.distributed.all_reduce calls and the flat
+    all_gathers that replace small ones on gloo (its driver's reduce_by_gather_max_bytes). Every call
+    still runs the real collective."""
 
     def __enter__(self) -> "_CountAllReduce":
         import torch.distributed as tdist
 
+        from hwdist import _compat
+
         self.n = 0
-        self._real = tdist.all_reduce
+        self._real = tdist.all_reduce, _compat.all_gather_into_tensor
 
-        def counting(*args, **kwargs):
-            self.n += 1
-            return self._real(*args, **kwargs)
+        def counting(fn):
+            def call(*args, **kwargs):
+                self.n += 1
+                return fn(*args, **kwargs)
 
-        tdist.all_reduce = counting
+            return call
+
+        tdist.all_reduce = counting(self._real[0])
+        _compat.all_gather_into_tensor = counting(self._real[1])
         return self
 
     def __exit__(self, *exc) -> None:
         import torch.distributed as tdist
 
-        tdist.all_reduce = self._real
+        from hwdist import _compat
+
+        tdist.all_reduce, _compat.all_gather_into_tensor = self._real
 
 
 def _reduce_counted(d: dict, *args, **kwargs) -> int:
@@ -188,6 +198,8 @@ def _layouts(r: int, ints: torch.dtype) -> dict:
             "d": torch.tensor([r * 0.25], dtype=torch.float64),
         },
         "ints": lambda: {k: torch.tensor([r + 1 + i, 3], dtype=ints) for i, k in enumerate("pq")},
+        # 20 KB a rank: above gloo's reduce_by_gather_max_bytes, so a real all_reduce there too
+        "big": lambda: {"w": torch.full((5000,), r + 1.0), "v": torch.full((5000,), 2.0 * r)},
     }
 
 
@@ -205,7 +217,7 @@ def check_dict_history(backend: str) -> dict:
     out["ops"] = []
     for name, op in [
         ("A", "mean"), ("A", "max"), ("A", "min"), ("A", "product"), ("grid", "sum"), ("grid", "mean"),
-        ("mixed", "sum"), ("mixed", "max"), ("ints", "mean"),
+        ("mixed", "sum"), ("mixed", "max"), ("ints", "mean"), ("big", "sum"), ("big", "max"),
         *([] if backend == "emu" else [("ints", "band"), ("ints", "bor"), ("ints", "bxor")]),  # emu: no bitwise ops
     ]:
         for _ in range(3):  # the first call checks; the next ones take the predicted path (bxor has no flag)
@@ -283,6 +295,10 @@ def test_all_reduce_dict_history(dist, combo):
                 else:
                     assert result["n"][0] == [ws, 2 * (ws - 1)]
                     assert result["b"] == ([True, True], "torch.bool", (2,))
+            elif name == "big":
+                red = sum if op == "sum" else max
+                assert result["w"] == ([red(r + 1.0 for r in ranks)] * 5000, "torch.float32", (5000,))
+                assert result["v"] == ([red(2.0 * r for r in ranks)] * 5000, "torch.float32", (5000,))
             else:  # ints
                 for i, k in enumerate("pq"):
                     vals = [r + 1 + i for r in ranks]
