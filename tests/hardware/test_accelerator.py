@@ -65,6 +65,7 @@ def test_hwdist_check_passes_on_the_accelerator(nproc):
         test_tensor_collectives.test_broadcast_scatter_reduce_scatter_all_to_all_p2p,
         test_tensor_collectives.test_bad_input_raises_on_every_rank,
         test_params.test_all_reduce_dict,
+        test_params.test_all_reduce_dict_history,
         test_params.test_all_reduce_params,
     ],
     ids=lambda f: f.__name__,
