@@ -269,7 +269,7 @@ def _stacked_call(
             flat = torch.stack([*values, row])
             if (flat.dim() != 1) if layout.scalar else (flat.shape[1:] != layout.shape):
                 flat = None
-    except (AttributeError, RuntimeError, TypeError):  # not tensors, shapes or devices differ: no match
+    except (AttributeError, IndexError, RuntimeError, TypeError):  # empty, not tensors, shapes or devices differ
         flat = None
     if flat is None:
         if not check or flag is None:

@@ -214,6 +214,7 @@ def check_dict_history(backend: str) -> dict:
         d = make[name]()
         n = _reduce_counted(d, group=group)
         out["steps"].append((name, n, {k: v.tolist() for k, v in d.items()}))
+    out["empty_after_agreement"] = _catch(hwdist.all_reduce_dict, {}, group=group)  # a no-op, as before
     out["ops"] = []
     for name, op in [
         ("A", "mean"), ("A", "max"), ("A", "min"), ("A", "product"), ("grid", "sum"), ("grid", "mean"),
@@ -271,6 +272,7 @@ def test_all_reduce_dict_history(dist, combo):
     for got in dist(check_dict_history, ws, backend, backend):
         names = [s[0] for s in got["steps"]]
         assert [s[2] for s in got["steps"]] == [expect_sum(n) for n in names]
+        assert got["empty_after_agreement"] is None
         # first call: check + data; same again: 1; an unpredicted change: 3; learned alternation: 1
         assert [s[1] for s in got["steps"]] == ([2, 1, 1, 3, 1, 3, 1, 1, 1] if many else [0] * 9)
         for name, op, n, result in got["ops"]:
