@@ -27,6 +27,8 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.distributed as torch_dist
 
+from .collectives import _small
+
 __all__ = [
     "CollectiveMismatch",
     "verification",
@@ -118,7 +120,7 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
 
     Callers test ``verify._enabled`` first, so a collective pays nothing when
     verification mode is off. Every rank of the group must reach this call
-    (it is itself a collective: one all_reduce of ten int32).
+    (it is itself a collective: one small MAX reduction of ten int32).
 
     Args:
         op: the collective's name.
@@ -141,7 +143,7 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     raw = hashlib.blake2b(text.encode(), digest_size=16).digest()
     # 31-bit words (so that negating them cannot overflow int32): 4 of the digest, 1 of the length.
     words = [w >> 1 for w in struct.unpack("<4I", raw)] + [len(text) & 0x7FFFFFFF]
-    if not _digests_agree(words, group, driver):
+    if not _digests_agree(words, group, driver, world):
         everyone = _exchange_descriptions(text, group, driver, world)
         raise CollectiveMismatch(_format_mismatch(op, everyone))
 
@@ -149,7 +151,7 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
 _DIGEST_PLANS: dict[Any, Any] = {}
 
 
-def _digests_agree(words: list[int], group: Any, driver: Any) -> bool:
+def _digests_agree(words: list[int], group: Any, driver: Any, world: int) -> bool:
     """One all_reduce MAX of ``words + [-w for w in words]``: every rank agrees iff max == min."""
     plan = _DIGEST_PLANS.get(driver)
     if plan is None:
@@ -164,13 +166,10 @@ def _digests_agree(words: list[int], group: Any, driver: Any) -> bool:
     device = driver.comm_device()
     if buf.device != device:
         buf = buf.to(device)
-    torch_dist.all_reduce(buf, _REDUCE_MAX, group=group)
+    _small.all_reduce_buffer(buf, plan.reduce_op or "max", group, world, driver)
     got = buf.tolist()
     n = len(words)
     return all(got[i] == -got[n + i] for i in range(n))
-
-
-_REDUCE_MAX = torch_dist.ReduceOp.MAX if torch_dist.is_available() else None
 
 
 def _all_gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any) -> None:

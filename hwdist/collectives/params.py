@@ -18,7 +18,7 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
-from . import _layouts
+from . import _layouts, _small
 from . import tensor as _t
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors
 
@@ -59,15 +59,20 @@ def _layout_fingerprint(keys: list[Any], data: Any, op: Optional[str] = None) ->
 def _verify(
     keys: list[Any], data: Any, problem: Optional[str], group: Any, driver: Any, ws: int, op: Optional[str] = None
 ) -> None:
-    """One small all_reduce (MAX of [error, f, -f]) proves every rank holds the same dict layout (and op).
+    """One small MAX reduction of [error, f, -f] proves every rank holds the same dict layout (and op).
 
     On a mismatch every rank sees the same reduced values and raises; the
     descriptions are then exchanged (error path only) to name the difference.
     """
     f0, f1 = _layout_fingerprint(keys, data, op) if problem is None else (0, 0)
-    flag = torch.tensor([int(problem is not None), f0, f1, -f0, -f1], dtype=torch.int32, device=driver.comm_device())
-    _t.all_reduce(flag, "max", group)
-    err, mx0, mx1, nmn0, nmn1 = flag.tolist()
+    flag = torch.tensor([int(problem is not None), f0, f1, -f0, -f1], dtype=torch.int32)
+    try:
+        plan = driver.plan("all_reduce", torch.int32, "max")  # a lossless widening where needed
+    except TypeError:  # PlanError: no integer MAX here; float64 holds these 31-bit values exactly
+        plan = driver.plan("all_reduce", torch.float64, "max")
+    flag = flag.to(device=driver.comm_device(), dtype=plan.comm_dtype)
+    _small.all_reduce_buffer(flag, plan.reduce_op or "max", group, ws, driver)
+    err, mx0, mx1, nmn0, nmn1 = (int(x) for x in flag.tolist())
     if err == 0 and mx0 == -nmn0 and mx1 == -nmn1:
         return
     text = ("ERROR " + problem) if problem is not None else repr([op, _describe(keys, data)])
@@ -284,7 +289,7 @@ def _stacked_call(
             cdev = layout.driver.comm_device()
             if flat.device != cdev:
                 flat = flat.to(cdev)
-    _all_reduce_buffer(flat, layout.reduce_name, group, ws, layout.driver)
+    _small.all_reduce_buffer(flat, layout.reduce_name, group, ws, layout.driver)
     if check and not flag.ok((flat[-1] if flat.dim() == 1 else flat[-1].reshape(-1)[-1]).item()):  # type: ignore[union-attr]
         return False
     if layout.divide:
@@ -357,45 +362,7 @@ def _pack(
 
 def _reduce(layout: _layouts.DictLayout, bufs: list[tuple[Tensor, Tensor]], group: Any, ws: int) -> None:
     for part, (_, wire) in zip(layout.parts, bufs):
-        _all_reduce_buffer(wire, part.plan.reduce_op or "sum", group, ws, layout.driver)
-
-
-def _bitwise(fn: Any) -> Any:
-    def reduce(gathered: Tensor, out: Tensor) -> None:
-        out.copy_(gathered[0])
-        for row in gathered[1:]:
-            fn(out, row, out=out)
-
-    return reduce
-
-
-#: Local reductions over the rows of an all_gather (dim 0), written into ``out`` in its own dtype.
-_LOCAL_REDUCE: dict[str, Any] = {
-    "sum": lambda g, out: torch.sum(g, 0, dtype=out.dtype, out=out),
-    "product": lambda g, out: torch.prod(g, 0, dtype=out.dtype, out=out),
-    "max": lambda g, out: torch.amax(g, 0, out=out),
-    "min": lambda g, out: torch.amin(g, 0, out=out),
-    "band": _bitwise(torch.bitwise_and),
-    "bor": _bitwise(torch.bitwise_or),
-    "bxor": _bitwise(torch.bitwise_xor),
-}
-
-
-def _all_reduce_buffer(buf: Tensor, reduce_op: str, group: Any, ws: int, driver: Any) -> None:
-    """All-reduce one contiguous buffer in place (one collective).
-
-    Small buffers on a driver with ``reduce_by_gather_max_bytes`` go as one
-    all_gather plus a local reduction: every rank reduces the same rows in the
-    same order, so every rank gets the same bits.
-    """
-    limit = driver.reduce_by_gather_max_bytes
-    local = _LOCAL_REDUCE.get(reduce_op) if limit else None
-    if local is not None and buf.numel() * buf.element_size() * ws <= limit:
-        gathered = torch.empty(ws * buf.numel(), dtype=buf.dtype, device=buf.device)
-        _compat.all_gather_into_tensor(gathered, buf.reshape(-1), group)
-        local(gathered.view(ws, *buf.shape), buf)
-    else:
-        torch_dist.all_reduce(buf, _t._NAME_TO_TORCH[reduce_op], group)
+        _small.all_reduce_buffer(wire, part.plan.reduce_op or "sum", group, ws, layout.driver)
 
 
 def _finish(
