@@ -2,7 +2,7 @@
 
 A *layout* is what decides the bytes on the wire: the reduce op, the sorted
 keys, each value's shape and dtype, and the driver. The first call with a
-layout is checked with one small all_reduce before the data moves (a wrong
+layout is checked with one small reduction before the data moves (a wrong
 length would crash or hang the data collective itself). Once every rank has
 agreed on a layout, every rank holds the same history of agreed layouts, so
 every rank makes the same *prediction* of the next call's layout:
