@@ -13,8 +13,9 @@ Usage::
 Cases: all_reduce 4 KiB / 1 MiB / 64 MiB, mean, all_gather (with and without
 the shape exchange), broadcast, all_reduce_dict of 20 metrics vs a
 hand-flattened torch all_reduce (plus the hand-flattened code against itself,
-the noise floor of a ratio here, and both with the collective stubbed out,
-the deterministic CPU cost), all_reduce_params on ResNet-50 shapes
+the noise floor of a ratio here; with a busy-wait as long as hwdist's extra
+CPU time, what that time alone does to the latency here; and both with the
+collective stubbed out, the deterministic CPU cost), all_reduce_params on ResNet-50 shapes
 (coalesced, bucketed, one by one) vs the flat-buffer limit, and the per-call
 overhead on a 1-element tensor (2 ranks, and a 1-rank group where the raw
 call is cheapest so the wrapper's own cost shows).
@@ -123,10 +124,13 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     for nbytes in (4 * KiB, MiB):
         t = torch.ones(nbytes // 4)
         iters, samples = _iters_for(nbytes, quick)
-        times = measure(
-            {"hw": lambda: hwdist.broadcast(t, 0), "raw": lambda: tdist.broadcast(t, 0)}, iters, samples
-        )
+        cases = {"hw": lambda: hwdist.broadcast(t, 0), "raw": lambda: tdist.broadcast(t, 0)}
+        if nbytes < MiB:
+            cases["raw_busy"] = _busy_first(5e-6, lambda: tdist.broadcast(t, 0))
+        times = measure(cases, iters, samples)
         rows.append(_row(f"broadcast {_size(nbytes)}", times, "hw", "raw"))
+        if nbytes < MiB:
+            rows.append(_row("control: raw broadcast 4 KiB with a 5 us busy-wait first", times, "raw_busy", "raw"))
 
     # ---- all_reduce_dict of 20 metrics ------------------------------------------------
     metrics = {f"metric_{i:02d}": torch.tensor(float(i + rank)) for i in range(20)}
@@ -149,6 +153,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
             "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
             "raw": raw_dict,
             "raw_again": raw_dict_again,
+            "raw_busy": _busy_first(12e-6, raw_dict),
         },
         iters,
         samples,
@@ -156,6 +161,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     rows.append(_row("all_reduce_dict 20 metrics (verify=True)", times, "hw", "raw"))
     rows.append(_row("all_reduce_dict 20 metrics (verify=False)", times, "hw_noverify", "raw"))
     rows.append(_row("control: hand-flattened vs itself (noise floor)", times, "raw_again", "raw"))
+    rows.append(_row("control: hand-flattened with a 12 us busy-wait first", times, "raw_busy", "raw"))
     rows.append(_dict_python_cost(metrics, raw_dict, ws, quick))
 
     # ---- all_reduce_params on ResNet-50 shapes ----------------------------------------------
@@ -187,6 +193,18 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     rows.append(row)
     return rows
+
+
+def _busy_first(seconds: float, fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` after spinning the CPU for ``seconds``: what a wrapper's own CPU time does to a latency."""
+
+    def call() -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            pass
+        fn()
+
+    return call
 
 
 def _dict_python_cost(metrics: dict, raw_dict: Callable[[], None], ws: int, quick: bool) -> dict[str, Any]:
