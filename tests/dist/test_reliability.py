@@ -101,6 +101,8 @@ def _verification_cases() -> dict[str, tuple[str, str]]:
             "all_reduce_dict shape": lambda: hwdist.all_reduce_dict({"a": torch.ones(_odd(rank, 2, 3))}, verify=False),
             "all_reduce_params": lambda: hwdist.all_reduce_params([torch.ones(3), torch.ones(_odd(rank, 2, 4))]),
             "broadcast_object_list src": lambda: hwdist.broadcast_object_list([rank], src=_odd(rank, 0, 1)),
+            # a non-source rank's bad data: only verification mode makes every rank raise (one broadcast otherwise)
+            "broadcast_object_list data": lambda: hwdist.broadcast_object_list("x" if rank == 1 else [rank], src=0),
             "collect_results size": lambda: hwdist.collect_results([rank], _odd(rank, ws, ws + 1)),
         }
         for name, case in cases.items():
@@ -140,6 +142,7 @@ def test_verification_mode_catches_mismatches_in_every_collective(dist, backend)
         "all_reduce_dict shape": _ranks("data['a']", "float32[2]@cpu", "float32[3]@cpu", ws),
         "all_reduce_params": _ranks("params[1]", "float32[2]@cpu", "float32[4]@cpu", ws),
         "broadcast_object_list src": _ranks("src", "0", "1", ws),
+        "broadcast_object_list data": _ranks("data_is_list", "True", "False", ws),
         "collect_results size": _ranks("size", str(ws), str(ws + 1), ws),
     }
     for rank, got in enumerate(per_rank):
