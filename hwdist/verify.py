@@ -148,28 +148,10 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
         raise CollectiveMismatch(_format_mismatch(op, everyone))
 
 
-_DIGEST_PLANS: dict[Any, Any] = {}
-
-
 def _digests_agree(words: list[int], group: Any, driver: Any, world: int) -> bool:
-    """One all_reduce MAX of ``words + [-w for w in words]``: every rank agrees iff max == min."""
-    plan = _DIGEST_PLANS.get(driver)
-    if plan is None:
-        try:
-            plan = driver.plan("all_reduce", torch.int32, "max")
-        except TypeError:  # PlanError: no integer MAX here; float64 holds 31-bit words exactly
-            plan = driver.plan("all_reduce", torch.float64, "max")
-        _DIGEST_PLANS[driver] = plan
-    buf = torch.tensor(words + [-w for w in words], dtype=torch.int32)
-    if plan.comm_dtype != torch.int32:  # a lossless widening (the driver never plans a lossy one)
-        buf = buf.to(plan.comm_dtype)
-    device = driver.comm_device()
-    if buf.device != device:
-        buf = buf.to(device)
-    _small.all_reduce_buffer(buf, plan.reduce_op or "max", group, world, driver)
-    got = buf.tolist()
-    n = len(words)
-    return all(got[i] == -got[n + i] for i in range(n))
+    """One small MAX of ``words`` and their negations: every rank agrees iff max == min."""
+    highest, lowest = _small.max_and_min(words, group, world, driver)
+    return highest == lowest
 
 
 def _all_gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any) -> None:

@@ -116,7 +116,6 @@ class DictLayout:
             p = plans[dt]
             gk = (str(p.comm_dtype), p.reduce_op or "", p.post.value, str(p.dtype) if p.view else "")
             groups.setdefault(gk if len(plans) > 1 else ("",), []).append(i)
-        self.stack = len(groups) == 1 and len(set(dtypes)) == 1 and len(set(shapes)) == 1
         parts = []
         for n, gk in enumerate(sorted(groups)):
             idx = tuple(groups[gk])
@@ -136,7 +135,13 @@ class DictLayout:
         first = parts[0].plan if parts else None
         # the cheap case: one buffer in the values' own dtype, every value of one non-empty shape;
         # the flag is then one more value-shaped row (so the buffer length is the same either way)
-        self.stack = bool(self.stack and first is not None and not first.cast and parts[0].layout.numels[0] > 0)
+        self.stack = bool(
+            len(parts) == 1
+            and len(set(dtypes)) == 1
+            and len(set(shapes)) == 1
+            and not parts[0].plan.cast
+            and parts[0].layout.numels[0] > 0
+        )
         if self.stack:
             parts[0].extra = parts[0].layout.numels[0]
         self.parts = parts

@@ -59,3 +59,27 @@ def all_reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, 
         local(gathered.view(world_size, *buf.shape), buf)
     else:
         torch_dist.all_reduce(buf, _TORCH_OPS[reduce_op], group)
+
+
+_MAX_PLANS: dict[Any, Any] = {}
+
+
+def max_and_min(values: list[int], group: Any, world_size: int, driver: Any) -> tuple[list[int], list[int]]:
+    """Element-wise max and min over the ranks of 31-bit ints: one small MAX of ``values`` and their negations.
+
+    Travels as int32, or as a lossless widening the driver plans, or as float64 (which holds 31-bit
+    values exactly) where the driver has no integer MAX.
+    """
+    plan = _MAX_PLANS.get(driver)
+    if plan is None:
+        try:
+            plan = driver.plan("all_reduce", torch.int32, "max")
+        except TypeError:  # PlanError: no integer MAX here
+            plan = driver.plan("all_reduce", torch.float64, "max")
+        _MAX_PLANS[driver] = plan
+    buf = torch.tensor(values + [-v for v in values], dtype=torch.int32)
+    buf = buf.to(device=driver.comm_device(), dtype=plan.comm_dtype)
+    all_reduce_buffer(buf, plan.reduce_op or "max", group, world_size, driver)
+    got = [int(x) for x in buf.tolist()]
+    n = len(values)
+    return got[:n], [-x for x in got[n:]]

@@ -46,7 +46,7 @@ _FINGERPRINTS: dict[tuple[Any, ...], tuple[int, int]] = {}
 
 def _layout_fingerprint(keys: list[Any], data: Any, op: Optional[str] = None) -> tuple[int, int]:
     """The fingerprint of keys, shapes, dtypes and op (cached: metric dicts repeat every step)."""
-    sig = (op, tuple(keys), tuple(data[k].shape for k in keys), tuple(data[k].dtype for k in keys))
+    sig = _layouts.signature(op, keys, [data[k] for k in keys])  # type: ignore[arg-type]
     found = _FINGERPRINTS.get(sig)
     if found is None:
         if len(_FINGERPRINTS) > 256:
@@ -59,21 +59,14 @@ def _layout_fingerprint(keys: list[Any], data: Any, op: Optional[str] = None) ->
 def _verify(
     keys: list[Any], data: Any, problem: Optional[str], group: Any, driver: Any, ws: int, op: Optional[str] = None
 ) -> None:
-    """One small MAX reduction of [error, f, -f] proves every rank holds the same dict layout (and op).
+    """One small max/min of [error, f] proves every rank holds the same dict layout (and op).
 
     On a mismatch every rank sees the same reduced values and raises; the
     descriptions are then exchanged (error path only) to name the difference.
     """
     f0, f1 = _layout_fingerprint(keys, data, op) if problem is None else (0, 0)
-    flag = torch.tensor([int(problem is not None), f0, f1, -f0, -f1], dtype=torch.int32)
-    try:
-        plan = driver.plan("all_reduce", torch.int32, "max")  # a lossless widening where needed
-    except TypeError:  # PlanError: no integer MAX here; float64 holds these 31-bit values exactly
-        plan = driver.plan("all_reduce", torch.float64, "max")
-    flag = flag.to(device=driver.comm_device(), dtype=plan.comm_dtype)
-    _small.all_reduce_buffer(flag, plan.reduce_op or "max", group, ws, driver)
-    err, mx0, mx1, nmn0, nmn1 = (int(x) for x in flag.tolist())
-    if err == 0 and mx0 == -nmn0 and mx1 == -nmn1:
+    highest, lowest = _small.max_and_min([int(problem is not None), f0, f1], group, ws, driver)
+    if highest[0] == 0 and highest[1:] == lowest[1:]:
         return
     text = ("ERROR " + problem) if problem is not None else repr([op, _describe(keys, data)])
     payload = torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8).to(driver.comm_device())
@@ -290,7 +283,7 @@ def _stacked_call(
             if flat.device != cdev:
                 flat = flat.to(cdev)
     _small.all_reduce_buffer(flat, layout.reduce_name, group, ws, layout.driver)
-    if check and not flag.ok((flat[-1] if flat.dim() == 1 else flat[-1].reshape(-1)[-1]).item()):  # type: ignore[union-attr]
+    if check and not flag.ok(_last_value(flat)):  # type: ignore[union-attr]
         return False
     if layout.divide:
         _t._divide(flat, ws)
@@ -313,11 +306,15 @@ def _predicted_call(
     match = sig == layout.sig and values[0].device.type == layout.device_type
     bufs, stacked = _pack(layout, values if match else None, layout.driver.comm_device(), flag.match if match else flag.mismatch)
     _reduce(layout, bufs, group, ws)
-    wire = bufs[0][1]
-    if not flag.ok((wire[-1] if wire.dim() == 1 else wire.reshape(-1)[-1]).item()):
+    if not flag.ok(_last_value(bufs[0][1])):
         return False
     _finish(layout, bufs, stacked, keys, values, data, ws)
     return True
+
+
+def _last_value(buf: Tensor) -> Any:
+    """The buffer's last element (where the flag ends up) as a Python number."""
+    return (buf[-1] if buf.dim() == 1 else buf.reshape(-1)[-1]).item()
 
 
 def _pack(
