@@ -29,6 +29,10 @@ class AcceleratorDriver(Driver):
     is asked about the device, never at ``import hwdist``.
     """
 
+    # One rank binds one device: NCCL refuses two ranks on one GPU at init ("Duplicate GPU
+    # detected", seen on an H100 with NCCL 2.28); the vendor libraries bind one device per rank too.
+    ranks_per_device = 1
+
     def _module(self) -> Any:
         if self.vendor_module is not None:
             importlib.import_module(self.vendor_module)

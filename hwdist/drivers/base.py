@@ -171,6 +171,8 @@ class Driver:
     avg_dtypes: ClassVar[frozenset[torch.dtype]] = _FLOATING
     #: Whether torch's own object collectives work on this backend.
     native_object_collectives: ClassVar[bool] = True
+    #: How many ranks of one job may share one device (None: any number).
+    ranks_per_device: ClassVar[Optional[int]] = None
     #: Whether ``async_op=True`` is supported.
     supports_async: ClassVar[bool] = True
     #: Tensors of at least this many bytes are reduced in place, not packed into a flat buffer (0: pack all).

@@ -169,6 +169,11 @@ class RankPool:
         self.pg_timeout = pg_timeout
         self.env = {**_loopback_env(), **(env or {})}
         self.broken = False
+        short = _too_few_devices(world_size, backend)
+        if short is not None:
+            if "pytest" in sys.modules:
+                _skip(short)
+            raise RankFailure(short)
         self._dir = tempfile.mkdtemp(prefix="hwdist-ranks-")  # private (0700)
         ctx = mp.get_context("spawn")
         self._conns: list[Any] = []
@@ -353,6 +358,29 @@ def _loopback_env() -> dict[str, str]:
         if name in names:
             return {"GLOO_SOCKET_IFNAME": name}
     return {}
+
+
+def _too_few_devices(world_size: int, backend: Optional[str]) -> Optional[str]:
+    """Why ``world_size`` local ranks cannot share this machine's devices on ``backend``, or None."""
+    if backend is None:
+        return None
+    from hwdist.registry import get_driver
+
+    try:
+        driver = get_driver(backend)
+    except Exception:  # an unknown backend is reported by the ranks' own start-up
+        return None
+    per = driver.ranks_per_device
+    if per is None or not driver.is_available():
+        return None
+    devices = driver.device_count()
+    if world_size <= per * devices:
+        return None
+    return (
+        f"backend '{driver.name}' runs at most {per} rank(s) per {driver.device_type} device:"
+        f" {world_size} local ranks need {-(-world_size // per)} device(s), {devices} visible."
+        f" HINT: start at most {per * devices} rank(s) on this machine, or use a CPU backend"
+    )
 
 
 def _exit_text(code: Optional[int]) -> str:

@@ -29,6 +29,8 @@ __all__ = ["MpiLocalPools", "main", "ENV_SUITE", "ENV_BACKEND"]
 
 #: Set to "1" in the ranks of an MPI suite run (tests that spawn processes skip on it).
 ENV_SUITE = "HWDIST_MPI_SUITE"
+#: Environment that lets Open MPI's mpiexec run as root (CI containers, GPU hosts); MPICH ignores it.
+MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 #: Backend the suite initialises (default 'mpi').
 ENV_BACKEND = "HWDIST_MPI_SUITE_BACKEND"
 

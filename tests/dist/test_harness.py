@@ -15,7 +15,7 @@ from hwdist.testing.pytest_plugin import backends, world_sizes
 
 
 def _rank_and_sum() -> tuple[int, int, float]:
-    t = torch.tensor([float(hwdist.get_rank() + 1)])
+    t = torch.tensor([float(hwdist.get_rank() + 1)], device=hwdist.get_comm_device())
     torch.distributed.all_reduce(t)
     return hwdist.get_rank(), hwdist.get_world_size(), t.item()
 
@@ -89,3 +89,24 @@ def test_pool_is_reused_and_refuses_work_after_a_failure():
             pool.run(_raise_on_rank1)
         with pytest.raises(RuntimeError, match="broken"):
             pool.run(os.getpid)
+
+
+class _OneDeviceDriver(hwdist.Driver):
+    """A CPU driver that, like NCCL, runs one rank per device and sees one device."""
+
+    device_type = "cpu"
+    ranks_per_device = 1
+    torch_backend = "gloo"
+
+
+def test_more_ranks_than_devices_is_a_skip_with_the_reason_before_any_spawn():
+    hwdist.register_backend("onedev", _OneDeviceDriver, override=True)
+    try:
+        with pytest.raises(pytest.skip.Exception, match=r"at most 1 rank\(s\) per cpu device: 2 local ranks need 2"):
+            RankPool(2, "onedev")
+        from hwdist.testing.harness import _too_few_devices
+
+        assert _too_few_devices(1, "onedev") is None
+        assert _too_few_devices(3, "gloo") is None  # gloo: any number of ranks share the CPU
+    finally:
+        hwdist.unregister_backend("onedev")

@@ -17,7 +17,7 @@ import torch.distributed as tdist
 import hwdist
 from hwdist.drivers.gloo import GlooDriver
 from hwdist.testing import RankPool, run_distributed
-from hwdist.testing.mpi_suite import ENV_SUITE
+from hwdist.testing.mpi_suite import ENV_SUITE, MPI_AS_ROOT
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "dist" / "launch_script.py"
@@ -67,7 +67,8 @@ def rank_init_dist_round_trip(store_file: str) -> dict:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_init_dist_env_and_reinit(world_size, tmp_path):
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    # HWDIST_DEVICE=cpu: the CPU choice on any machine (a GPU host would infer nccl, one rank per GPU).
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "HWDIST_DEVICE": "cpu"}
     results = run_distributed(
         rank_init_dist_round_trip, world_size, None, str(tmp_path / "store"), env=env, timeout=90
     )
@@ -197,6 +198,8 @@ def _check_script_results(out_dir: Path, world: int, per_node: int, launcher: st
 def _run(cmd: list[str], timeout: float = 120) -> None:
     env = {k: v for k, v in os.environ.items() if k not in TORCH_VARS and not k.startswith("SLURM_")}
     env["PYTHONPATH"] = str(ROOT)
+    env["HWDIST_DEVICE"] = "cpu"  # CPU ranks on any machine (a GPU host would infer nccl, one rank per GPU)
+    env.update(MPI_AS_ROOT)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
 
@@ -206,7 +209,7 @@ def test_torchrun_end_to_end(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          str(SCRIPT), str(tmp_path)]
     )  # fmt: skip
-    _check_script_results(tmp_path, 2, 2, "pytorch", hwdist.detect().backend)
+    _check_script_results(tmp_path, 2, 2, "pytorch", "gloo")
 
 
 @pytest.mark.mpi
@@ -220,4 +223,4 @@ def test_mpiexec_end_to_end_with_gloo(nprocs, tmp_path):
     if shutil.which("mpiexec") is None:
         pytest.skip("mpiexec is not on PATH")
     _run(["mpiexec", "-n", str(nprocs), sys.executable, str(SCRIPT), str(tmp_path)])
-    _check_script_results(tmp_path, nprocs, nprocs, "mpi", hwdist.detect().backend)
+    _check_script_results(tmp_path, nprocs, nprocs, "mpi", "gloo")

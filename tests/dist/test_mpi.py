@@ -20,7 +20,7 @@ import torch
 import torch.distributed as tdist
 
 import hwdist
-from hwdist.testing.mpi_suite import ENV_SUITE
+from hwdist.testing.mpi_suite import ENV_SUITE, MPI_AS_ROOT
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -248,7 +248,7 @@ def test_mpiexec_suite(nprocs):
     why = _mpi_missing()
     if why:
         pytest.skip(why)
-    env = {**os.environ, "MPIEXEC_TIMEOUT": "240", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "240", "PYTHONPATH": str(ROOT), **MPI_AS_ROOT}
     env.pop("HWDIST_TEST_BACKENDS", None)
     proc = subprocess.run(
         ["mpiexec", "-n", str(nprocs), sys.executable, "-m", "hwdist.testing.mpi_suite", "tests/dist", "-q", "-x"],
