@@ -171,12 +171,17 @@ _fp16_ok: Optional[bool] = None
 
 
 def _mpi_has_fp16() -> bool:
-    """Whether this MPI library reduces float16 (MPICH does, via MPIX_C_FLOAT16)."""
+    """Whether this MPI library reduces float16 (MPICH does, via MPIX_C_FLOAT16).
+
+    Probed by a real reduction on COMM_SELF: Open MPI 4.1 knows the type code ('e') but its
+    Allreduce raises MPI_ERR_TYPE (seen on a GPU host's Debian Open MPI 4.1.6).
+    """
     global _fp16_ok
     if _fp16_ok is None:
+        MPI = _mpi()
         try:
-            dt = _mpi().Datatype.fromcode("e")
-            _fp16_ok = dt != _mpi().DATATYPE_NULL
+            MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, np.ones(1, dtype=np.float16), op=MPI.SUM)
+            _fp16_ok = True
         except Exception:
             _fp16_ok = False
     return _fp16_ok
