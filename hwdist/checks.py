@@ -1,18 +1,18 @@
 """The checks ``hwdist check`` runs: every public collective, verified on real ranks.
 
 Each check is a function name from hwdist's public API and a dtype. The body
-runs on every rank of a :class:`hwdist.testing.RankPool`, builds each rank's
+runs on every rank of a [`hwdist.testing.RankPool`][hwdist.testing.harness.RankPool], builds each rank's
 input from its rank number, calls ``hwdist.<name>`` and compares the result
 with a value computed independently from the rank numbers (never with what
 another hwdist function returns). Where the backend's driver declares that no
-correct plan exists (``Driver.plan`` raises :class:`hwdist.PlanError`, e.g.
+correct plan exists (``Driver.plan`` raises [`hwdist.PlanError`][hwdist.drivers.base.PlanError], e.g.
 int64 reductions on the emulated accelerator), the check expects hwdist to
 refuse the call with an error on every rank, and counts that as a pass.
 
 A function that hwdist does not (yet) provide gives a "n/a" row, not a failure.
 
-The rank-side entry point is :func:`run_check`; :func:`run_checks` drives a
-pool of ranks from the parent process and yields one :class:`Row` per check.
+The rank-side entry point is [`run_check`][hwdist.checks.run_check]; [`run_checks`][hwdist.checks.run_checks] drives a
+pool of ranks from the parent process and yields one [`Row`][hwdist.checks.Row] per check.
 """
 
 from __future__ import annotations

@@ -379,7 +379,7 @@ def _parse_size(text: str) -> int:
 def parse_sizes(spec: str) -> list[int]:
     """Byte sizes from ``MIN:MAX[:FACTOR]`` (geometric, factor 2 by default) or ``A,B,C``.
 
-    Example:
+    Examples:
         >>> parse_sizes("1K:8K")
         [1024, 2048, 4096, 8192]
     """

@@ -23,7 +23,7 @@ ENV_DEVICE = "HWDIST_DEVICE"
 
 @dataclass(frozen=True)
 class Detection:
-    """The outcome of :func:`detect`.
+    """The outcome of [`detect`][hwdist.detect.detect].
 
     Attributes:
         device_type: device type computation runs on (cuda, npu, cpu, ...).
@@ -58,7 +58,7 @@ def detect() -> Detection:
     """Decide the device and backend for this process.
 
     Returns:
-        A :class:`Detection`. Environment overrides win over auto-detection;
+        A [`Detection`][hwdist.detect.Detection]. Environment overrides win over auto-detection;
         an override naming something unavailable raises.
 
     Raises:

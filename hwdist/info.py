@@ -161,15 +161,15 @@ def master_only(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-#: Alias of :func:`master_only` (vis4d / Lightning name).
 rank_zero_only = master_only
+"""Alias of [`master_only`][hwdist.info.master_only] (vis4d / Lightning name)."""
 
 
 def barrier(group: Optional[Any] = None) -> None:
     """Block until every rank of ``group`` arrives; no-op when not distributed.
 
     In verification mode a rank that meets another collective instead raises
-    :class:`hwdist.CollectiveMismatch` on every rank.
+    [`hwdist.CollectiveMismatch`][hwdist.verify.CollectiveMismatch] on every rank.
     """
     if not is_distributed():
         return

@@ -128,7 +128,7 @@ def register_backend(name: str, driver: Any = None, *, override: bool = False) -
 
     Args:
         name: the backend name users pass to ``init_dist`` (case-insensitive).
-        driver: a :class:`hwdist.Driver` instance or subclass. Omit it to use
+        driver: a [`hwdist.Driver`][hwdist.drivers.base.Driver] instance or subclass. Omit it to use
             ``register_backend`` as a decorator on a driver class.
         override: replace an existing registration instead of raising.
 
@@ -138,7 +138,7 @@ def register_backend(name: str, driver: Any = None, *, override: bool = False) -
     Raises:
         BackendError: duplicate name without ``override``, malformed driver.
 
-    Example:
+    Examples:
         >>> @hwdist.register_backend("mybackend")
         ... class MyDriver(hwdist.Driver):
         ...     device_type = "cpu"

@@ -1,26 +1,27 @@
 """Training-loop helpers: gradient, parameter, buffer and metric synchronisation.
 
-Data-parallel training without ``DistributedDataParallel``:
-
->>> sync = hwdist.GradientSynchronizer(model.parameters())  # collective: checks and broadcasts
->>> for x, y in loader:
-...     opt.zero_grad(set_to_none=True)
-...     loss_fn(model(x), y).backward()   # buckets are all-reduced while backward runs
-...     sync.wait()                       # every .grad now holds the mean over ranks
-...     opt.step()
-
 Everything here dispatches through the group's driver like the collectives
-(:func:`hwdist.all_reduce`, :func:`hwdist.broadcast`), packs many tensors with
-:mod:`hwdist.collectives.flat`, and validates its input so that a bad or
+([`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce], [`hwdist.broadcast`][hwdist.collectives.tensor.broadcast]), packs many tensors with
+[`hwdist.collectives.flat`][hwdist.collectives.flat], and validates its input so that a bad or
 mismatched argument raises on *every* rank (one tiny check collective) instead
 of leaving the others waiting. See docs/training.md.
 
-Helpers from the prior art: MegEngine (:class:`GradientSynchronizer`,
-:func:`bcast_list_`, :func:`synchronized`, :func:`check_fork_safe`), demucs'
-``distrib.py`` (:func:`sync_grad`, :func:`broadcast_tensors`,
-:func:`sync_buffer`, :func:`average_metrics`, ``rank``/``world_size``) and
-vis4d (:func:`synchronize`, :func:`is_module_wrapper`; ``rank_zero_only`` and
-``get_local_rank`` live in :mod:`hwdist.info`).
+Helpers from the prior art: MegEngine ([`GradientSynchronizer`][hwdist.training.GradientSynchronizer],
+[`bcast_list_`][hwdist.training.bcast_list_], [`synchronized`][hwdist.training.synchronized], [`check_fork_safe`][hwdist.training.check_fork_safe]), demucs'
+``distrib.py`` ([`sync_grad`][hwdist.training.sync_grad], [`broadcast_tensors`][hwdist.training.broadcast_tensors],
+[`sync_buffer`][hwdist.training.sync_buffer], [`average_metrics`][hwdist.training.average_metrics], ``rank``/``world_size``) and
+vis4d ([`synchronize`][hwdist.training.synchronize], [`is_module_wrapper`][hwdist.training.is_module_wrapper]; ``rank_zero_only`` and
+``get_local_rank`` live in [`hwdist.info`][hwdist.info]).
+
+Examples:
+    Data-parallel training without ``DistributedDataParallel``:
+
+    >>> sync = hwdist.GradientSynchronizer(model.parameters())  # collective: checks and broadcasts
+    >>> for x, y in loader:
+    ...     opt.zero_grad(set_to_none=True)
+    ...     loss_fn(model(x), y).backward()   # buckets are all-reduced while backward runs
+    ...     sync.wait()                       # every .grad now holds the mean over ranks
+    ...     opt.step()
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ _BROADCAST_BUCKET_BYTES = 32 * MiB
 _ERROR_CODES: dict[type, int] = {TypeError: 1, ValueError: 2}
 _CODE_ERRORS = {1: TypeError, 2: ValueError}
 
-#: Alias of :func:`hwdist.get_rank` (demucs' ``distrib.rank()``).
 rank = get_rank
-#: Alias of :func:`hwdist.get_world_size` (demucs' ``distrib.world_size()``).
+"""Alias of [`hwdist.get_rank`][hwdist.info.get_rank] (demucs' ``distrib.rank()``)."""
 world_size = get_world_size
+"""Alias of [`hwdist.get_world_size`][hwdist.info.get_world_size] (demucs' ``distrib.world_size()``)."""
 
 
 # ---------------------------------------------------------------------------
@@ -199,7 +200,7 @@ class GradientSynchronizer:
     A hook on every parameter (``Tensor.register_post_accumulate_grad_hook``)
     counts the gradients as backward produces them; as soon as a bucket is
     complete its gradients are copied into one flat buffer and all-reduced
-    *asynchronously* while backward goes on. :meth:`wait` (after backward)
+    *asynchronously* while backward goes on. [`wait`][hwdist.training.GradientSynchronizer.wait] (after backward)
     launches the buckets still open, waits for all of them and writes the
     results back into each ``.grad`` in its own dtype and device. A gradient
     that fills a bucket alone is reduced in place instead (no packing copy)
@@ -209,10 +210,10 @@ class GradientSynchronizer:
     Buckets are launched strictly in bucket order on every rank (a complete
     bucket waits for the ones before it), so the collectives match across
     ranks even when gradients arrive in another order. On torch without the
-    hook every bucket is launched by :meth:`wait` (no overlap, same result).
+    hook every bucket is launched by [`wait`][hwdist.training.GradientSynchronizer.wait] (no overlap, same result).
 
     Unused parameters: a parameter whose ``.grad`` is None on a rank counts
-    as zeros there. After :meth:`wait` it holds the reduced gradient if any
+    as zeros there. After [`wait`][hwdist.training.GradientSynchronizer.wait] it holds the reduced gradient if any
     rank produced one, and stays None if no rank did -- the same on every
     rank, so optimizers skip it everywhere. The mean divides by the world
     size (DDP's rule), not by the number of ranks that used the parameter.
@@ -225,12 +226,12 @@ class GradientSynchronizer:
     ``broadcast_from`` so every rank starts from the same weights (pass
     None to skip). Without a process group (or with one rank) it does
     nothing, so the same script runs in a single process. ``.grad`` values
-    are undefined between the end of backward and :meth:`wait`.
+    are undefined between the end of backward and [`wait`][hwdist.training.GradientSynchronizer.wait].
 
     Gradient accumulation: run the backward passes that must not
-    synchronise inside :meth:`no_sync`; the last one (outside) launches the
+    synchronise inside [`no_sync`][hwdist.training.GradientSynchronizer.no_sync]; the last one (outside) launches the
     buckets with the accumulated gradients. A second backward before
-    :meth:`wait` outside ``no_sync`` raises.
+    [`wait`][hwdist.training.GradientSynchronizer.wait] outside ``no_sync`` raises.
 
     Args:
         params: the parameters (e.g. ``model.parameters()``); those with
@@ -244,14 +245,14 @@ class GradientSynchronizer:
         broadcast_from: global rank whose parameters every rank copies at
             construction; None: no broadcast.
         overlap: launch buckets during backward (default); False launches
-            everything in :meth:`wait`.
+            everything in [`wait`][hwdist.training.GradientSynchronizer.wait].
 
     Raises:
         TypeError: an item of ``params`` is not a tensor (on every rank).
         ValueError: bad ``op``/``bucket_size_mb``/``broadcast_from``, or the
             ranks passed different parameters (on every rank).
 
-    Example:
+    Examples:
         >>> model = torch.nn.Linear(2, 1)
         >>> sync = hwdist.GradientSynchronizer(model.parameters())
         >>> model(torch.ones(1, 2) * (rank + 1)).sum().backward()
@@ -334,12 +335,12 @@ class GradientSynchronizer:
 
     @property
     def buckets(self) -> list[list[int]]:
-        """Each bucket's parameters as indices into :attr:`params`, in launch order."""
+        """Each bucket's parameters as indices into [`params`][hwdist.training.GradientSynchronizer.params], in launch order."""
         return [list(b.index) for b in self._buckets]
 
     @property
     def launched(self) -> int:
-        """Buckets launched so far in the current step (during backward or by :meth:`wait`)."""
+        """Buckets launched so far in the current step (during backward or by [`wait`][hwdist.training.GradientSynchronizer.wait])."""
         return self._next
 
     @property
@@ -373,7 +374,7 @@ class GradientSynchronizer:
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside this block only accumulate (nothing is launched).
 
-        Example:
+        Examples:
             >>> with sync.no_sync():
             ...     loss_a.backward()   # accumulates locally
             >>> loss_b.backward()       # launches buckets with the accumulated grads
@@ -386,7 +387,7 @@ class GradientSynchronizer:
             self._enabled = previous
 
     def close(self) -> None:
-        """Remove the hooks; :meth:`wait` still synchronises (after backward, no overlap)."""
+        """Remove the hooks; [`wait`][hwdist.training.GradientSynchronizer.wait] still synchronises (after backward, no overlap)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -396,7 +397,7 @@ class GradientSynchronizer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        """``with sync: loss.backward()`` calls :meth:`wait` on a clean exit."""
+        """``with sync: loss.backward()`` calls [`wait`][hwdist.training.GradientSynchronizer.wait] on a clean exit."""
         if exc_type is None:
             self.wait()
         else:
@@ -594,9 +595,9 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
     ``.grad`` of ``params`` gets the mean (or sum) over the ranks. One tiny
     check collective comes first (same parameters on every rank, and whether
     any rank lacks a gradient); unused parameters follow
-    :class:`GradientSynchronizer`'s rule (zeros where missing; still None
+    [`GradientSynchronizer`][hwdist.training.GradientSynchronizer]'s rule (zeros where missing; still None
     where no rank has a gradient). For many small parameters
-    :class:`GradientSynchronizer` is faster (buckets, overlap with backward).
+    [`GradientSynchronizer`][hwdist.training.GradientSynchronizer] is faster (buckets, overlap with backward).
     Non-distributed or a one-rank group: does nothing.
 
     Args:
@@ -608,7 +609,7 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
         TypeError: an item of ``params`` is not a tensor (on every rank).
         ValueError: bad ``op``, or the ranks passed different parameters (on every rank).
 
-    Example:
+    Examples:
         >>> w = torch.nn.Parameter(torch.zeros(2)); w.grad = torch.full((2,), rank + 1.0)
         >>> # rank 0: w.grad [1., 1.]   rank 1: w.grad [2., 2.]
         >>> hwdist.sync_grad([w])
@@ -708,7 +709,7 @@ def bcast_list_(tensors: Iterable[Tensor], src: int = 0, group: Optional[Any] = 
         TypeError: an item is not a tensor (on every rank).
         ValueError: bad ``src``, or the ranks' lists differ (on every rank).
 
-    Example:
+    Examples:
         >>> ts = [torch.full((2,), rank + 1.0), torch.tensor([rank])]
         >>> # rank 0: [1., 1.], [0]   rank 1: [2., 2.], [1]
         >>> hwdist.bcast_list_(ts, src=0)
@@ -730,7 +731,7 @@ def broadcast_tensors(tensors: Iterable[Tensor], src: int = 0, group: Optional[A
     before training): integer and bool tensors are skipped. Before any data
     moves, one tiny collective checks that every rank holds the same number
     of such tensors (and their shapes and dtypes), so a mismatch raises on
-    every rank instead of deadlocking. Same transport as :func:`bcast_list_`.
+    every rank instead of deadlocking. Same transport as [`bcast_list_`][hwdist.training.bcast_list_].
     Non-distributed: does nothing.
 
     Args:
@@ -742,7 +743,7 @@ def broadcast_tensors(tensors: Iterable[Tensor], src: int = 0, group: Optional[A
         TypeError: an item is not a tensor (on every rank).
         ValueError: bad ``src``, or the ranks' lists differ (on every rank).
 
-    Example:
+    Examples:
         >>> ts = [torch.tensor([rank + 0.5]), torch.tensor([rank])]
         >>> # rank 0: [0.5], [0]   rank 1: [1.5], [1]
         >>> hwdist.broadcast_tensors(ts)
@@ -777,7 +778,7 @@ def sync_buffer(buffers: Iterable[Tensor], average: bool = True, src: int = 0, g
         TypeError: an item is not a tensor (on every rank).
         ValueError: bad ``src``, or the ranks' buffers differ (on every rank).
 
-    Example:
+    Examples:
         >>> bufs = [torch.tensor([1.0 + rank])]
         >>> # rank 0: [1.]   rank 1: [2.]
         >>> hwdist.sync_buffer(bufs)                  # rank 0: [1.5]   rank 1: [1.5]
@@ -825,7 +826,7 @@ def average_metrics(metrics: Mapping[str, Any], count: float = 1.0, group: Optio
         TypeError: ``metrics`` is not a dict of numbers with str keys (on every rank).
         ValueError: ``count`` is negative or not finite, or the ranks' keys differ (on every rank).
 
-    Example:
+    Examples:
         >>> m = {"loss": 1.0 + rank}
         >>> # rank 0: {'loss': 1.0}, count 1   rank 1: {'loss': 2.0}, count 3
         >>> hwdist.average_metrics(m, count=1 + 2 * rank)
@@ -905,7 +906,7 @@ def synchronized(func: Optional[F] = None, *, group: Optional[Any] = None) -> An
     ``@synchronized(group=g)``. The barrier follows a normal return only (an
     exception propagates at once). Non-distributed: just runs the function.
 
-    Example:
+    Examples:
         >>> @hwdist.synchronized
         ... def save(path):
         ...     if hwdist.get_rank() == 0:
@@ -930,7 +931,7 @@ def synchronized(func: Optional[F] = None, *, group: Optional[Any] = None) -> An
 
 
 def synchronize(group: Optional[Any] = None) -> None:
-    """Block until every rank of ``group`` arrives (vis4d's name for :func:`hwdist.barrier`).
+    """Block until every rank of ``group`` arrives (vis4d's name for [`hwdist.barrier`][hwdist.info.barrier]).
 
     No-op when not distributed.
     """
@@ -955,7 +956,7 @@ def check_fork_safe(start_method: Optional[str] = None) -> None:
         RuntimeError: ``fork`` with an initialised device (the message says what to do).
         ValueError: an unknown ``start_method``.
 
-    Example:
+    Examples:
         >>> hwdist.check_fork_safe()          # fine before the first device call
         >>> hwdist.check_fork_safe("spawn")   # always fine
     """
@@ -998,7 +999,7 @@ def is_module_wrapper(module: Any, wrappers: Sequence[type] = ()) -> bool:
         module: anything (non-modules give False).
         wrappers: extra wrapper classes to recognise.
 
-    Example:
+    Examples:
         >>> hwdist.is_module_wrapper(torch.nn.DataParallel(torch.nn.Linear(1, 1)))
         True
         >>> hwdist.is_module_wrapper(torch.nn.Linear(1, 1))

@@ -1,10 +1,10 @@
 """Cross-rank verification mode: catch mismatched collectives before they hang.
 
-When on (``HWDIST_DEBUG=1`` in the environment, or :func:`verification` /
-:func:`set_verification` in code), every hwdist collective first exchanges a
+When on (``HWDIST_DEBUG=1`` in the environment, or [`verification`][hwdist.verify.verification] /
+[`set_verification`][hwdist.verify.set_verification] in code), every hwdist collective first exchanges a
 compact fingerprint of the call on every rank of the group: op name, call
 sequence number, shapes, dtypes, devices, dict keys, object-collective role.
-If the ranks disagree, every rank raises :class:`CollectiveMismatch` listing
+If the ranks disagree, every rank raises [`CollectiveMismatch`][hwdist.verify.CollectiveMismatch] listing
 each rank's value, e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
 instead of hanging or returning garbage.
 
@@ -79,7 +79,7 @@ def set_verification(enabled: bool) -> bool:
 def verification(enabled: bool = True) -> Iterator[None]:
     """Context manager: verification mode on (or off) inside the block, on every rank.
 
-    Example:
+    Examples:
         >>> with hwdist.verification():
         ...     hwdist.all_reduce(t)   # raises on every rank if shapes differ
     """

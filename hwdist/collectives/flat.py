@@ -3,16 +3,15 @@
 One collective on one flat buffer is much cheaper than one collective per
 tensor (latency is paid once). These helpers are public so that other code
 (metric dicts, parameter and gradient synchronisation) shares one
-implementation:
+implementation. No function here communicates or looks at a backend.
 
->>> flat, layout = flatten_tensors([torch.ones(2, 3), torch.zeros(4)])
->>> flat.shape, layout.offsets
-(torch.Size([10]), (0, 6))
->>> [t.shape for t in unflatten_tensors(flat, layout)]
-[torch.Size([2, 3]), torch.Size([4])]
->>> copy_from_flat(flat * 2, tensors, layout)   # write results back in place
-
-No function here communicates or looks at a backend.
+Examples:
+    >>> flat, layout = flatten_tensors([torch.ones(2, 3), torch.zeros(4)])
+    >>> flat.shape, layout.offsets
+    (torch.Size([10]), (0, 6))
+    >>> [t.shape for t in unflatten_tensors(flat, layout)]
+    [torch.Size([2, 3]), torch.Size([4])]
+    >>> copy_from_flat(flat * 2, tensors, layout)   # write results back in place
 """
 
 from __future__ import annotations
@@ -79,7 +78,7 @@ def flatten_tensors(
     Returns:
         ``(flat, layout)``; ``flat`` has ``layout.total`` elements.
 
-    Example:
+    Examples:
         >>> flat, layout = flatten_tensors([torch.tensor([1, 2]), torch.tensor([[3]])])
         >>> flat
         tensor([1, 2, 3])
@@ -120,7 +119,7 @@ def flatten_tensors(
 def unflatten_tensors(flat: Tensor, layout: FlatLayout) -> list[Tensor]:
     """Views of ``flat`` with the layout's shapes (``flat``'s dtype and device, no copy).
 
-    Example:
+    Examples:
         >>> flat, layout = flatten_tensors([torch.ones(2, 2), torch.ones(3)])
         >>> [t.shape for t in unflatten_tensors(flat, layout)]
         [torch.Size([2, 2]), torch.Size([3])]
@@ -154,7 +153,7 @@ def bucket_tensors(tensors: Iterable[Tensor], bucket_bytes: int = -1) -> list[li
     appearance. A tensor larger than ``bucket_bytes`` gets a bucket of its
     own. ``bucket_bytes <= 0``: one bucket per (dtype, device).
 
-    Example:
+    Examples:
         >>> bucket_tensors([torch.ones(2), torch.ones(2, dtype=torch.int64), torch.ones(3)])
         [[0, 2], [1]]
     """

@@ -3,7 +3,7 @@
 Every call resolves its driver with ``registry.resolve(group)`` and then takes
 one of two paths, the same on every rank:
 
-* **portable** (default): serialize once (:mod:`.serialization`), then one
+* **portable** (default): serialize once (`serialization`), then one
   fixed-size *record* exchange (an all_gather of 1 KiB per rank) that carries
   each rank's status, payload size and, for small payloads, the payload
   itself. If any rank failed to serialize or passed a bad argument, every
@@ -16,16 +16,16 @@ one of two paths, the same on every rank:
   driver's plan allows. Tensors inside received objects land on CPU or the
   ``map_location`` given.
 * **native**: torch's own ``all_gather_object`` & co. Used only when asked
-  (:func:`set_object_path` ``('native')``), when the driver declares
+  ([`set_object_path`][hwdist.collectives.objects.set_object_path] ``('native')``), when the driver declares
   ``native_object_collectives`` and the torch version has them
   (``_compat.HAS_OBJECT_COLLECTIVES``), and the call uses the default pickle
   serializer without ``map_location``; otherwise the portable path runs. The
   portable path is the default because it measured faster on every size
   (see ``docs/objects.md``).
 
-Verification mode (:mod:`hwdist.verify`): the record exchange checks the
+Verification mode ([`hwdist.verify`][hwdist.verify]): the record exchange checks the
 call's identity (which collective, its src/dst) in every mode, so those
-disagreements raise :class:`CollectiveArgumentError` on every rank even when
+disagreements raise [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] on every rank even when
 the mode is off (``broadcast_object_list``: only with the mode on). When the mode is on, each object collective also takes part
 in the mode's per-group digest exchange (op name, call number, src/dst) before
 its record exchange: a 1 KiB record exchange must never meet a tensor
@@ -494,7 +494,7 @@ def all_gather_object(
     Outside a process group (or in a group of one) returns ``[data]``, as
     mmengine does. Unlike torch's, tensors inside the objects land on CPU
     (or ``map_location``), and an unpicklable object on any rank makes every
-    rank raise :class:`SerializationError` naming that rank.
+    rank raise [`SerializationError`][hwdist.collectives.objects.SerializationError] naming that rank.
 
     Args:
         data: this rank's object.
@@ -502,13 +502,13 @@ def all_gather_object(
         rank_zero_return_only: vis4d semantics: gather to rank 0 of the group
             only; other ranks get None.
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: :func:`get_serializer`.
+        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
 
     Returns:
         ``[object of rank 0, object of rank 1, ...]`` (None off rank 0 with
         ``rank_zero_return_only``).
 
-    Example:
+    Examples:
         >>> hwdist.all_gather_object({"rank": hwdist.get_rank()})
         [{'rank': 0}, {'rank': 1}]   # rank 0
         [{'rank': 0}, {'rank': 1}]   # rank 1
@@ -573,12 +573,12 @@ def gather_object(
         dst: destination rank (global rank, as in torch and mmengine).
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: :func:`get_serializer`.
+        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
 
     Returns:
         On ``dst``: ``[object of rank 0, object of rank 1, ...]``; elsewhere None.
 
-    Example:
+    Examples:
         >>> hwdist.gather_object(hwdist.get_rank() * 10, dst=0)
         [0, 10, 20]   # rank 0
         None          # rank 1
@@ -643,7 +643,7 @@ def broadcast_object_list(
     else one more broadcast of the exact bytes). If ``src`` cannot serialize
     its list, or ``data`` is not a list there, every rank raises the same
     error naming ``src``. A non-list ``data`` on another rank raises
-    :class:`CollectiveArgumentError` on that rank after it took part (the
+    [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] on that rank after it took part (the
     others complete). Ranks that disagree on ``src`` are undefined, as in
     torch, unless verification mode is on (then every rank raises first).
 
@@ -652,9 +652,9 @@ def broadcast_object_list(
         src: source rank (global rank).
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: :func:`get_serializer`.
+        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
 
-    Example:
+    Examples:
         >>> data = ["foo", 12, {1: 2}] if hwdist.get_rank() == 0 else [None, None, None]
         >>> hwdist.broadcast_object_list(data)
         >>> data
@@ -720,7 +720,7 @@ def broadcast_object(
 ) -> Any:
     """Return ``src``'s ``obj`` on every rank (vis4d's ``broadcast(obj)``).
 
-    Example:
+    Examples:
         >>> hwdist.broadcast_object("hello" if hwdist.get_rank() == 0 else None)
         'hello'   # rank 0
         'hello'   # rank 1
@@ -749,9 +749,9 @@ def scatter_object_list(
         src: source rank (global rank).
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: :func:`get_serializer`.
+        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
 
-    Example:
+    Examples:
         >>> out = [None]
         >>> hwdist.scatter_object_list(out, ["a", "b"] if hwdist.get_rank() == 0 else None)
         >>> out

@@ -3,7 +3,7 @@
 Both functions pack their tensors into flat buffers (hwdist.collectives.flat),
 one per communication dtype, so a dict of twenty metrics or a whole model
 costs about one all_reduce. Dispatch goes through the group's driver exactly
-as in :mod:`hwdist.collectives.tensor`.
+as in [`hwdist.collectives.tensor`][hwdist.collectives.tensor].
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     travel together); mixed dtypes are never merged lossily (an int64 counter
     does not go through float32). Each key is replaced by its reduced tensor
     in the key's own dtype, shape and device (as in mmengine). Same ops and
-    mean rule as :func:`hwdist.all_reduce`.
+    mean rule as [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce].
 
     With ``verify=True`` (default) every rank checks that all ranks hold the
     same keys, shapes, dtypes and op; on a mismatch or a bad value on any
@@ -143,24 +143,25 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     rank's dict changed, the result is dropped and the checked path runs
     (three collectives on that call). See ``docs/collectives.md``.
     ``verify=False`` skips every check (mmengine's behaviour: a mismatch is
-    then undefined). In verification mode (:func:`hwdist.verification`,
+    then undefined). In verification mode ([`hwdist.verification`][hwdist.verify.verification],
     ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes,
     dtypes and ``op`` whatever ``verify`` says and replaces this check; a
-    mismatch raises :class:`hwdist.CollectiveMismatch` (a ValueError).
+    mismatch raises [`hwdist.CollectiveMismatch`][hwdist.verify.CollectiveMismatch] (a ValueError).
     ``verify`` must be the same on every rank.
 
     Non-distributed or a one-rank group: does nothing.
 
     Args:
         data: ``{key: Tensor}``, updated in place.
-        op: the reduce op. group: process group.
+        op: the reduce op.
+        group: process group.
         verify: check that every rank holds the same keys, shapes and dtypes.
 
     Raises:
         ValueError: unknown ``op``; the dicts differ across ranks (verify).
         TypeError: ``data`` is not a dict, or a value is not a tensor.
 
-    Example:
+    Examples:
         >>> data = {"loss": torch.tensor(1.0 + rank), "n": torch.tensor([2 * rank])}
         >>> # rank 0: {'loss': 1., 'n': [0]}   rank 1: {'loss': 2., 'n': [2]}
         >>> dist.all_reduce_dict(data)
@@ -247,7 +248,7 @@ def _stacked_call(
     ws: int,
     check: bool = True,
 ) -> bool:
-    """:func:`_predicted_call` for a layout of one dtype and one shape: one ``torch.stack``, flag row last.
+    """[`_predicted_call`][hwdist.collectives.params._predicted_call] for a layout of one dtype and one shape: one ``torch.stack``, flag row last.
 
     ``check=False`` (``verify=False``): returns False without communicating when this rank's dict
     does not fit ``layout``, and ignores the flag.
@@ -419,20 +420,21 @@ def all_reduce_params(
     everything on accelerators) are reduced in place, asynchronously,
     instead of being copied. Results are written back into the tensors (``.data``, so
     parameters that require grad work). ``coalesce=False`` runs one
-    :func:`hwdist.all_reduce` per tensor. Same ops, casts and mean rule as
-    :func:`hwdist.all_reduce`. Every rank must pass the same tensors (shapes,
+    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce] per tensor. Same ops, casts and mean rule as
+    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce]. Every rank must pass the same tensors (shapes,
     dtypes, order). Non-distributed or a one-rank group: does nothing.
 
     Args:
         params: a list or generator of tensors (e.g. ``model.parameters()``).
         coalesce: pack into flat buffers (default) or reduce one by one.
         bucket_size_mb: bucket limit in MiB; ``<= 0``: one bucket per dtype.
-        op: the reduce op. group: process group.
+        op: the reduce op.
+        group: process group.
 
     Raises:
         TypeError: an item of ``params`` is not a tensor (on every rank).
 
-    Example:
+    Examples:
         >>> params = [torch.tensor([1.0, 2.0]) + rank, torch.tensor([3.0]) + rank]
         >>> # rank 0: [1., 2.], [3.]   rank 1: [2., 3.], [4.]
         >>> dist.all_reduce_params(params)

@@ -9,7 +9,7 @@ Two transports:
 
 * over communication (``device='gpu'``, or ``device='cpu'`` without
   ``tmpdir``): every rank serializes its part once, in chunks of about
-  :data:`CHUNK_BYTES`; rank 0 receives and deserializes one chunk at a time,
+  `CHUNK_BYTES`; rank 0 receives and deserializes one chunk at a time,
   so it never holds more than one chunk of bytes besides the results.
 * through a directory (``device='cpu'`` with ``tmpdir``): first rank 0 writes
   a probe file with a random token and every rank checks it sees it, so a
@@ -355,7 +355,7 @@ def collect_results(
         tmpdir: a directory every rank sees; ``device='cpu'`` only.
         group: process group (default group if None); its rank 0 collects.
         map_location: device for tensors inside the results (default CPU).
-        serializer: default: :func:`hwdist.get_serializer`.
+        serializer: default: [`hwdist.get_serializer`][hwdist.collectives.serialization.get_serializer].
 
     Returns:
         The ordered results on rank 0, None elsewhere.
@@ -366,7 +366,7 @@ def collect_results(
             (raised on every rank, naming the rank, the item and its type).
         ObjectCollectiveError: ``tmpdir`` is not shared by all ranks, or writing failed.
 
-    Example:
+    Examples:
         >>> part = ["foo", {1: 2}] if hwdist.get_rank() == 0 else [24, {"a": "b"}]
         >>> hwdist.collect_results(part, size=4)
         ['foo', 24, {1: 2}, {'a': 'b'}]   # rank 0
@@ -397,9 +397,9 @@ def collect_results_cpu(
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
 ) -> Optional[list[Any]]:
-    """:func:`collect_results` with ``device='cpu'``: through ``tmpdir`` if given, else over communication.
+    """[`collect_results`][hwdist.collectives.results.collect_results] with ``device='cpu'``: through ``tmpdir`` if given, else over communication.
 
-    Example:
+    Examples:
         >>> hwdist.collect_results_cpu([hwdist.get_rank()] * 2, size=4, tmpdir="/shared/tmp")
         [0, 1, 0, 1]   # rank 0
         None           # rank 1
@@ -415,9 +415,9 @@ def collect_results_gpu(
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
 ) -> Optional[list[Any]]:
-    """:func:`collect_results` over communication on the backend's device (mmengine's gpu mode).
+    """[`collect_results`][hwdist.collectives.results.collect_results] over communication on the backend's device (mmengine's gpu mode).
 
-    Example:
+    Examples:
         >>> hwdist.collect_results_gpu([hwdist.get_rank()], size=2)
         [0, 1]   # rank 0
         None     # rank 1
@@ -440,7 +440,7 @@ def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, g
     Raises:
         ObjectCollectiveError: some rank cannot see the directory (raised on every rank).
 
-    Example:
+    Examples:
         >>> hwdist.create_tmpdir()
         '/tmp/hwdist-k2j3h4'   # rank 0
         '/tmp/hwdist-k2j3h4'   # rank 1

@@ -8,10 +8,10 @@ is 64-byte aligned, so a frame can travel as any byte-view dtype a driver
 asks for and tensors rebuilt from it need no copy.
 
 Tensors are rebuilt on the CPU (or a ``map_location``), never on the device
-they left. The serializer is pluggable (:class:`Serializer`); a restricted
-unpickler (:class:`RestrictedPickleSerializer`) refuses every global outside
+they left. The serializer is pluggable ([`Serializer`][hwdist.collectives.serialization.Serializer]); a restricted
+unpickler ([`RestrictedPickleSerializer`][hwdist.collectives.serialization.RestrictedPickleSerializer]) refuses every global outside
 an allow-list (safe builtins, numpy arrays, torch tensors, classes you
-register with :func:`register_safe_class`) for jobs that do not trust every
+register with [`register_safe_class`][hwdist.collectives.serialization.register_safe_class]) for jobs that do not trust every
 peer. See ``docs/objects.md`` for the trust model.
 """
 
@@ -114,8 +114,8 @@ def _reduce_ndarray(a: np.ndarray) -> Any:
 class Serializer:
     """Turns an object into a pickle-like stream plus out-of-band buffers and back.
 
-    Subclass and override :meth:`dumps` and :meth:`loads` to plug in another
-    format; install it with :func:`set_serializer` or :func:`use_serializer`,
+    Subclass and override [`dumps`][hwdist.collectives.serialization.PickleSerializer.dumps] and [`loads`][hwdist.collectives.serialization.PickleSerializer.loads] to plug in another
+    format; install it with [`set_serializer`][hwdist.collectives.serialization.set_serializer] or [`use_serializer`][hwdist.collectives.serialization.use_serializer],
     or pass ``serializer=`` to a collective. Every rank must use a compatible
     serializer.
     """
@@ -216,7 +216,7 @@ def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
     class's ``__setstate__``/``__new__`` and anything its reduce names will
     run on the receiving rank.
 
-    Example:
+    Examples:
         >>> @dataclasses.dataclass
         ... class Box:
         ...     x: int
@@ -250,10 +250,11 @@ class UnpicklingRefused(pickle.UnpicklingError):
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only allow-listed globals (see :func:`register_safe_class`).
+    """An unpickler that resolves only allow-listed globals (see [`register_safe_class`][hwdist.collectives.serialization.register_safe_class]).
 
     Args:
-        file: the stream. buffers: out-of-band buffers.
+        file: the stream.
+        buffers: out-of-band buffers.
         extra: more ``(module, name)`` pairs allowed for this unpickler only.
     """
 
@@ -282,12 +283,12 @@ def _allowed(module: str, name: str) -> bool:
 
 
 def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
-    """``pickle.loads`` through :class:`RestrictedUnpickler`."""
+    """``pickle.loads`` through [`RestrictedUnpickler`][hwdist.collectives.serialization.RestrictedUnpickler]."""
     return RestrictedUnpickler(io.BytesIO(data), buffers=buffers, extra=extra).load()
 
 
 class RestrictedPickleSerializer(PickleSerializer):
-    """:class:`PickleSerializer` whose loads refuse every global outside the allow-list.
+    """[`PickleSerializer`][hwdist.collectives.serialization.PickleSerializer] whose loads refuse every global outside the allow-list.
 
     Args:
         allow: more classes/functions/``'module.QualName'`` strings allowed by this serializer only.
@@ -348,8 +349,8 @@ def is_default_serializer(serializer: Optional[Serializer]) -> bool:
 class Frame:
     """One serialized object: header + stream + out-of-band buffers, 64-byte aligned.
 
-    ``nbytes`` is the frame length; :meth:`write_into` copies it into a byte
-    array (the one copy of the buffers); :meth:`to_numpy` allocates and fills one.
+    ``nbytes`` is the frame length; [`write_into`][hwdist.collectives.serialization.Frame.write_into] copies it into a byte
+    array (the one copy of the buffers); [`to_numpy`][hwdist.collectives.serialization.Frame.to_numpy] allocates and fills one.
     """
 
     __slots__ = ("stream", "buffers", "header", "nbytes", "_offsets")
@@ -415,7 +416,7 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
 
 
 def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
-    """Serialize ``obj`` once into a :class:`Frame`."""
+    """Serialize ``obj`` once into a [`Frame`][hwdist.collectives.serialization.Frame]."""
     stream, buffers = (serializer or _current).dumps(obj)
     return Frame(stream, buffers)
 
@@ -455,9 +456,9 @@ def object_to_tensor(obj: Any, device: Union[None, str, torch.device] = None, se
         obj: any object the serializer accepts.
         device: where the tensor goes; default: the communication device of
             the default group (CPU when not distributed).
-        serializer: default: the current one (:func:`get_serializer`).
+        serializer: default: the current one ([`get_serializer`][hwdist.collectives.serialization.get_serializer]).
 
-    Example:
+    Examples:
         >>> t = hwdist.object_to_tensor({"a": 1})      # tensor([...], dtype=torch.uint8)
         >>> hwdist.tensor_to_object(t)
         {'a': 1}
@@ -472,7 +473,7 @@ def object_to_tensor(obj: Any, device: Union[None, str, torch.device] = None, se
 
 
 def tensor_to_object(tensor: torch.Tensor, map_location: MapLocation = None, serializer: Optional[Serializer] = None) -> Any:
-    """The object in a tensor made by :func:`object_to_tensor` (the vis4d ``tensor2obj``).
+    """The object in a tensor made by [`object_to_tensor`][hwdist.collectives.serialization.object_to_tensor] (the vis4d ``tensor2obj``).
 
     Trailing padding is ignored; tensors inside land on CPU, or ``map_location``.
     """
@@ -485,7 +486,7 @@ def tensor_to_object(tensor: torch.Tensor, map_location: MapLocation = None, ser
     return decode(data, 0, serializer, map_location)
 
 
-#: vis4d name of :func:`object_to_tensor`.
 obj2tensor = object_to_tensor
-#: vis4d name of :func:`tensor_to_object`.
+"""vis4d name of [`object_to_tensor`][hwdist.collectives.serialization.object_to_tensor]."""
 tensor2obj = tensor_to_object
+"""vis4d name of [`tensor_to_object`][hwdist.collectives.serialization.tensor_to_object]."""

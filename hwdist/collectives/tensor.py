@@ -8,13 +8,13 @@ Every function follows the same path (see docs/collectives.md):
 2. ``driver = registry.resolve(group, data.device)`` and
    ``plan = driver.plan(op, dtype, reduce_op)``: the driver's capability table
    decides between pass-through, a lossless cast, a byte view, an emulation
-   with another op, or a :class:`hwdist.PlanError`.
+   with another op, or a [`hwdist.PlanError`][hwdist.drivers.base.PlanError].
 3. The data is moved to ``driver.comm_device()`` and ``plan.comm_dtype`` only
    when needed (no copy when the tensor is already right).
 4. The torch.distributed call(s), then ``plan.post`` (mean = SUM / n), then a
    copy back into the caller's tensor in its own dtype and device.
 
-In verification mode (:mod:`hwdist.verify`) every collective except
+In verification mode ([`hwdist.verify`][hwdist.verify]) every collective except
 send/recv first checks that every rank makes the same call.
 
 No function here looks at a backend name. ``src``/``dst`` are global ranks, as
@@ -393,7 +393,7 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
 
     Dtypes the backend cannot reduce are widened losslessly (bf16 -> fp32,
     bool -> uint8 with SUM -> MAX, ...); when no lossless plan exists
-    (e.g. int64 on a backend without it) :class:`hwdist.PlanError` is raised
+    (e.g. int64 on a backend without it) [`hwdist.PlanError`][hwdist.drivers.base.PlanError] is raised
     on every rank before any communication. Non-distributed: does nothing.
 
     Args:
@@ -402,17 +402,18 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
             when needed).
         op: the reduce op.
         group: process group (default group if None).
-        async_op: return a :class:`CollectiveHandle` whose ``wait()`` also
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle] whose ``wait()`` also
             finishes the copy back (torch's ``Work`` on pure pass-through).
 
     Returns:
         None, or a handle when ``async_op`` is True.
 
     Raises:
-        ValueError: unknown ``op``. TypeError: ``data`` is not a tensor.
+        ValueError: unknown ``op``.
+        TypeError: ``data`` is not a tensor.
         hwdist.PlanError: no correct plan for this dtype/op on this backend.
 
-    Example:
+    Examples:
         >>> data = torch.arange(2) + 1 + 2 * rank
         >>> # rank 0: tensor([1, 2])   rank 1: tensor([3, 4])
         >>> dist.all_reduce(data)
@@ -465,7 +466,7 @@ def reduce(
 ) -> Any:
     """Reduce ``data`` across ranks into rank ``dst``'s tensor, in place.
 
-    Same ops, casts and mean rule as :func:`all_reduce`. Backends without a
+    Same ops, casts and mean rule as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without a
     native reduce get it as an all_reduce (the driver's plan says so). On
     ranks other than ``dst``, ``data`` is unspecified afterwards (torch's
     rule; hwdist leaves it unchanged when a cast was needed).
@@ -474,12 +475,14 @@ def reduce(
     Args:
         data: input everywhere; the result on ``dst``.
         dst: global rank that receives the result.
-        op: the reduce op. group: process group. async_op: return a handle.
+        op: the reduce op.
+        group: process group.
+        async_op: return a handle.
 
     Raises:
         ValueError: unknown ``op`` or ``dst`` out of range (on every rank).
 
-    Example:
+    Examples:
         >>> data = torch.tensor([1.0 + rank])
         >>> # rank 0: tensor([1.])   rank 1: tensor([2.])
         >>> dist.reduce(data, dst=0)
@@ -657,12 +660,12 @@ def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = 
         data: this rank's tensor.
         group: process group (default group if None).
         same_shape: promise that every rank's ``data`` has the same shape.
-        async_op: return a :class:`CollectiveHandle`; ``wait()`` returns the list.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()`` returns the list.
 
     Returns:
         ``list[Tensor]`` in rank order, in ``data``'s dtype and device.
 
-    Example:
+    Examples:
         >>> data = torch.arange(rank + 1)
         >>> # rank 0: tensor([0])   rank 1: tensor([0, 1])
         >>> dist.all_gather(data)
@@ -688,7 +691,7 @@ def gather(
 ) -> Any:
     """Gather ``data`` from every rank into a list on rank ``dst``.
 
-    Shapes may differ across ranks (see :func:`all_gather` for the cost and
+    Shapes may differ across ranks (see [`all_gather`][hwdist.collectives.tensor.all_gather] for the cost and
     ``same_shape``). Backends without a native gather (the driver's plan
     says so) run it as an all_gather, keeping the result on ``dst`` only.
     The data is always the comm-ready (moved/cast) tensor.
@@ -696,9 +699,11 @@ def gather(
     Non-distributed or a one-rank group: returns ``[data]``.
 
     Args:
-        data: this rank's tensor. dst: global rank that receives the list.
-        group: process group. same_shape: skip the shape exchange.
-        async_op: return a :class:`CollectiveHandle`; ``wait()`` returns the list.
+        data: this rank's tensor.
+        dst: global rank that receives the list.
+        group: process group.
+        same_shape: skip the shape exchange.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()`` returns the list.
 
     Returns:
         On ``dst``: ``list[Tensor]`` in rank order; on other ranks: ``[]``.
@@ -706,7 +711,7 @@ def gather(
     Raises:
         ValueError: ``dst`` out of range (on every rank).
 
-    Example:
+    Examples:
         >>> data = torch.tensor([rank])
         >>> # rank 0: tensor([0])   rank 1: tensor([1])
         >>> dist.gather(data, dst=0)
@@ -732,7 +737,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
         and this rank's flattened tensor padded to ``max(numels)``.
         Non-distributed: ``([tensor.numel()], tensor.reshape(-1))``.
 
-    Example:
+    Examples:
         >>> t = torch.ones(rank + 1, dtype=torch.uint8)
         >>> # rank 0: tensor([1])   rank 1: tensor([1, 1])
         >>> dist.pad_to_largest_tensor(t)
@@ -766,13 +771,14 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
 
     Args:
         data: sent from ``src``, overwritten elsewhere.
-        src: global rank to broadcast from. group: process group.
+        src: global rank to broadcast from.
+        group: process group.
         async_op: return a handle whose ``wait()`` also copies back.
 
     Raises:
         ValueError: ``src`` out of range (on every rank).
 
-    Example:
+    Examples:
         >>> data = torch.arange(2) + 1 + 2 * rank
         >>> # rank 0: tensor([1, 2])   rank 1: tensor([3, 4])
         >>> dist.broadcast(data, src=0)
@@ -828,7 +834,8 @@ def scatter(
     Args:
         data: output on every rank (same shape on every rank).
         scatter_list: on ``src``, one tensor per rank of the group; ignored elsewhere.
-        src: global rank that scatters. group: process group.
+        src: global rank that scatters.
+        group: process group.
         async_op: return a handle whose ``wait()`` also copies back.
 
     Raises:
@@ -836,7 +843,7 @@ def scatter(
             ``src`` (every rank, after the collective).
         TypeError: non-tensor ``data`` or ``scatter_list`` items (every rank).
 
-    Example:
+    Examples:
         >>> data = torch.zeros(2)
         >>> lst = [torch.full((2,), float(i)) for i in range(2)] if rank == 0 else None
         >>> dist.scatter(data, lst, src=0)
@@ -920,7 +927,7 @@ def reduce_scatter(
     ``input_list`` is a list of one tensor per rank (each of ``output``'s
     shape and dtype), or one tensor holding them concatenated along dim 0
     (torch's ``reduce_scatter_tensor`` layout). Same ops, casts and mean rule
-    as :func:`all_reduce`. Backends without reduce_scatter get it as an
+    as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without reduce_scatter get it as an
     all_reduce of the whole input followed by a slice (world-size times the
     traffic; the driver's plan says when). ``input_list`` is not modified.
 
@@ -931,7 +938,7 @@ def reduce_scatter(
             (on every rank, before any communication).
         TypeError: non-tensor inputs (on every rank).
 
-    Example:
+    Examples:
         >>> out = torch.zeros(1)
         >>> inp = [torch.tensor([1.0 + rank]), torch.tensor([10.0 * (1 + rank)])]
         >>> # rank 0: [1.], [10.]   rank 1: [2.], [20.]
@@ -1010,7 +1017,7 @@ def all_to_all(
 
     Non-distributed: ``output_list[0]`` gets ``input_list[0]``.
 
-    Example:
+    Examples:
         >>> inp = [torch.tensor([10 * rank + j]) for j in range(2)]
         >>> # rank 0: [0], [1]   rank 1: [10], [11]
         >>> out = [torch.empty(1, dtype=torch.int64) for _ in range(2)]
@@ -1128,7 +1135,7 @@ def _p2p_setup(fn: str, data: Tensor, peer: Optional[int], argname: str, group: 
 def send(data: Tensor, dst: int, group: Optional[Any] = None, tag: int = 0) -> None:
     """Send ``data`` to rank ``dst`` (blocking), through the driver's dtype/device plan.
 
-    Example:
+    Examples:
         >>> if rank == 0: dist.send(torch.tensor([7]), dst=1)
         >>> if rank == 1: t = torch.empty(1, dtype=torch.int64); dist.recv(t, src=0)  # t: tensor([7])
     """
@@ -1139,7 +1146,7 @@ def send(data: Tensor, dst: int, group: Optional[Any] = None, tag: int = 0) -> N
 def recv(data: Tensor, src: Optional[int] = None, group: Optional[Any] = None, tag: int = 0) -> int:
     """Receive into ``data`` from rank ``src`` (any rank if None); returns the sender's rank.
 
-    Example:
+    Examples:
         >>> t = torch.empty(1, dtype=torch.int64)
         >>> dist.recv(t, src=0)   # rank 1: returns 0, t holds what rank 0 sent
     """
@@ -1166,7 +1173,7 @@ def isend(data: Tensor, dst: int, group: Optional[Any] = None, tag: int = 0) -> 
 def irecv(data: Tensor, src: Optional[int] = None, group: Optional[Any] = None, tag: int = 0) -> CollectiveHandle:
     """Start receiving into ``data``; the handle's ``wait()`` copies back and returns the sender rank.
 
-    Example:
+    Examples:
         >>> h = dist.irecv(t, src=0); ...; sender = h.wait()
     """
     driver, plan, buf, aliased = _p2p_setup("irecv", data, src, "src", group)
@@ -1196,7 +1203,7 @@ def sync_random_seed(group: Optional[Any] = None) -> int:
     Travels as an int32 on the driver's comm device. Non-distributed: a
     fresh random int in ``[0, 2**31)``.
 
-    Example:
+    Examples:
         >>> dist.sync_random_seed()
         >>> # rank 0: 587791752   rank 1: 587791752
     """
@@ -1215,9 +1222,9 @@ def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     """The mean of ``tensor`` over the ranks, as a new tensor (the input is unchanged).
 
     vis4d's helper; integer tensors get the floor of the mean (see
-    :func:`all_reduce`). Non-distributed: returns ``tensor`` itself.
+    [`all_reduce`][hwdist.collectives.tensor.all_reduce]). Non-distributed: returns ``tensor`` itself.
 
-    Example:
+    Examples:
         >>> dist.reduce_mean(torch.tensor([1.0 + rank]))
         >>> # rank 0: tensor([1.5000])   rank 1: tensor([1.5000])
     """

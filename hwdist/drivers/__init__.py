@@ -31,8 +31,8 @@ LEGACY_BACKENDS = {
     "tcp": "the 'tcp' backend was removed from torch in 1.0; use 'gloo' for CPU tensors",
 }
 
-#: Integer ids of torch<=0.4's ``dist_backend`` enum -> backend names (0, TCP, is gone).
 LEGACY_BACKEND_IDS: dict[int, str] = {1: MpiDriver.name, 2: GlooDriver.name, 3: NcclDriver.name}
+"""Integer ids of torch<=0.4's ``dist_backend`` enum -> backend names (0, TCP, is gone)."""
 LEGACY_TCP_ID = 0
 
 #: The driver that runs when nothing else is available.

@@ -2,7 +2,7 @@
 
 Stock PyPI torch is built without MPI, so ``backend='mpi'`` cannot reach
 torch's own ``ProcessGroupMPI``. This module provides the replacement that the
-MPI driver registers with torch under :data:`hwdist.drivers.mpi.PY_MPI_BACKEND`
+MPI driver registers with torch under [`hwdist.drivers.mpi.PY_MPI_BACKEND`][hwdist.drivers.mpi.PY_MPI_BACKEND]
 (the name ``'mpi'`` is reserved by torch).
 
 Design:
@@ -26,7 +26,7 @@ Design:
   before calling torch.
 * **Work.** Collectives run to completion before returning (blocking MPI
   calls; mpi4py releases the GIL while they run), and return a completed
-  :class:`MpiWork` whose ``get_future()`` is already done, which is what
+  [`MpiWork`][hwdist.drivers._mpi_pg.MpiWork] whose ``get_future()`` is already done, which is what
   DDP's communication hooks need. Point-to-point ops are non-blocking
   (``Isend``/``Irecv``); their work completes in ``wait()``.
 """

@@ -2,7 +2,7 @@
 
 A driver is small and declarative. Its capability table (class attributes)
 says which collective ops, reduce ops and dtypes the backend's library really
-supports; :meth:`Driver.plan` turns that table into a :class:`Plan` for one
+supports; [`Driver.plan`][hwdist.drivers.base.Driver.plan] turns that table into a [`Plan`][hwdist.drivers.base.Plan] for one
 call (pass through, lossless cast, byte view, emulation, or a clear error).
 Collectives never look at a backend name: they ask the driver for a plan.
 """

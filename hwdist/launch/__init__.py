@@ -1,7 +1,7 @@
 """Process-group start-up: launcher resolvers, init_dist and local groups.
 
 One resolver per launcher (``torchrun.py``, ``slurm.py``, ``mpi.py``), kept
-in a registry like the backends (:func:`register_launcher`).
+in a registry like the backends ([`register_launcher`][hwdist.launch.resolvers.register_launcher]).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``init_backend`` is the one place a process group is created: it binds the
 device by LOCAL rank, registers custom backends with torch in this process,
 and passes ``device_id`` where torch supports it. ``init_dist`` reads the
-launcher's environment (:mod:`hwdist.launch.resolvers`) and calls it, then
+launcher's environment ([`hwdist.launch.resolvers`][hwdist.launch.resolvers]) and calls it, then
 creates the per-node local groups; ``init_local_group`` does the latter
 explicitly (mmengine's signature, correct for several nodes).
 """
@@ -56,7 +56,8 @@ def init_backend(
 
     Args:
         backend: a registered backend name, used as named (never replaced).
-        rank: global rank. world_size: number of ranks.
+        rank: global rank.
+        world_size: number of ranks.
         local_rank: rank on this node; the device is bound by it.
         init_method: torch init method (``env://``, ``tcp://``, ``file://``).
         store: a torch Store instead of ``init_method``.
@@ -142,12 +143,12 @@ def init_dist(
     LOCAL rank before the group exists, and creates the per-node local groups.
 
     Args:
-        launcher: ``'auto'`` (:func:`infer_launcher`), ``'pytorch'`` (torchrun),
+        launcher: ``'auto'`` ([`infer_launcher`][hwdist.launch.resolvers.infer_launcher]), ``'pytorch'`` (torchrun),
             ``'slurm'``, ``'mpi'``, ``'none'`` (no process group), or a
-            launcher registered with :func:`register_launcher`.
+            launcher registered with [`register_launcher`][hwdist.launch.resolvers.register_launcher].
         backend: a backend name, used as named (never replaced by an
             accelerator's); a legacy integer id (``1`` mpi, ``2`` gloo,
-            ``3`` nccl); or None for what :func:`hwdist.detect` chooses.
+            ``3`` nccl); or None for what [`hwdist.detect`][hwdist.detect] chooses.
         timeout: seconds (or a timedelta) for rendezvous and collectives.
         **kwargs: ``local_group`` (default True: create the local groups),
             ``port`` (rendezvous port; wins over ``MASTER_PORT``, as in
@@ -156,7 +157,7 @@ def init_dist(
             ``store``, ``pg_options``, ...).
 
     Returns:
-        The :class:`LaunchInfo` (rank, local rank, node, backend), or None
+        The [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] (rank, local rank, node, backend), or None
         for ``launcher='none'``.
 
     Raises:
@@ -164,7 +165,7 @@ def init_dist(
         hwdist.LauncherError: unknown launcher, or its environment is incomplete.
         RuntimeError: a default process group already exists.
 
-    Example:
+    Examples:
         >>> # torchrun --nproc-per-node 2 train.py
         >>> info = hwdist.init_dist()            # launcher and backend inferred
         >>> info.rank, info.local_rank, info.backend
@@ -303,7 +304,7 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
         RuntimeError: not distributed (call ``init_dist`` first).
         ValueError: the layout does not fit the world (raised on every rank).
 
-    Example:
+    Examples:
         >>> # 2 nodes x 2 ranks; on node 1:
         >>> g = hwdist.init_local_group(node_rank=1, num_gpus_per_node=2)
         >>> hwdist.get_local_rank(), hwdist.get_local_size()

@@ -1,16 +1,16 @@
 """Launcher resolvers: what a launcher told this process, read from its environment.
 
-A :class:`Launcher` knows how to recognise its environment (``detect``) and
-how to turn it into a :class:`LaunchInfo` (``resolve``): global rank, world
+A [`Launcher`][hwdist.launch.resolvers.Launcher] knows how to recognise its environment (``detect``) and
+how to turn it into a [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] (``resolve``): global rank, world
 size, local rank, node and rendezvous address. Resolvers are pure: they read
 a mapping (``os.environ`` by default) and never write it; ``init_dist``
-exports the result with :meth:`LaunchInfo.exports`, which never overwrites a
+exports the result with [`LaunchInfo.exports`][hwdist.launch.resolvers.LaunchInfo.exports], which never overwrites a
 variable the user already set.
 
 Launchers are registered like backends: the built-in ones (``pytorch``,
 ``mpi``, ``slurm``, ``none``) at import, third-party ones with
-:func:`register_launcher` or the ``hwdist.launchers`` entry-point group.
-:func:`infer_launcher` tries them in ``priority`` order.
+[`register_launcher`][hwdist.launch.resolvers.register_launcher] or the ``hwdist.launchers`` entry-point group.
+[`infer_launcher`][hwdist.launch.resolvers.infer_launcher] tries them in ``priority`` order.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def env_int(env: Mapping[str, str], *names: str, what: str = "") -> Optional[int
 
 
 def require_int(env: Mapping[str, str], launcher: str, *names: str) -> int:
-    """Like :func:`env_int` but raises a clear error naming the variables when unset."""
+    """Like [`env_int`][hwdist.launch.resolvers.env_int] but raises a clear error naming the variables when unset."""
     value = env_int(env, *names)
     if value is None:
         raise LauncherError(
@@ -160,7 +160,7 @@ class Launcher:
         return False
 
     def resolve(self, env: Mapping[str, str]) -> LaunchInfo:
-        """The :class:`LaunchInfo` for ``env`` (pure: reads, never writes)."""
+        """The [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] for ``env`` (pure: reads, never writes)."""
         raise NotImplementedError
 
     def rendezvous(self, info: LaunchInfo, timeout: Any) -> Optional[Any]:
@@ -212,13 +212,13 @@ def register_launcher(name: str, launcher: Any = None, *, override: bool = False
 
     Args:
         name: the name users pass to ``init_dist(launcher=...)``.
-        launcher: a :class:`Launcher` instance or subclass (omit for decorator use).
+        launcher: a [`Launcher`][hwdist.launch.resolvers.Launcher] instance or subclass (omit for decorator use).
         override: replace an existing registration instead of raising.
 
     Raises:
         LauncherError: duplicate name without ``override``, malformed launcher.
 
-    Example:
+    Examples:
         >>> @hwdist.register_launcher("mycluster")
         ... class MyCluster(hwdist.Launcher):
         ...     priority = 25

@@ -111,7 +111,7 @@ class SlurmLauncher(Launcher):
 
     Args:
         hostnames: how to expand a node list; default ``scontrol show
-            hostnames`` with :func:`expand_hostlist` as the fallback. Tests
+            hostnames`` with [`expand_hostlist`][hwdist.launch.slurm.expand_hostlist] as the fallback. Tests
             inject a fake here.
     """
 

@@ -22,6 +22,7 @@ from ..registry import _drivers, register_backend
 __all__ = ["EmulatedDriver", "EmulatedProcessGroup", "EMULATED_BACKEND", "register_emulated"]
 
 EMULATED_BACKEND = "emu"
+"""Backend name of the emulated accelerator (registered by ``import hwdist.testing``)."""
 
 _REDOP_NAMES = {
     dist.ReduceOp.SUM: "sum",
@@ -54,7 +55,7 @@ class EmulatedDriver(Driver):
 
 
 class EmulatedProcessGroup(dist.ProcessGroup):
-    """A gloo process group that rejects what :class:`EmulatedDriver` declares unsupported."""
+    """A gloo process group that rejects what [`EmulatedDriver`][hwdist.testing.emulated.EmulatedDriver] declares unsupported."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any) -> None:
         super().__init__(rank, size)

@@ -3,14 +3,14 @@
 * Ranks are spawned processes joined through a private (0700) file store
   (no ports to choose); Gloo's pair sockets are kept on the loopback
   interface (``GLOO_SOCKET_IFNAME``, unless set by the user).
-* A :class:`RankPool` keeps its ranks and their process group alive between
+* A [`RankPool`][hwdist.testing.harness.RankPool] keeps its ranks and their process group alive between
   calls, so hundreds of checks cost one spawn per (world size, backend).
 * Every call has a hard timeout; the process group gets its own timeout too.
 * The first failure ends the call: the other ranks get a short grace period
   to report, then their stacks are dumped (faulthandler) and they are killed.
   The report puts the root cause first: a rank that died, then a rank that
   raised first, then the others, then hung ranks with their stacks.
-* ``pytest.skip`` inside a rank (or :class:`RankSkip`) skips the test.
+* ``pytest.skip`` inside a rank (or [`RankSkip`][hwdist.testing.harness.RankSkip]) skips the test.
 
 Functions and arguments travel by pickle, so the function must be importable
 (module level). Results come back pickled (tensors included).
@@ -41,10 +41,10 @@ __all__ = [
     "DEFAULT_PG_TIMEOUT",
 ]
 
-#: Hard limit for one call on all ranks, in seconds.
 DEFAULT_TIMEOUT = float(os.environ.get("HWDIST_TEST_TIMEOUT", "120"))
-#: Timeout handed to the process group (collectives, rendezvous), in seconds.
+"""Hard limit for one call on all ranks, in seconds."""
 DEFAULT_PG_TIMEOUT = float(os.environ.get("HWDIST_TEST_PG_TIMEOUT", "30"))
+"""Timeout handed to the process group (collectives, rendezvous), in seconds."""
 #: How long the other ranks may take to report once one rank failed.
 FAILURE_GRACE = 1.5
 
@@ -147,7 +147,7 @@ class RankPool:
         pg_timeout: process-group timeout, in seconds.
         env: extra environment variables for the ranks.
 
-    Example:
+    Examples:
         >>> with RankPool(2, "gloo") as pool:
         ...     pool.run(check_all_reduce)   # -> [rank0_result, rank1_result]
     """

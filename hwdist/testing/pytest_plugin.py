@@ -52,7 +52,7 @@ def backends() -> list[str]:
 
 
 class PoolCache:
-    """Live :class:`RankPool` objects keyed by (world size, backend), LRU-bounded."""
+    """Live [`RankPool`][hwdist.testing.harness.RankPool] objects keyed by (world size, backend), LRU-bounded."""
 
     def __init__(self, max_pools: int = 4) -> None:
         self.max_pools = max_pools
