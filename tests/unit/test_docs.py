@@ -215,3 +215,46 @@ def test_readme_tour_runs():
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == "[[{'rank': 0}, {'rank': 1}], [{'rank': 0}, {'rank': 1}]]"
     assert "comm_dtype=torch.float32, view=False, reduce_op='sum'" in proc.stdout
+
+
+def _table_cells(row: str) -> int:
+    """Cells in one Markdown table row (pipes inside backticks or escaped do not split)."""
+    row = row.strip()
+    row = row[1:] if row.startswith("|") else row
+    row = row[:-1] if row.endswith("|") and not row.endswith("\\|") else row
+    count, in_code, i = 1, False, 0
+    while i < len(row):
+        if row[i] == "\\":
+            i += 2
+            continue
+        if row[i] == "`":
+            in_code = not in_code
+        elif row[i] == "|" and not in_code:
+            count += 1
+        i += 1
+    return count
+
+
+def test_every_table_row_has_as_many_cells_as_its_header():
+    bad = []
+    for page in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
+        header, in_fence = None, False
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_fence, header = not in_fence, None
+                continue
+            if in_fence or not line.lstrip().startswith("|"):
+                header = None
+                continue
+            if header is None:
+                header = _table_cells(line)
+            elif not re.match(r"^\s*\|?\s*:?-{3,}", line) and _table_cells(line) != header:
+                bad.append(f"{page.name}:{n}: {_table_cells(line)} cells under a {header}-cell header")
+    assert bad == []
+
+
+def test_the_table_check_counts_cells_like_markdown():
+    assert _table_cells("| a | b |") == 2
+    assert _table_cells("| `a | b` | c |") == 2
+    assert _table_cells(r"| a \| b | c |") == 2
+    assert _table_cells("| a | b | c |") == 3
