@@ -70,6 +70,10 @@ all_gather_into_tensor = _pick("all_gather_single", "all_gather_into_tensor", "_
 reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
 
 
+# torch.distributed.is_xccl_available (Intel XPU's oneCCL backend) exists from torch 2.7; XPU
+# wheels ship XCCL from 2.8. None before 2.7. Drop when torch>=2.7 is the floor.
+is_xccl_available = _pick("is_xccl_available")
+
 def register_torch_backend(name: str, factory: Callable[..., Any], devices: list[str]) -> None:
     """Register a process-group creator with torch (``devices=`` where supported)."""
     if REGISTER_BACKEND_HAS_DEVICES:

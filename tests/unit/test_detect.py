@@ -21,12 +21,17 @@ from hwdist.detect import ENV_BACKEND, ENV_DEVICE
 
 
 class FakeDeviceModule:
-    """Stands in for torch.npu / torch.mlu / torch.cuda."""
+    """Stands in for torch.npu / torch.mlu / torch.cuda.
+
+    Its methods are exactly the device API hwdist uses, with torch_npu's signatures:
+    tests/unit/test_vendor_contract.py checks them against the real torch_npu wheel.
+    """
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.current = 0
         self.bound: list[int] = []
+        self.synced = 0
 
     def is_available(self) -> bool:
         return self.count > 0
@@ -34,12 +39,18 @@ class FakeDeviceModule:
     def device_count(self) -> int:
         return self.count
 
-    def set_device(self, index: int) -> None:
-        self.bound.append(index)
-        self.current = index
+    def set_device(self, device: int) -> None:
+        self.bound.append(device)
+        self.current = device
 
     def current_device(self) -> int:
         return self.current
+
+    def is_initialized(self) -> bool:
+        return bool(self.bound)
+
+    def synchronize(self, device: object = None) -> None:
+        self.synced += 1
 
 
 def fake_vendor(monkeypatch, module_name: str, device_type: str, count: int) -> FakeDeviceModule:
