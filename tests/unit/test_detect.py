@@ -112,7 +112,8 @@ def test_device_bound_by_local_rank_modulo_count():
         "assert dev.bound == [1], dev.bound\n"
         "assert drv.current_device() == torch.device('npu', 1)\n"
         "assert drv.comm_device() == torch.device('npu', 1)\n"
-        "assert drv.device_id(2) == torch.device('npu', 2)\n"
+        "from hwdist import _compat  # torch 2.3-2.4 take only a CUDA device_id: hwdist passes none there\n"
+        "assert drv.device_id(2) == (torch.device('npu', 2) if _compat.init_accepts_device_id('npu') else None)\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
