@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -52,8 +53,8 @@ def _cache_dir() -> Path:
 
 def _pip_commands() -> list[list[str]]:
     cmds = [[sys.executable, "-m", "pip"]]  # a venv made by uv has no pip: fall back to one on PATH
-    cmds += [[found] for found in (shutil.which("pip3"), shutil.which("pip")) if found]
-    return cmds
+    found = {os.path.realpath(p): p for p in (shutil.which("pip3"), shutil.which("pip")) if p}
+    return cmds + [[p] for p in found.values()]
 
 
 def _sha256(path: Path) -> str:
@@ -67,16 +68,21 @@ def _sha256(path: Path) -> str:
 def _download(cache: Path) -> tuple[Optional[Path], str]:
     cache.mkdir(parents=True, exist_ok=True)
     errors = []
+    deadline = time.monotonic() + DOWNLOAD_TIMEOUT_S  # for all attempts together
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         for pip in _pip_commands():
+            left = deadline - time.monotonic()
+            if left < 5:
+                errors.append(f"gave up after {DOWNLOAD_TIMEOUT_S} s")
+                break
             cmd = pip + [
                 "download", "--no-deps", "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64",
                 "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-                "--disable-pip-version-check", "--progress-bar", "off", "-q", "-d", tmp,
-                f"torch-npu=={NPU_VERSION}",
+                "--disable-pip-version-check", "--progress-bar", "off", "--timeout", "20", "--retries", "2",
+                "-q", "-d", tmp, f"torch-npu=={NPU_VERSION}",
             ]
             try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
             except (OSError, subprocess.TimeoutExpired) as exc:
                 errors.append(f"{' '.join(pip)}: {exc}")
                 continue
@@ -85,7 +91,7 @@ def _download(cache: Path) -> tuple[Optional[Path], str]:
                 os.replace(got, cache / NPU_WHEEL)  # atomic: a concurrent run sees all or nothing
                 return cache / NPU_WHEEL, ""
             errors.append(f"{' '.join(pip)} exited {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}")
-    return None, "; ".join(errors) or "no pip found"
+    return None, "; ".join(dict.fromkeys(errors)) or "no pip found"
 
 
 @functools.lru_cache(maxsize=None)
