@@ -26,7 +26,7 @@ import time
 import types
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 import torch
@@ -191,11 +191,13 @@ def _shape(sig: inspect.Signature) -> list[tuple[str, Any, bool]]:
 
 
 @pytest.fixture(scope="module")
-def wheel() -> Wheel:
+def wheel() -> Iterator[Wheel]:
     path, why = _wheel_path()
     if path is None:
         pytest.skip(why)
-    return Wheel(path)
+    whl = Wheel(path)
+    yield whl
+    whl.zip.close()
 
 
 @pytest.fixture(scope="module")
