@@ -6,7 +6,11 @@ in hwdist looks at ``torch.__version__`` or probes torch for features.
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
+import textwrap
+import types
 from typing import Any, Callable, Optional
 
 import torch
@@ -39,6 +43,31 @@ HAS_OBJECT_COLLECTIVES: bool = DIST_AVAILABLE and hasattr(_dist, "all_gather_obj
 # init_process_group(device_id=...) binds eagerly; torch>=2.3. Drop when torch>=2.3 is the floor.
 INIT_HAS_DEVICE_ID: bool = DIST_AVAILABLE and _has_param(_dist.init_process_group, "device_id")
 
+
+@functools.lru_cache(maxsize=None)
+def init_accepts_device_id(device_type: str) -> bool:
+    """Whether ``init_process_group(device_id=<device_type>:0)`` passes torch's own check.
+
+    torch 2.3-2.4 take only CUDA devices there (measured: 2.4.1 refuses, 2.8.0 takes any
+    accelerator). torch's check is read from its source and evaluated once per device type.
+    Drop when torch>=2.8 is the floor.
+    """
+    if not INIT_HAS_DEVICE_ID:
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(_dist.distributed_c10d._new_process_group_helper)))
+    except (AttributeError, OSError, TypeError, SyntaxError):
+        return True
+    probe = types.SimpleNamespace(type=device_type, index=0)
+    for node in ast.walk(tree):
+        names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)} if isinstance(node, ast.If) else set()
+        if names == {"device_id"} and any(isinstance(s, ast.Raise) for s in node.body):
+            try:
+                return not eval(compile(ast.Expression(node.test), "<torch>", "eval"), {}, {"device_id": probe})
+            except Exception:  # an unexpected check: let torch itself decide
+                return True
+    return True
+
 # Backend.register_backend(devices=...) maps a custom backend to device types; torch>=2.2.
 # Drop when torch>=2.2 is the floor.
 REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(
@@ -69,6 +98,10 @@ all_gather_into_tensor = _pick("all_gather_single", "all_gather_into_tensor", "_
 # Drop the fallbacks when torch>=2.13 is the floor.
 reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
 
+
+# torch.distributed.is_xccl_available (Intel XPU's oneCCL backend) exists from torch 2.7; XPU
+# wheels ship XCCL from 2.8. None before 2.7. Drop when torch>=2.7 is the floor.
+is_xccl_available = _pick("is_xccl_available")
 
 def register_torch_backend(name: str, factory: Callable[..., Any], devices: list[str]) -> None:
     """Register a process-group creator with torch (``devices=`` where supported)."""

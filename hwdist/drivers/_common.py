@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 
+from .. import _compat
 from .base import Driver
 
 
@@ -86,4 +87,6 @@ class AcceleratorDriver(Driver):
     def device_id(self, local_rank: int) -> Optional[torch.device]:
         """The ``device_id`` passed to init_process_group (binds eagerly)."""
         count = self.device_count()
-        return torch.device(self.device_type, local_rank % count) if count else None
+        if not count or not _compat.init_accepts_device_id(self.device_type):
+            return None  # torch 2.3-2.4 refuse a non-CUDA device_id
+        return torch.device(self.device_type, local_rank % count)

@@ -1,15 +1,16 @@
 """CNCL: Cambricon MLUs through torch_mlu (imported lazily).
 
-Capabilities follow Cambricon's CNCL documentation; not run on MLU hardware by
-this project (see docs/hardware.md).
+The capability table is read from torch_mlu's source; every entry names its source in
+:mod:`hwdist.drivers._vendor_caps` (and docs/hardware.md). Not run on MLU hardware by
+this project.
 """
 
 from __future__ import annotations
 
-import torch
-
 from ._common import AcceleratorDriver
-from .base import ALL_OPS
+from ._vendor_caps import table
+
+_CAPS = table("cncl")
 
 
 class CnclDriver(AcceleratorDriver):
@@ -20,18 +21,8 @@ class CnclDriver(AcceleratorDriver):
     priority = 40
     description = "Cambricon CNCL (MLUs, needs torch_mlu)"
     vendor_module = "torch_mlu"
-    native_ops = ALL_OPS - {"gather", "scatter"}
-    reduce_ops = frozenset({"sum", "product", "min", "max"})
-    dtypes = frozenset(
-        {
-            torch.float16,
-            torch.bfloat16,
-            torch.float32,
-            torch.int8,
-            torch.uint8,
-            torch.int16,
-            torch.int32,
-            torch.bool,
-        }
-    )
+    native_ops = _CAPS.native_ops
+    reduce_ops = _CAPS.reduce_ops
+    dtypes = _CAPS.dtypes
+    reduce_dtypes = _CAPS.reduce_dtypes
     native_object_collectives = False

@@ -1,15 +1,16 @@
 """HCCL: Huawei Ascend NPUs through torch_npu (imported lazily).
 
-The capability table follows torch_npu's documentation for HCCL; it has not
-been run on Ascend hardware by this project (see docs/hardware.md).
+The capability table is read from torch_npu's source and its 2.14.0 wheel; every entry
+names its source in :mod:`hwdist.drivers._vendor_caps` (and docs/hardware.md). It has not
+been run on Ascend hardware by this project.
 """
 
 from __future__ import annotations
 
-import torch
-
 from ._common import AcceleratorDriver
-from .base import ALL_OPS
+from ._vendor_caps import table
+
+_CAPS = table("hccl")
 
 
 class HcclDriver(AcceleratorDriver):
@@ -21,21 +22,11 @@ class HcclDriver(AcceleratorDriver):
     priority = 50
     description = "Huawei HCCL (Ascend NPUs, needs torch_npu)"
     vendor_module = "torch_npu"
-    # mmengine emulates gather on HCCL with all_gather; do the same.
-    native_ops = ALL_OPS - {"gather"}
-    reduce_ops = frozenset({"sum", "product", "min", "max"})
-    dtypes = frozenset(
-        {
-            torch.float16,
-            torch.bfloat16,
-            torch.float32,
-            torch.int8,
-            torch.uint8,
-            torch.int16,
-            torch.int32,
-            torch.int64,
-            torch.bool,
-        }
-    )
-    # torch's object collectives move bytes on the wrong device for HCCL.
+    # gather runs as all_gather (as torch_npu itself does), scatter as broadcast (older
+    # torch_npu releases lack it); reductions refuse uint8/bool/float64 (widened by hwdist).
+    native_ops = _CAPS.native_ops
+    reduce_ops = _CAPS.reduce_ops
+    dtypes = _CAPS.dtypes
+    reduce_dtypes = _CAPS.reduce_dtypes
+    # torch_npu replaces torch's gather_object; hwdist's portable object path is the same everywhere.
     native_object_collectives = False

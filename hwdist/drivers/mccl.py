@@ -1,8 +1,15 @@
-"""MCCL: Moore Threads GPUs through torch_musa (imported lazily); not run here."""
+"""MCCL: Moore Threads GPUs through torch_musa (imported lazily); not run here.
+
+The capability table is read from torch_musa's source; every entry names its source in
+:mod:`hwdist.drivers._vendor_caps` (and docs/hardware.md).
+"""
 
 from __future__ import annotations
 
 from ._common import AcceleratorDriver
+from ._vendor_caps import table
+
+_CAPS = table("mccl")
 
 
 class McclDriver(AcceleratorDriver):
@@ -13,5 +20,8 @@ class McclDriver(AcceleratorDriver):
     priority = 35
     description = "Moore Threads MCCL (MUSA GPUs, needs torch_musa)"
     vendor_module = "torch_musa"
-    reduce_ops = frozenset({"sum", "product", "min", "max"})
+    native_ops = _CAPS.native_ops
+    reduce_ops = _CAPS.reduce_ops
+    dtypes = _CAPS.dtypes
+    reduce_dtypes = _CAPS.reduce_dtypes
     native_object_collectives = False
