@@ -9,6 +9,8 @@ as in :mod:`hwdist.collectives.tensor`.
 from __future__ import annotations
 
 import hashlib
+import math
+from collections import Counter
 from collections.abc import MutableMapping
 from typing import Any, Iterable, Optional
 
@@ -20,7 +22,7 @@ from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
 from . import _layouts, _small
 from . import tensor as _t
-from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors
+from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 
 __all__ = ["all_reduce_dict", "all_reduce_params"]
 
@@ -401,6 +403,16 @@ def _finish(
             data[keys[i]] = piece
 
 
+MiB = 1024 * 1024
+
+
+def _mib(value: Any, argname: str, fn: str) -> int:
+    """A size in MiB as bytes (``<= 0`` -> -1); TypeError for anything but a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise TypeError(f"{fn}: {argname} must be a number of MiB, got {value!r}")
+    return int(value * MiB) if value > 0 else -1
+
+
 def all_reduce_params(
     params: Iterable[Tensor],
     coalesce: bool = True,
@@ -451,6 +463,7 @@ def all_reduce_params(
             bucket_size_mb=bucket_size_mb,
         )
     rop = _t.normalize_reduce_op(op)
+    bucket_bytes = _mib(bucket_size_mb, "bucket_size_mb", "all_reduce_params")
     tensors: list[Tensor] = []
     for i, p in enumerate(items):
         if not isinstance(p, torch.Tensor):
@@ -458,6 +471,8 @@ def all_reduce_params(
         tensors.append(p.data)
     if not torch_dist.is_initialized() or not tensors:
         return
+    # a tensor given twice (or tied weights from state_dict().values()) is reduced once
+    tensors = unique_tensors(tensors, same_memory=True)
     ws = torch_dist.get_world_size(group)
     if ws == 1:
         return
@@ -469,9 +484,14 @@ def all_reduce_params(
     cdev = driver.comm_device()
     # Big tensors go as they are (asynchronously) where the driver says packing costs more than it saves.
     limit = int(getattr(driver, "pack_max_bytes", 0) or 0)
-    direct = [t for t in tensors if limit > 0 and t.numel() * t.element_size() >= limit]
-    packed = [t for t in tensors if not (limit > 0 and t.numel() * t.element_size() >= limit)]
-    bucket_bytes = int(bucket_size_mb * 1024 * 1024) if bucket_size_mb > 0 else -1
+    big = [limit > 0 and t.numel() * t.element_size() >= limit for t in tensors]
+    if any(big) and len(tensors) > 1:
+        # in place only over memory no other tensor views: overlapping in-place reductions count twice,
+        # while packing reads every value before any result is written back
+        counts = Counter((t.device, t.untyped_storage().data_ptr()) for t in tensors)
+        big = [b and counts[(t.device, t.untyped_storage().data_ptr())] == 1 for b, t in zip(big, tensors)]
+    direct = [t for t, b in zip(tensors, big) if b]
+    packed = [t for t, b in zip(tensors, big) if not b]
     buckets = bucket_tensors(packed, bucket_bytes)
     plans = [driver.plan("all_reduce", packed[b[0]].dtype, rop) for b in buckets]
     for t in direct:  # errors before any communication

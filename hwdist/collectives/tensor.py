@@ -24,6 +24,7 @@ in torch.distributed.
 from __future__ import annotations
 
 import math
+import numbers
 import zlib
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -83,6 +84,8 @@ _NAME_TO_TORCH: dict[str, Any] = {
     "bor": _R.BOR,
     "bxor": _R.BXOR,
 }
+#: What a ReduceOp given as a value may be: ``ReduceOp`` or its ``RedOpType`` (``ReduceOp.SUM``).
+_TORCH_OP_TYPES = (_R, type(_R.SUM))
 if hasattr(_R, "PREMUL_SUM"):
     _NAME_TO_TORCH["premul_sum"] = _R.PREMUL_SUM
 
@@ -106,22 +109,19 @@ def normalize_reduce_op(op: ReduceOpLike, argname: str = "op") -> str:
                 _STR_OPS[op] = name  # remember this spelling
         if name is not None:
             return name
-    else:
-        try:
-            name = _TORCH_TO_NAME.get(op)
-        except TypeError:  # unhashable
-            name = None
+    elif isinstance(op, _TORCH_OP_TYPES):  # not a bare int: RedOpType hashes and compares equal to its value
+        name = _TORCH_TO_NAME.get(op)
         if name is None:  # a ReduceOp instance wrapping a RedOpType
-            try:
-                name = _TORCH_TO_NAME.get(getattr(op, "op", None))
-            except TypeError:
-                name = None
+            inner = getattr(op, "op", None)
+            name = _TORCH_TO_NAME.get(inner) if isinstance(inner, _TORCH_OP_TYPES) else None
         if name is not None:
             return name
     raise ValueError(
         f"{argname} must be one of {', '.join(repr(n) for n in REDUCE_OP_NAMES)}"
         f" (case-insensitive) or a torch.distributed.ReduceOp with one of those meanings;"
         f" got {op!r}"
+        + (" (a plain number is not a ReduceOp: pass the name or the torch.distributed.ReduceOp member)"
+           if isinstance(op, numbers.Number) else "")
     )
 
 
@@ -149,15 +149,18 @@ def _group_ranks(group: Any) -> Optional[list[int]]:
     return list(torch_dist.get_process_group_ranks(group))
 
 
-def _check_rank(value: Any, argname: str, fn: str, group: Any, ws: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_rank(value: Any, argname: str, fn: str, group: Any, ws: int) -> int:
+    """``value`` as a plain int global rank of ``group`` (numpy integers accepted, as the object collectives do)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{fn}: {argname} must be an int rank, got {type(value).__name__}: {value!r}")
+    value = int(value)
     ranks = _group_ranks(group)
     if ranks is None:
         if not 0 <= value < ws:
             raise ValueError(f"{fn}: {argname} must be a rank in 0..{ws - 1} (world size {ws}), got {value}")
     elif value not in ranks:
         raise ValueError(f"{fn}: {argname} must be a global rank of the group {ranks}, got {value}")
+    return value
 
 
 def _group_index(group: Any, global_rank: int) -> int:
@@ -486,13 +489,13 @@ def reduce(
         >>> # rank 0: tensor([3.])   rank 1: (unspecified)
     """
     if _verify._enabled:
-        _verify_call("reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op), dst=repr(dst))
+        _verify_call("reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op), dst=_verify.rank_field(dst))
     rop = normalize_reduce_op(op)
     _check_tensor(data, "data", "reduce")
     if not _is_initialized():
         return _done(async_op)
     ws = torch_dist.get_world_size(group)
-    _check_rank(dst, "dst", "reduce", group, ws)
+    dst = _check_rank(dst, "dst", "reduce", group, ws)
     driver = registry.resolve(group, data.device)
     plan = driver.plan("reduce", data.dtype, rop)
     cdev = _comm_dev(driver, data)
@@ -584,7 +587,7 @@ def _gather_common(
     """all_gather (dst None) or gather to ``dst``, with uneven shapes."""
     ws = torch_dist.get_world_size(group)
     if dst is not None:
-        _check_rank(dst, "dst", fn, group, ws)
+        dst = _check_rank(dst, "dst", fn, group, ws)
     if ws == 1:
         return _done(async_op, [data])
     driver = registry.resolve(group, data.device)
@@ -714,10 +717,12 @@ def gather(
     """
     if _verify._enabled:
         desc = _verify.describe_tensor(data) if same_shape else _verify.describe_dtype(data)
-        _verify_call("gather", group, data, data=desc, same_shape=bool(same_shape), dst=repr(dst))
+        _verify_call("gather", group, data, data=desc, same_shape=bool(same_shape), dst=_verify.rank_field(dst))
     _check_tensor(data, "data", "gather")
     if not _is_initialized():
         return _done(async_op, [data])
+    # before anything else: dst=None would otherwise pass for an all_gather on this rank
+    dst = _check_rank(dst, "dst", "gather", group, torch_dist.get_world_size(group))
     return _gather_common("gather", data, group, dst, same_shape, async_op)
 
 
@@ -779,12 +784,12 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
         >>> # rank 0: tensor([1, 2])   rank 1: tensor([1, 2])
     """
     if _verify._enabled:
-        _verify_call("broadcast", group, data, data=_verify.describe_tensor(data), src=repr(src))
+        _verify_call("broadcast", group, data, data=_verify.describe_tensor(data), src=_verify.rank_field(src))
     _check_tensor(data, "data", "broadcast")
     if not _is_initialized():
         return _done(async_op)
     ws = torch_dist.get_world_size(group)
-    _check_rank(src, "src", "broadcast", group, ws)
+    src = _check_rank(src, "src", "broadcast", group, ws)
     driver = registry.resolve(group, data.device)
     plan, fast = _fast_plan(driver, "broadcast", data.dtype, None)
     cdev = _comm_dev(driver, data)
@@ -843,7 +848,7 @@ def scatter(
         >>> # rank 0: tensor([0., 0.])   rank 1: tensor([1., 1.])
     """
     if _verify._enabled:
-        _verify_call("scatter", group, data, data=_verify.describe_tensor(data), src=repr(src))
+        _verify_call("scatter", group, data, data=_verify.describe_tensor(data), src=_verify.rank_field(src))
     _check_tensor(data, "data", "scatter")
     if not _is_initialized():
         items = _check_tensor_list(scatter_list, "scatter_list", "scatter", 1, data)
@@ -851,7 +856,7 @@ def scatter(
             data.copy_(items[0])
         return _done(async_op)
     ws = torch_dist.get_world_size(group)
-    _check_rank(src, "src", "scatter", group, ws)
+    src = _check_rank(src, "src", "scatter", group, ws)
     driver = registry.resolve(group, data.device)
     plan = driver.plan("scatter", data.dtype)
     cdev = _comm_dev(driver, data)
