@@ -113,7 +113,8 @@ def describe_tensor(t: Any) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     dtype = str(t.dtype)[6:]  # drop "torch."
-    return f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
+    text = f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
+    return text if t.layout is torch.strided else f"{text}/{str(t.layout)[6:]}"  # a sparse value differs too
 
 
 def rank_field(value: Any) -> Any:

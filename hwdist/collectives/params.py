@@ -59,13 +59,26 @@ def _layout_fingerprint(keys: list[Any], data: Any, op: Optional[str] = None) ->
 
 
 def _verify(
-    keys: list[Any], data: Any, problem: Optional[str], group: Any, driver: Any, ws: int, op: Optional[str] = None
+    keys: list[Any],
+    data: Any,
+    problem: Optional[str],
+    group: Any,
+    driver: Any,
+    ws: int,
+    op: Optional[str] = None,
+    kind: type[Exception] = ValueError,
 ) -> None:
     """One small max/min of [error, f] proves every rank holds the same dict layout (and op).
 
-    On a mismatch every rank sees the same reduced values and raises; the
-    descriptions are then exchanged (error path only) to name the difference.
+    This is how a bad argument on ONE rank (``problem``, found before any
+    communication) reaches every rank: each rank joins this exchange with its
+    error flag instead of raising alone. On a mismatch every rank sees the
+    same reduced values and raises (``kind`` where this rank's own argument
+    was bad, else ValueError); the descriptions are then exchanged (error
+    path only) to name the difference.
     """
+    if driver is None:
+        driver = registry.resolve(group, None)
     f0, f1 = _layout_fingerprint(keys, data, op) if problem is None else (0, 0)
     highest, lowest = _small.max_and_min([int(problem is not None), f0, f1], group, ws, driver)
     if highest[0] == 0 and highest[1:] == lowest[1:]:
@@ -77,11 +90,13 @@ def _verify(
     explained = _explain(texts)
     if not any(t.startswith("ERROR ") for t in texts):
         explained += f"; every rank must pass the same {what}"
-    raise ValueError("all_reduce_dict: " + explained)
+    raise (kind if problem is not None else ValueError)("all_reduce_dict: " + explained)
 
 
 def _explain(texts: list[str]) -> str:
     errors = [f"rank {r}: {t[6:]}" for r, t in enumerate(texts) if t.startswith("ERROR ")]
+    if len(errors) == len(texts) and len(set(texts)) == 1:
+        return texts[0][6:]  # the same bad argument on every rank: no rank list needed
     if errors:
         return "; ".join(errors)
     import ast
@@ -169,22 +184,34 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         >>> # rank 0: {'loss': 3., 'n': [2]}   rank 1: {'loss': 3., 'n': [2]}
     """
     if _verify_mode._enabled and torch_dist.is_initialized():
-        _verify_dict_call(data, op, group)
-    rop = _t.normalize_reduce_op(op)
-    if type(data) is not dict and not isinstance(data, MutableMapping):
-        raise TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
-    if not torch_dist.is_initialized():
-        return
-    hist = _layouts.history(group if group is not None else _compat.default_group())
-    ws = hist.ws
+        _verify_dict_call(data, op, group)  # a sparse or meta value, a bad op or type on one rank differ here
+    checked = verify and not _verify_mode._enabled
+    bad: Optional[Exception] = None  # a bad op or data: raised here, or on every rank by the check below
+    try:
+        rop = _t.normalize_reduce_op(op)
+    except ValueError as exc:
+        bad, rop = exc, "sum"
+    if bad is None and type(data) is not dict and not isinstance(data, MutableMapping):
+        bad = TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
+    ws = 1
+    if torch_dist.is_initialized():
+        hist = _layouts.history(group if group is not None else _compat.default_group())
+        ws = hist.ws
+    if bad is not None and (not checked or ws == 1):
+        raise bad
     if ws == 1:
         return
+    if bad is not None:  # join what the other ranks run, so that every rank raises, not only this one
+        predicted = hist.predicted
+        if predicted is not None and predicted.flag is not None:
+            _mismatch_call(predicted, group, ws)  # they run the predicted call first: "no match" from here
+        text = str(bad).replace("all_reduce_dict: ", "", 1)
+        _verify([], {}, text, group, None, ws, rop, kind=type(bad))
     try:
         keys = sorted(data)
     except TypeError:  # keys of mixed types: still one order on every rank
         keys = sorted(data, key=_key_order)
     values = [data[k] for k in keys]
-    checked = verify and not _verify_mode._enabled
     if checked:
         predicted = hist.predicted
         if predicted is not None and predicted.flag is not None:  # shared state: the same branch on every rank
@@ -197,19 +224,16 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         recent = hist.unchecked  # this rank's own last layout: a local shortcut, no shared state
         if recent is not None and recent.stack and _stacked_call(recent, rop, keys, values, data, group, ws, False):
             return
-    sig = _layouts.signature(rop, keys, values)
+    problem = _value_problem(keys, values)  # every value checked before any communication
+    kind: type[Exception] = TypeError
+    sig = _layouts.signature(rop, keys, values) if problem is None else None
     layout = None
     driver = None
     if sig is not None and values:
         driver = registry.resolve(group, values[0].device)
         layout = _layouts.cached(sig, driver, values[0].device.type, ws)
     plans: dict[torch.dtype, Plan] = {}
-    problem: Optional[str] = None
     if layout is None:
-        for k, v in zip(keys, values):
-            if not isinstance(v, torch.Tensor):
-                problem = f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
-                break
         driver = registry.resolve(group, values[0].device if values and problem is None else None)
         if problem is None:
             try:
@@ -217,12 +241,12 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
                     if v.dtype not in plans:
                         plans[v.dtype] = driver.plan("all_reduce", v.dtype, rop)
             except (TypeError, ValueError) as exc:  # PlanError is a TypeError
-                problem = f"{type(exc).__name__}: {exc}"
+                problem, kind = f"{type(exc).__name__}: {exc}", type(exc)
     if _verify_mode._enabled:  # the layouts agree (checked above): a problem is the same on every rank
         if problem is not None:
             raise (ValueError if verify else TypeError)(f"all_reduce_dict: {problem}")
     elif verify:
-        _verify(keys, data, problem, group, driver, ws, rop)
+        _verify(keys, data, problem, group, driver, ws, rop, kind=kind)
     elif problem is not None:
         raise TypeError(f"all_reduce_dict: {problem}")
     if not keys:
@@ -237,6 +261,28 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         hist.agreed(layout)
     elif not verify:
         hist.unchecked = layout
+
+
+def _mismatch_call(layout: _layouts.DictLayout, group: Any, ws: int) -> None:
+    """Take part in a predicted call with zeros and a "does not match" flag (this rank's arguments are bad)."""
+    if layout.stack:
+        _stacked_call(layout, "", [], [], {}, group, ws)  # no values: it sends the mismatch row
+    else:
+        assert layout.flag is not None
+        bufs, _ = _pack(layout, None, layout.driver.comm_device(), layout.flag.mismatch)
+        _reduce(layout, bufs, group, ws)
+
+
+def _value_problem(keys: list[Any], values: list[Any]) -> Optional[str]:
+    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+        if v.layout is not torch.strided:
+            return f"data[{k!r}] must be a dense (strided) tensor, got a {str(v.layout).replace('torch.', '')} tensor"
+        if v.is_meta:
+            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
+    return None
 
 
 def _stacked_call(
@@ -268,6 +314,8 @@ def _stacked_call(
             row = layout.cpu_row if on_cpu else layout.flag_tensor(first.device, layout.row_value)
             flat = torch.stack([*values, row])
             if (flat.dim() != 1) if layout.scalar else (flat.shape[1:] != layout.shape):
+                flat = None
+            elif flat.layout is not torch.strided:  # sparse values stack into a sparse tensor
                 flat = None
     except (AttributeError, IndexError, RuntimeError, TypeError):  # empty, not tensors, shapes or devices differ
         flat = None
@@ -306,7 +354,14 @@ def _predicted_call(
     sig = _layouts.signature(rop, keys, values)
     # a device of another type may belong to another driver (mixed backends): count it as a mismatch
     match = sig == layout.sig and values[0].device.type == layout.device_type
-    bufs, stacked = _pack(layout, values if match else None, layout.driver.comm_device(), flag.match if match else flag.mismatch)
+    bufs: Any = None
+    if match:
+        try:
+            bufs, stacked = _pack(layout, values, layout.driver.comm_device(), flag.match)
+        except (RuntimeError, NotImplementedError, TypeError):  # a sparse or meta value: this rank does not match
+            bufs = None
+    if bufs is None:  # the checked path that follows names the bad value on every rank
+        bufs, stacked = _pack(layout, None, layout.driver.comm_device(), flag.mismatch)
     _reduce(layout, bufs, group, ws)
     if not flag.ok(_last_value(bufs[0][1])):
         return False

@@ -23,6 +23,7 @@ in torch.distributed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import zlib
@@ -128,6 +129,15 @@ def normalize_reduce_op(op: ReduceOpLike, argname: str = "op") -> str:
 def _check_tensor(value: Any, argname: str, fn: str) -> None:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{fn}: {argname} must be a torch.Tensor, got {type(value).__name__}: {value!r:.80}")
+    if value.layout is not torch.strided:
+        _not_dense(value, argname, fn)
+
+
+def _not_dense(value: Tensor, argname: str, fn: str) -> None:
+    raise TypeError(
+        f"{fn}: {argname} must be a dense (strided) tensor, got a {str(value.layout).replace('torch.', '')} tensor;"
+        " collectives move dense tensors only: pass value.to_dense() (or its values and indices)"
+    )
 
 
 def _check_tensor_list(value: Any, argname: str, fn: str, length: int, like: Optional[Tensor]) -> list[Tensor]:
@@ -443,6 +453,8 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
             return CollectiveHandle()
         torch_dist.all_reduce(data, fast, group)
         return None
+    if data.layout is not torch.strided:
+        _not_dense(data, "data", "all_reduce")
     ws = torch_dist.get_world_size(group)
     buf, aliased = _prepare(data, plan, cdev)
     if plan.emulated:  # a backend without all_reduce: nothing can emulate it
@@ -576,6 +588,12 @@ def _exchange_shapes(data: Tensor, group: Any, driver: Driver, ws: int, fn: str)
 # ---------------------------------------------------------------------------
 # all_gather / gather
 # ---------------------------------------------------------------------------
+_REAL_OF_COMPLEX = {
+    d: r for d, r in ((getattr(torch, "complex32", None), torch.float16), (torch.complex64, torch.float32),
+                      (torch.complex128, torch.float64)) if d is not None
+}
+
+
 def _gather_common(
     fn: str,
     data: Tensor,
@@ -592,6 +610,11 @@ def _gather_common(
         return _done(async_op, [data])
     driver = registry.resolve(group, data.device)
     plan = driver.plan(fn, data.dtype)
+    if plan.native_op == "gather" and data.is_complex() and not plan.view:
+        # torch.distributed.gather, unlike all_gather, does not view complex tensors as real pairs
+        # (gloo: "Invalid scalar type"): travel as the real pairs' (planned) dtype, a byte-exact view
+        real = driver.plan(fn, _REAL_OF_COMPLEX[data.dtype])
+        plan = dataclasses.replace(plan, comm_dtype=real.comm_dtype, view=True)
     cdev = _comm_dev(driver, data)
     shapes = None if same_shape else _exchange_shapes(data, group, driver, ws, fn)
     even = shapes is None or all(s == shapes[0] for s in shapes)
