@@ -225,7 +225,6 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         if recent is not None and recent.stack and _stacked_call(recent, rop, keys, values, data, group, ws, False):
             return
     problem = _value_problem(keys, values)  # every value checked before any communication
-    kind: type[Exception] = TypeError
     sig = _layouts.signature(rop, keys, values) if problem is None else None
     layout = None
     driver = None
@@ -241,12 +240,12 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
                     if v.dtype not in plans:
                         plans[v.dtype] = driver.plan("all_reduce", v.dtype, rop)
             except (TypeError, ValueError) as exc:  # PlanError is a TypeError
-                problem, kind = f"{type(exc).__name__}: {exc}", type(exc)
+                problem = f"{type(exc).__name__}: {exc}"
     if _verify_mode._enabled:  # the layouts agree (checked above): a problem is the same on every rank
         if problem is not None:
             raise (ValueError if verify else TypeError)(f"all_reduce_dict: {problem}")
     elif verify:
-        _verify(keys, data, problem, group, driver, ws, rop, kind=kind)
+        _verify(keys, data, problem, group, driver, ws, rop)
     elif problem is not None:
         raise TypeError(f"all_reduce_dict: {problem}")
     if not keys:
