@@ -21,6 +21,7 @@ from .. import _compat, registry
 from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
 from . import _layouts, _small
+from ._threads import one_thread
 from . import tensor as _t
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 
@@ -138,6 +139,7 @@ def _verify_dict_call(data: Any, op: Any, group: Any) -> None:
     _verify_mode.check_call("all_reduce_dict", group, driver, data=fields, reduce_op=_t._op_field(op))
 
 
+@one_thread(2)  # one thread per group at a time (see _threads)
 def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
@@ -467,6 +469,7 @@ def _mib(value: Any, argname: str, fn: str) -> int:
     return int(value * MiB) if value > 0 else -1
 
 
+@one_thread(4)  # one thread per group at a time (see _threads)
 def all_reduce_params(
     params: Iterable[Tensor],
     coalesce: bool = True,
@@ -571,3 +574,4 @@ def all_reduce_params(
         copy_from_flat(flat, members, layout)
     for h in handles:
         h.wait()
+

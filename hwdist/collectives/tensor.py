@@ -36,6 +36,7 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from .. import verify as _verify
 from ..drivers.base import Driver, Plan, PlanError, Post
+from ._threads import one_thread
 
 __all__ = [
     "all_reduce",
@@ -392,6 +393,7 @@ def _done(async_op: bool, result: Any = None) -> Any:
 # ---------------------------------------------------------------------------
 # all_reduce / reduce
 # ---------------------------------------------------------------------------
+@one_thread(2)  # one thread per group at a time (see _threads)
 def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Reduce ``data`` across all ranks so that every rank gets the result, in place.
 
@@ -470,6 +472,7 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
     return _run(driver, async_op, issue, finish)
 
 
+@one_thread(3)  # one thread per group at a time (see _threads)
 def reduce(
     data: Tensor,
     dst: int = 0,
@@ -665,6 +668,7 @@ def _comm_numel_shape(shape: torch.Size, plan: Plan) -> int:
     return n
 
 
+@one_thread(1)  # one thread per group at a time (see _threads)
 def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
@@ -704,6 +708,7 @@ def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = 
     return _gather_common("all_gather", data, group, None, same_shape, async_op)
 
 
+@one_thread(2)  # one thread per group at a time (see _threads)
 def gather(
     data: Tensor,
     dst: int = 0,
@@ -785,6 +790,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
 # ---------------------------------------------------------------------------
 # broadcast / scatter
 # ---------------------------------------------------------------------------
+@one_thread(2)  # one thread per group at a time (see _threads)
 def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Broadcast ``data`` from rank ``src`` to every rank, in place.
 
@@ -834,6 +840,7 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
     return _run(driver, async_op, issue, finish)
 
 
+@one_thread(3)  # one thread per group at a time (see _threads)
 def scatter(
     data: Tensor,
     scatter_list: Optional[Sequence[Tensor]] = None,
@@ -935,6 +942,7 @@ def scatter(
 # ---------------------------------------------------------------------------
 # reduce_scatter / all_to_all
 # ---------------------------------------------------------------------------
+@one_thread(3)  # one thread per group at a time (see _threads)
 def reduce_scatter(
     output: Tensor,
     input_list: Union[Sequence[Tensor], Tensor],
@@ -1022,6 +1030,7 @@ def _split_input(value: Any, output: Tensor, ws: int, fn: str) -> list[Tensor]:
     return items
 
 
+@one_thread(2)  # one thread per group at a time (see _threads)
 def all_to_all(
     output_list: Sequence[Tensor],
     input_list: Sequence[Tensor],
@@ -1255,3 +1264,4 @@ def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     out = tensor.detach().clone()
     all_reduce(out, "mean", group)
     return out
+

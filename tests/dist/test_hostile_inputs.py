@@ -1,6 +1,7 @@
 """Issue 14's holes, on real ranks: shared tensors, poisoned metrics, integer ops, bad input on one rank.
 
-One test per numbered item (5, 6, 7, 10, 11, 15, 16, 17); each is a row of the fault
+One test per numbered item (5, 6, 7, 10, 11, 15, 16, 17; 14 and the environment parts of 16
+are in tests/unit/test_hostile_env.py); each is a row of the fault
 table in docs/reliability.md. Bad input is given on ONE rank (the last) where the item
 is about one rank, and every rank must raise within seconds: each case is timed on the
 rank and the harness's own call limit catches a hang.
@@ -9,6 +10,7 @@ rank and the harness's own call limit catches a hang.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any, Callable
 
@@ -343,3 +345,67 @@ def test_complex_gather_and_clear_errors(dist, combo):
             assert elapsed < FAST
         assert res["bucket"] == ("TypeError", "all_reduce_params: bucket_size_mb must be a number of MiB, got 'x'")
         assert res["healthy"] == ws
+
+
+# ---------------------------------------------------------------------------
+# item 17: one thread per group at a time (as torch); a second thread's call while one is in flight raises
+# ---------------------------------------------------------------------------
+def check_two_threads() -> dict:
+    from hwdist.collectives import _threads
+
+    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    out: dict = {}
+    own = torch_dist.new_group(list(range(ws)))  # every rank creates it, in the same order
+    first = torch.tensor([r + 1.0])
+    results: dict = {}
+
+    def slow_partner() -> None:
+        results["first"] = _catch(hwdist.all_reduce, first)
+
+    hwdist.barrier()
+    if r == 0:
+        a = threading.Thread(target=slow_partner)
+        a.start()
+        deadline = time.monotonic() + 10
+        while 0 not in _threads._in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)  # until thread a's all_reduce is in flight (rank 1 joins late)
+        for name, call in {
+            "all_reduce": lambda: hwdist.all_reduce(torch.ones(1)),
+            "broadcast": lambda: hwdist.broadcast(torch.ones(1), 0),
+            "all_reduce_dict": lambda: hwdist.all_reduce_dict({"a": torch.ones(1)}),
+            "all_reduce_params": lambda: hwdist.all_reduce_params([torch.ones(1)]),
+        }.items():
+            out[name] = _catch(call)
+        other = torch.tensor([10.0])
+        hwdist.all_reduce(other, group=own)  # another group: allowed while the first is in flight
+        out["other_group"] = other.item()
+        a.join(60)
+    else:
+        time.sleep(1.0)  # rank 0's first thread waits in its all_reduce meanwhile
+        hwdist.all_reduce(first)
+        other = torch.tensor([10.0])
+        hwdist.all_reduce(other, group=own)
+        out["other_group"] = other.item()
+        results["first"] = None
+    out["first"] = (results["first"], first.item())
+    # one thread after another (a hand-over) is fine
+    t = threading.Thread(target=lambda: results.update(handover=_healthy()))
+    t.start()
+    t.join(60)
+    out["handover"] = (results.get("handover"), _healthy())
+    out["left_marked"] = dict(_threads._in_flight)
+    torch_dist.destroy_process_group(own)
+    return out
+
+
+def test_two_threads_on_one_group_are_refused(dist):
+    for r, res in enumerate(dist(check_two_threads, 2, "gloo")):
+        assert res["first"] == (None, 3.0)
+        if r == 0:
+            for name in ("all_reduce", "broadcast", "all_reduce_dict", "all_reduce_params"):
+                kind, msg = res[name]
+                assert kind == "ConcurrentGroupUse", (name, res[name])
+                assert msg.startswith(f"{name}: another thread (ident ") and "one thread" in msg, msg
+        assert res["other_group"] == 20.0
+        assert res["handover"] == (2.0, 2.0)
+        assert res["left_marked"] == {}
