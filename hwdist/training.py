@@ -231,7 +231,8 @@ class GradientSynchronizer:
 
     Construction is collective when a process group exists: one tiny
     all_reduce checks that every rank passed the same parameters (count,
-    shapes, dtypes), then the parameters are broadcast from
+    shapes, dtypes) and the same ``op``, ``bucket_size_mb``,
+    ``first_bucket_mb`` and ``broadcast_from``, then the parameters are broadcast from
     ``broadcast_from`` so every rank starts from the same weights (pass
     None to skip). Without a process group (or with one rank) it does
     nothing, so the same script runs in a single process. ``.grad`` values
@@ -609,7 +610,8 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
     Non-distributed or a one-rank group: does nothing.
 
     Args:
-        params: parameters (e.g. ``model.parameters()``); ``requires_grad=False`` ones are ignored.
+        params: parameters (e.g. ``model.parameters()``); ``requires_grad=False`` ones are
+            ignored, one listed twice is reduced once.
         op: ``'mean'`` (default) or ``'sum'``.
         group: process group (default group if None).
 
@@ -816,7 +818,8 @@ def average_metrics(metrics: Mapping[str, Any], count: float = 1.0, group: Optio
     demucs' ``average_metrics``: each rank passes its metrics (Python
     numbers or one-element tensors) and the number of samples they were
     computed on; every rank gets ``{key: sum_r(count_r * value_r) /
-    sum_r(count_r)}`` as floats (``nan`` where the counts sum to 0). Sums
+    sum_r(count_r)}`` as floats (``nan`` where the counts sum to 0; a rank
+    with ``count=0`` contributes nothing, even a ``nan`` value). Sums
     travel in float64 where the backend reduces it (else float32), one
     collective for all keys, plus a tiny check that every rank passes the
     same keys (a mismatch or a bad value raises on every rank, naming it).

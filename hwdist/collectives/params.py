@@ -161,8 +161,11 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     "matches" flag inside the data buffer instead. When the flag says some
     rank's dict changed, the result is dropped and the checked path runs
     (three collectives on that call). See ``docs/collectives.md``.
-    ``verify=False`` skips every check (mmengine's behaviour: a mismatch is
-    then undefined). In verification mode (:func:`hwdist.verification`,
+    Every value is checked (a tensor, dense, not meta) and ``op`` and
+    ``data`` too before any communication; with ``verify=True`` a bad one on
+    ONE rank makes every rank raise. ``verify=False`` skips every check
+    (mmengine's behaviour: a mismatch is then undefined, and a bad value
+    raises on its own rank only, before that rank communicates). In verification mode (:func:`hwdist.verification`,
     ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes,
     dtypes and ``op`` whatever ``verify`` says and replaces this check; a
     mismatch raises :class:`hwdist.CollectiveMismatch` (a ValueError).
@@ -176,8 +179,10 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         verify: check that every rank holds the same keys, shapes and dtypes.
 
     Raises:
-        ValueError: unknown ``op``; the dicts differ across ranks (verify).
-        TypeError: ``data`` is not a dict, or a value is not a tensor.
+        ValueError: unknown ``op``; the dicts differ across ranks, or a
+            value on some rank is not a dense tensor with data (verify).
+        TypeError: ``data`` is not a dict (on that rank; ValueError on the
+            others), or a value is not a tensor (``verify=False``).
 
     Example:
         >>> data = {"loss": torch.tensor(1.0 + rank), "n": torch.tensor([2 * rank])}
@@ -490,7 +495,9 @@ def all_reduce_params(
     parameters that require grad work). ``coalesce=False`` runs one
     :func:`hwdist.all_reduce` per tensor. Same ops, casts and mean rule as
     :func:`hwdist.all_reduce`. Every rank must pass the same tensors (shapes,
-    dtypes, order). Non-distributed or a one-rank group: does nothing.
+    dtypes, order). A tensor given twice (``[p, p]``, or tied weights seen
+    twice through ``state_dict().values()``) is reduced once.
+    Non-distributed or a one-rank group: does nothing.
 
     Args:
         params: a list or generator of tensors (e.g. ``model.parameters()``).
@@ -499,7 +506,8 @@ def all_reduce_params(
         op: the reduce op. group: process group.
 
     Raises:
-        TypeError: an item of ``params`` is not a tensor (on every rank).
+        TypeError: an item of ``params`` is not a tensor, or
+            ``bucket_size_mb`` is not a number (on every rank).
 
     Example:
         >>> params = [torch.tensor([1.0, 2.0]) + rank, torch.tensor([3.0]) + rank]

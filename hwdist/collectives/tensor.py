@@ -424,7 +424,8 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
         None, or a handle when ``async_op`` is True.
 
     Raises:
-        ValueError: unknown ``op``. TypeError: ``data`` is not a tensor.
+        ValueError: unknown ``op`` (a plain int such as ``5`` included).
+        TypeError: ``data`` is not a dense tensor.
         hwdist.PlanError: no correct plan for this dtype/op on this backend.
 
     Example:
@@ -736,6 +737,7 @@ def gather(
 
     Raises:
         ValueError: ``dst`` out of range (on every rank).
+        TypeError: ``dst`` is not an int rank (``None`` included), before any communication.
 
     Example:
         >>> data = torch.tensor([rank])
