@@ -314,7 +314,7 @@ class GradientSynchronizer:
             ws = torch_dist.get_world_size(group)
             if problem is None and broadcast_from is not None:
                 try:
-                    _t._check_rank(broadcast_from, "broadcast_from", fn, group, ws)
+                    broadcast_from = _t._check_rank(broadcast_from, "broadcast_from", fn, group, ws)
                 except (TypeError, ValueError) as exc:
                     problem = exc
             if ws > 1:

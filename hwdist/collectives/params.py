@@ -165,8 +165,8 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     ``data`` too before any communication; with ``verify=True`` a bad one on
     ONE rank makes every rank raise. ``verify=False`` skips every check
     (mmengine's behaviour: a mismatch is then undefined, and a bad value
-    raises on its own rank only, before that rank communicates). In verification mode (:func:`hwdist.verification`,
-    ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes,
+    raises on its own rank only, before that rank communicates). In
+    verification mode (:func:`hwdist.verification`, ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes,
     dtypes and ``op`` whatever ``verify`` says and replaces this check; a
     mismatch raises :class:`hwdist.CollectiveMismatch` (a ValueError).
     ``verify`` must be the same on every rank.
@@ -533,6 +533,8 @@ def all_reduce_params(
     for i, p in enumerate(items):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"all_reduce_params: params[{i}] must be a torch.Tensor, got {type(p).__name__}")
+        if p.layout is not torch.strided:
+            _t._not_dense(p, f"params[{i}]", "all_reduce_params")
         tensors.append(p.data)
     if not torch_dist.is_initialized() or not tensors:
         return
