@@ -67,6 +67,8 @@ def detect() -> Detection:
     """
     backend = _env(ENV_BACKEND)
     device = _env(ENV_DEVICE)
+    if device is not None:
+        device = device.lower()  # torch's device types are lower case; CPU means cpu, as GLOO means gloo
     if backend is not None:
         drv = registry.get_driver(backend)
         why = drv.unavailable_reason()

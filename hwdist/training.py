@@ -39,8 +39,8 @@ import torch.distributed as torch_dist
 
 from . import _compat, registry
 from .collectives import tensor as _t
-from .collectives.flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unflatten_tensors
-from .collectives.params import _fingerprint, _verify, all_reduce_dict, all_reduce_params
+from .collectives.flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unflatten_tensors, unique_tensors
+from .collectives.params import _fingerprint, _mib, _verify, all_reduce_dict, all_reduce_params
 from .info import barrier, get_rank, get_world_size, is_distributed
 
 __all__ = [
@@ -87,27 +87,30 @@ def _agree(
     *,
     problem: Optional[Exception] = None,
     flag: int = 0,
+    config: Optional[dict[str, Any]] = None,
 ) -> int:
-    """Check that every rank holds the same number, shapes and dtypes of ``tensors``.
+    """Check that every rank holds the same number, shapes and dtypes of ``tensors`` (and ``config``).
 
-    One all_reduce(MAX) of 8 int32 values: an error code, the count and a
-    62-bit fingerprint of shapes and dtypes, each also negated (MAX of -x is
-    -MIN), and ``flag``. When a rank's input was invalid (``problem``) or
-    the layouts differ, every rank raises. Returns the MAX of ``flag`` over
-    the ranks. Needs an initialised process group.
+    One all_reduce(MAX) of 10 int32 values: an error code, the count, a
+    62-bit fingerprint of shapes and dtypes and a 31-bit one of ``config``
+    (arguments that decide the collectives, e.g. the bucket sizes), each also
+    negated (MAX of -x is -MIN), and ``flag``. When a rank's input was
+    invalid (``problem``) or the layouts differ, every rank raises. Returns
+    the MAX of ``flag`` over the ranks. Needs an initialised process group.
     """
     dev = tensors[0].device if tensors and problem is None else None
     driver = registry.resolve(group, dev)
     if problem is None:
         n = len(tensors)
         f0, f1 = _fingerprint(_describe(tensors))
+        c = _fingerprint([(repr(sorted((config or {}).items())), (), "")])[0]
         err = 0
     else:
-        n = f0 = f1 = 0
+        n = f0 = f1 = c = 0
         err = _ERROR_CODES.get(type(problem), 2)
-    vec = torch.tensor([err, n, -n, f0, f1, -f0, -f1, int(flag)], dtype=torch.int32, device=driver.comm_device())
+    vec = torch.tensor([err, n, -n, f0, f1, -f0, -f1, c, -c, int(flag)], dtype=torch.int32, device=driver.comm_device())
     _t.all_reduce(vec, "max", group)
-    err_max, nmax, nmin_neg, mx0, mx1, mn0_neg, mn1_neg, flag_max = (int(v) for v in vec.tolist())
+    err_max, nmax, nmin_neg, mx0, mx1, mn0_neg, mn1_neg, cmax, cmin_neg, flag_max = (int(v) for v in vec.tolist())
     if problem is not None:
         raise problem
     me = torch_dist.get_rank()
@@ -126,6 +129,13 @@ def _agree(
         raise ValueError(
             f"{fn}: every rank must pass tensors of the same shapes and dtypes in the same order;"
             f" they differ across ranks (rank {me}: {n} tensors: {shown}{', ...' if n > 6 else ''})"
+        )
+    if cmax != -cmin_neg:
+        assert config is not None
+        given = ", ".join(f"{k}={v!r}" for k, v in config.items())
+        raise ValueError(
+            f"{fn}: every rank must pass the same {', '.join(config)} (they decide the collectives each"
+            f" rank issues); they differ across ranks (rank {me}: {given})"
         )
     return flag_max
 
@@ -222,7 +232,8 @@ class GradientSynchronizer:
 
     Construction is collective when a process group exists: one tiny
     all_reduce checks that every rank passed the same parameters (count,
-    shapes, dtypes), then the parameters are broadcast from
+    shapes, dtypes) and the same ``op``, ``bucket_size_mb``,
+    ``first_bucket_mb`` and ``broadcast_from``, then the parameters are broadcast from
     ``broadcast_from`` so every rank starts from the same weights (pass
     None to skip). Without a process group (or with one rank) it does
     nothing, so the same script runs in a single process. ``.grad`` values
@@ -278,12 +289,7 @@ class GradientSynchronizer:
         self._bucket_bytes = self._first_bytes = -1
         try:
             self._op = _grad_op(op, fn)
-            items = _tensor_list(params, fn, "params")
-            seen: set[int] = set()
-            for p in items:
-                if p.requires_grad and id(p) not in seen:
-                    seen.add(id(p))
-                    plist.append(p)
+            plist = unique_tensors(p for p in _tensor_list(params, fn, "params") if p.requires_grad)
             self._bucket_bytes = _mib(bucket_size_mb, "bucket_size_mb", fn)
             self._first_bytes = _mib(first_bucket_mb, "first_bucket_mb", fn)
         except (TypeError, ValueError) as exc:
@@ -309,11 +315,11 @@ class GradientSynchronizer:
             ws = torch_dist.get_world_size(group)
             if problem is None and broadcast_from is not None:
                 try:
-                    _t._check_rank(broadcast_from, "broadcast_from", fn, group, ws)
+                    broadcast_from = _t._check_rank(broadcast_from, "broadcast_from", fn, group, ws)
                 except (TypeError, ValueError) as exc:
                     problem = exc
             if ws > 1:
-                _agree(fn, plist, group, problem=problem)
+                _agree(fn, plist, group, problem=problem, config=self._config(broadcast_from))
                 self._verified = True
                 self._build(self._driver_pack_bytes())
                 if broadcast_from is not None:
@@ -411,6 +417,17 @@ class GradientSynchronizer:
         )
 
     # ---- internals ---------------------------------------------------------
+    def _config(self, broadcast_from: Any = None) -> dict[str, Any]:
+        """The arguments that decide this synchroniser's collectives (the same on every rank, checked)."""
+        config = {
+            "op": self._op,
+            "bucket_size_mb": self._bucket_bytes / MiB if self._bucket_bytes > 0 else -1,
+            "first_bucket_mb": self._first_bytes / MiB if self._first_bytes > 0 else -1,
+        }
+        if broadcast_from is not None:
+            config["broadcast_from"] = broadcast_from
+        return config
+
     def _driver_pack_bytes(self) -> int:
         if not self._params:
             return 0
@@ -459,7 +476,7 @@ class GradientSynchronizer:
             self._ws = _distributed_size(self._group)
             if self._ws > 1:
                 if not self._verified:  # built before the process group existed
-                    _agree("GradientSynchronizer", self._params, self._group)
+                    _agree("GradientSynchronizer", self._params, self._group, config=self._config())
                     self._verified = True
                 direct = self._driver_pack_bytes()
                 if direct != self._direct_bytes:
@@ -569,13 +586,6 @@ class GradientSynchronizer:
         self._seen = [False] * len(self._params)
 
 
-def _mib(value: Any, argname: str, fn: str) -> int:
-    """A size in MiB as bytes (``<= 0`` -> -1); TypeError for anything but a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise TypeError(f"{fn}: {argname} must be a number of MiB, got {value!r}")
-    return int(value * MiB) if value > 0 else -1
-
-
 def _make_hook(ref: "weakref.ReferenceType[GradientSynchronizer]", i: int) -> Callable[[Tensor], None]:
     def hook(_param: Tensor) -> None:
         sync = ref()
@@ -601,7 +611,8 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
     Non-distributed or a one-rank group: does nothing.
 
     Args:
-        params: parameters (e.g. ``model.parameters()``); ``requires_grad=False`` ones are ignored.
+        params: parameters (e.g. ``model.parameters()``); ``requires_grad=False`` ones are
+            ignored, one listed twice is reduced once.
         op: ``'mean'`` (default) or ``'sum'``.
         group: process group (default group if None).
 
@@ -621,7 +632,7 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
     rop = "mean"
     try:
         rop = _grad_op(op, fn)
-        plist = [p for p in _tensor_list(params, fn, "params") if p.requires_grad]
+        plist = unique_tensors(p for p in _tensor_list(params, fn, "params") if p.requires_grad)  # [w, w]: once
         for i, p in enumerate(plist):
             if p.grad is not None and p.grad.layout != torch.strided:
                 raise TypeError(f"{fn}: sparse gradients are not supported (parameter {i} has a {p.grad.layout} gradient)")
@@ -808,7 +819,8 @@ def average_metrics(metrics: Mapping[str, Any], count: float = 1.0, group: Optio
     demucs' ``average_metrics``: each rank passes its metrics (Python
     numbers or one-element tensors) and the number of samples they were
     computed on; every rank gets ``{key: sum_r(count_r * value_r) /
-    sum_r(count_r)}`` as floats (``nan`` where the counts sum to 0). Sums
+    sum_r(count_r)}`` as floats (``nan`` where the counts sum to 0; a rank
+    with ``count=0`` contributes nothing, even a ``nan`` value). Sums
     travel in float64 where the backend reduces it (else float32), one
     collective for all keys, plus a tiny check that every rank passes the
     same keys (a mismatch or a bad value raises on every rank, naming it).
@@ -863,7 +875,8 @@ def average_metrics(metrics: Mapping[str, Any], count: float = 1.0, group: Optio
         dtype = torch.float32
     keys = sorted(values) if problem is None else []
     cdev = driver.comm_device()
-    data = {k: torch.tensor([values[k] * weight, weight], dtype=dtype, device=cdev) for k in keys}
+    # a zero weight contributes nothing, not even a NaN or inf value (nan * 0 is nan)
+    data = {k: torch.tensor([values[k] * weight if weight > 0 else 0.0, weight], dtype=dtype, device=cdev) for k in keys}
     try:
         _verify(keys, data, problem, group, driver, ws)
     except ValueError as exc:

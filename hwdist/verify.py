@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import operator
 import os
 import struct
 from typing import Any, Iterator, Optional
@@ -44,8 +45,25 @@ ENV_DEBUG = "HWDIST_DEBUG"
 
 
 def _env_flag(name: str) -> bool:
-    # bool(os.getenv(X)) is True for "0": parse the value instead.
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    """Off for unset, empty, 0, false, no, off; on for 1, 2, ... (any integer >= 1), true, yes, on.
+
+    A value that is none of those words turns the mode on with a warning: asking for debugging
+    and silently not getting it is the worse mistake (docs/reliability.md).
+    """
+    value = os.environ.get(name, "").strip().lower()
+    if value.isascii() and value.isdigit():
+        return int(value) > 0
+    if value in ("", "false", "no", "off"):
+        return False
+    if value not in ("true", "yes", "on"):
+        import warnings
+
+        warnings.warn(
+            f"{name}={os.environ[name]!r} is not one of 0/false/no/off (off) or 1/2/.../true/yes/on (on);"
+            " verification mode is ON",
+            stacklevel=2,
+        )
+    return True
 
 
 _enabled: bool = _env_flag(ENV_DEBUG)
@@ -95,7 +113,18 @@ def describe_tensor(t: Any) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     dtype = str(t.dtype)[6:]  # drop "torch."
-    return f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
+    text = f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
+    return text if t.layout is torch.strided else f"{text}/{str(t.layout)[6:]}"  # a sparse value differs too
+
+
+def rank_field(value: Any) -> Any:
+    """A ``src``/``dst`` argument as the fingerprint shows it: an int for any integer (``np.int64(0)`` is ``0``), else its repr."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    return repr(value)
 
 
 def describe_dtype(t: Any) -> str:

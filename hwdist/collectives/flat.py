@@ -172,3 +172,28 @@ def bucket_tensors(tensors: Iterable[Tensor], bucket_bytes: int = -1) -> list[li
         bucket.append(i)
         sizes[key] += nbytes
     return out
+
+
+def unique_tensors(tensors: Iterable[Tensor], *, same_memory: bool = False) -> list[Tensor]:
+    """``tensors`` with repeats dropped (the first one kept), in order.
+
+    A repeat is the same tensor object, or with ``same_memory=True`` any
+    tensor that views the same memory the same way (data pointer, dtype,
+    shape, strides and device): tied weights seen twice through
+    ``state_dict().values()`` are two objects over one storage. Reducing such
+    a tensor twice in place would count it twice.
+
+    Examples:
+        >>> w = torch.ones(2)
+        >>> len(unique_tensors([w, w, w.detach()])), len(unique_tensors([w, w.detach()], same_memory=True))
+        (2, 1)
+    """
+    seen: set[object] = set()
+    out: list[Tensor] = []
+    for t in tensors:
+        key: object = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device) if same_memory else id(t)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+

@@ -589,7 +589,7 @@ def gather_object(
         return [data]
     comm = _Comm(group)
     if _verify._enabled:
-        _verify_call(comm, "gather_object", dst=repr(dst))
+        _verify_call(comm, "gather_object", dst=_verify.rank_field(dst))
     op = _OPS["gather_object"]
     own = None
     try:
@@ -671,7 +671,7 @@ def broadcast_object_list(
         return
     comm = _Comm(group)
     if _verify._enabled:
-        _verify_call(comm, "broadcast_object_list", src=repr(src), data_is_list=not bad)
+        _verify_call(comm, "broadcast_object_list", src=_verify.rank_field(src), data_is_list=not bad)
     op = _OPS["broadcast_object_list"]
     try:
         root = _check_root(comm, src, "src")
@@ -777,7 +777,7 @@ def scatter_object_list(
         return
     comm = _Comm(group)
     if _verify._enabled:
-        _verify_call(comm, "scatter_object_list", src=repr(src))
+        _verify_call(comm, "scatter_object_list", src=_verify.rank_field(src))
     op = _OPS["scatter_object_list"]
     frames: list[Frame] = []
     try:

@@ -9,6 +9,8 @@ as in [`hwdist.collectives.tensor`][hwdist.collectives.tensor].
 from __future__ import annotations
 
 import hashlib
+import math
+from collections import Counter
 from collections.abc import MutableMapping
 from typing import Any, Iterable, Optional
 
@@ -19,8 +21,9 @@ from .. import _compat, registry
 from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
 from . import _layouts, _small
+from ._threads import one_thread
 from . import tensor as _t
-from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors
+from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 
 __all__ = ["all_reduce_dict", "all_reduce_params"]
 
@@ -57,13 +60,26 @@ def _layout_fingerprint(keys: list[Any], data: Any, op: Optional[str] = None) ->
 
 
 def _verify(
-    keys: list[Any], data: Any, problem: Optional[str], group: Any, driver: Any, ws: int, op: Optional[str] = None
+    keys: list[Any],
+    data: Any,
+    problem: Optional[str],
+    group: Any,
+    driver: Any,
+    ws: int,
+    op: Optional[str] = None,
+    kind: type[Exception] = ValueError,
 ) -> None:
     """One small max/min of [error, f] proves every rank holds the same dict layout (and op).
 
-    On a mismatch every rank sees the same reduced values and raises; the
-    descriptions are then exchanged (error path only) to name the difference.
+    This is how a bad argument on ONE rank (``problem``, found before any
+    communication) reaches every rank: each rank joins this exchange with its
+    error flag instead of raising alone. On a mismatch every rank sees the
+    same reduced values and raises (``kind`` where this rank's own argument
+    was bad, else ValueError); the descriptions are then exchanged (error
+    path only) to name the difference.
     """
+    if driver is None:
+        driver = registry.resolve(group, None)
     f0, f1 = _layout_fingerprint(keys, data, op) if problem is None else (0, 0)
     highest, lowest = _small.max_and_min([int(problem is not None), f0, f1], group, ws, driver)
     if highest[0] == 0 and highest[1:] == lowest[1:]:
@@ -75,11 +91,13 @@ def _verify(
     explained = _explain(texts)
     if not any(t.startswith("ERROR ") for t in texts):
         explained += f"; every rank must pass the same {what}"
-    raise ValueError("all_reduce_dict: " + explained)
+    raise (kind if problem is not None else ValueError)("all_reduce_dict: " + explained)
 
 
 def _explain(texts: list[str]) -> str:
     errors = [f"rank {r}: {t[6:]}" for r, t in enumerate(texts) if t.startswith("ERROR ")]
+    if len(errors) == len(texts) and len(set(texts)) == 1:
+        return texts[0][6:]  # the same bad argument on every rank: no rank list needed
     if errors:
         return "; ".join(errors)
     import ast
@@ -121,6 +139,7 @@ def _verify_dict_call(data: Any, op: Any, group: Any) -> None:
     _verify_mode.check_call("all_reduce_dict", group, driver, data=fields, reduce_op=_t._op_field(op))
 
 
+@one_thread(2)  # one thread per group at a time (see _threads)
 def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
@@ -142,9 +161,12 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     "matches" flag inside the data buffer instead. When the flag says some
     rank's dict changed, the result is dropped and the checked path runs
     (three collectives on that call). See ``docs/collectives.md``.
-    ``verify=False`` skips every check (mmengine's behaviour: a mismatch is
-    then undefined). In verification mode ([`hwdist.verification`][hwdist.verify.verification],
-    ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes,
+    Every value is checked (a tensor, dense, not meta) and ``op`` and
+    ``data`` too before any communication; with ``verify=True`` a bad one on
+    ONE rank makes every rank raise. ``verify=False`` skips every check
+    (mmengine's behaviour: a mismatch is then undefined, and a bad value
+    raises on its own rank only, before that rank communicates). In
+    verification mode ([`hwdist.verification`][hwdist.verify.verification], ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes,
     dtypes and ``op`` whatever ``verify`` says and replaces this check; a
     mismatch raises [`hwdist.CollectiveMismatch`][hwdist.verify.CollectiveMismatch] (a ValueError).
     ``verify`` must be the same on every rank.
@@ -158,8 +180,10 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         verify: check that every rank holds the same keys, shapes and dtypes.
 
     Raises:
-        ValueError: unknown ``op``; the dicts differ across ranks (verify).
-        TypeError: ``data`` is not a dict, or a value is not a tensor.
+        ValueError: unknown ``op``; the dicts differ across ranks, or a
+            value on some rank is not a dense tensor with data (verify).
+        TypeError: ``data`` is not a dict (on that rank; ValueError on the
+            others), or a value is not a tensor (``verify=False``).
 
     Examples:
         >>> data = {"loss": torch.tensor(1.0 + rank), "n": torch.tensor([2 * rank])}
@@ -168,22 +192,34 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         >>> # rank 0: {'loss': 3., 'n': [2]}   rank 1: {'loss': 3., 'n': [2]}
     """
     if _verify_mode._enabled and torch_dist.is_initialized():
-        _verify_dict_call(data, op, group)
-    rop = _t.normalize_reduce_op(op)
-    if type(data) is not dict and not isinstance(data, MutableMapping):
-        raise TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
-    if not torch_dist.is_initialized():
-        return
-    hist = _layouts.history(group if group is not None else _compat.default_group())
-    ws = hist.ws
+        _verify_dict_call(data, op, group)  # a sparse or meta value, a bad op or type on one rank differ here
+    checked = verify and not _verify_mode._enabled
+    bad: Optional[Exception] = None  # a bad op or data: raised here, or on every rank by the check below
+    try:
+        rop = _t.normalize_reduce_op(op)
+    except ValueError as exc:
+        bad, rop = exc, "sum"
+    if bad is None and type(data) is not dict and not isinstance(data, MutableMapping):
+        bad = TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
+    ws = 1
+    if torch_dist.is_initialized():
+        hist = _layouts.history(group if group is not None else _compat.default_group())
+        ws = hist.ws
+    if bad is not None and (not checked or ws == 1):
+        raise bad
     if ws == 1:
         return
+    if bad is not None:  # join what the other ranks run, so that every rank raises, not only this one
+        predicted = hist.predicted
+        if predicted is not None and predicted.flag is not None:
+            _mismatch_call(predicted, group, ws)  # they run the predicted call first: "no match" from here
+        text = str(bad).replace("all_reduce_dict: ", "", 1)
+        _verify([], {}, text, group, None, ws, rop, kind=type(bad))
     try:
         keys = sorted(data)
     except TypeError:  # keys of mixed types: still one order on every rank
         keys = sorted(data, key=_key_order)
     values = [data[k] for k in keys]
-    checked = verify and not _verify_mode._enabled
     if checked:
         predicted = hist.predicted
         if predicted is not None and predicted.flag is not None:  # shared state: the same branch on every rank
@@ -196,19 +232,15 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         recent = hist.unchecked  # this rank's own last layout: a local shortcut, no shared state
         if recent is not None and recent.stack and _stacked_call(recent, rop, keys, values, data, group, ws, False):
             return
-    sig = _layouts.signature(rop, keys, values)
+    problem = _value_problem(keys, values)  # every value checked before any communication
+    sig = _layouts.signature(rop, keys, values) if problem is None else None
     layout = None
     driver = None
     if sig is not None and values:
         driver = registry.resolve(group, values[0].device)
         layout = _layouts.cached(sig, driver, values[0].device.type, ws)
     plans: dict[torch.dtype, Plan] = {}
-    problem: Optional[str] = None
     if layout is None:
-        for k, v in zip(keys, values):
-            if not isinstance(v, torch.Tensor):
-                problem = f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
-                break
         driver = registry.resolve(group, values[0].device if values and problem is None else None)
         if problem is None:
             try:
@@ -236,6 +268,28 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
         hist.agreed(layout)
     elif not verify:
         hist.unchecked = layout
+
+
+def _mismatch_call(layout: _layouts.DictLayout, group: Any, ws: int) -> None:
+    """Take part in a predicted call with zeros and a "does not match" flag (this rank's arguments are bad)."""
+    if layout.stack:
+        _stacked_call(layout, "", [], [], {}, group, ws)  # no values: it sends the mismatch row
+    else:
+        assert layout.flag is not None
+        bufs, _ = _pack(layout, None, layout.driver.comm_device(), layout.flag.mismatch)
+        _reduce(layout, bufs, group, ws)
+
+
+def _value_problem(keys: list[Any], values: list[Any]) -> Optional[str]:
+    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+        if v.layout is not torch.strided:
+            return f"data[{k!r}] must be a dense (strided) tensor, got a {str(v.layout).replace('torch.', '')} tensor"
+        if v.is_meta:
+            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
+    return None
 
 
 def _stacked_call(
@@ -267,6 +321,8 @@ def _stacked_call(
             row = layout.cpu_row if on_cpu else layout.flag_tensor(first.device, layout.row_value)
             flat = torch.stack([*values, row])
             if (flat.dim() != 1) if layout.scalar else (flat.shape[1:] != layout.shape):
+                flat = None
+            elif flat.layout is not torch.strided:  # sparse values stack into a sparse tensor
                 flat = None
     except (AttributeError, IndexError, RuntimeError, TypeError):  # empty, not tensors, shapes or devices differ
         flat = None
@@ -305,7 +361,14 @@ def _predicted_call(
     sig = _layouts.signature(rop, keys, values)
     # a device of another type may belong to another driver (mixed backends): count it as a mismatch
     match = sig == layout.sig and values[0].device.type == layout.device_type
-    bufs, stacked = _pack(layout, values if match else None, layout.driver.comm_device(), flag.match if match else flag.mismatch)
+    bufs: Any = None
+    if match:
+        try:
+            bufs, stacked = _pack(layout, values, layout.driver.comm_device(), flag.match)
+        except (RuntimeError, NotImplementedError, TypeError):  # a sparse or meta value: this rank does not match
+            bufs = None
+    if bufs is None:  # the checked path that follows names the bad value on every rank
+        bufs, stacked = _pack(layout, None, layout.driver.comm_device(), flag.mismatch)
     _reduce(layout, bufs, group, ws)
     if not flag.ok(_last_value(bufs[0][1])):
         return False
@@ -402,6 +465,17 @@ def _finish(
             data[keys[i]] = piece
 
 
+MiB = 1024 * 1024
+
+
+def _mib(value: Any, argname: str, fn: str) -> int:
+    """A size in MiB as bytes (``<= 0`` -> -1); TypeError for anything but a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise TypeError(f"{fn}: {argname} must be a number of MiB, got {value!r}")
+    return int(value * MiB) if value > 0 else -1
+
+
+@one_thread(4)  # one thread per group at a time (see _threads)
 def all_reduce_params(
     params: Iterable[Tensor],
     coalesce: bool = True,
@@ -422,7 +496,9 @@ def all_reduce_params(
     parameters that require grad work). ``coalesce=False`` runs one
     [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce] per tensor. Same ops, casts and mean rule as
     [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce]. Every rank must pass the same tensors (shapes,
-    dtypes, order). Non-distributed or a one-rank group: does nothing.
+    dtypes, order). A tensor given twice (``[p, p]``, or tied weights seen
+    twice through ``state_dict().values()``) is reduced once.
+    Non-distributed or a one-rank group: does nothing.
 
     Args:
         params: a list or generator of tensors (e.g. ``model.parameters()``).
@@ -432,7 +508,8 @@ def all_reduce_params(
         group: process group.
 
     Raises:
-        TypeError: an item of ``params`` is not a tensor (on every rank).
+        TypeError: an item of ``params`` is not a tensor, or
+            ``bucket_size_mb`` is not a number (on every rank).
 
     Examples:
         >>> params = [torch.tensor([1.0, 2.0]) + rank, torch.tensor([3.0]) + rank]
@@ -453,13 +530,18 @@ def all_reduce_params(
             bucket_size_mb=bucket_size_mb,
         )
     rop = _t.normalize_reduce_op(op)
+    bucket_bytes = _mib(bucket_size_mb, "bucket_size_mb", "all_reduce_params")
     tensors: list[Tensor] = []
     for i, p in enumerate(items):
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"all_reduce_params: params[{i}] must be a torch.Tensor, got {type(p).__name__}")
+        if p.layout is not torch.strided:
+            _t._not_dense(p, f"params[{i}]", "all_reduce_params")
         tensors.append(p.data)
     if not torch_dist.is_initialized() or not tensors:
         return
+    # a tensor given twice (or tied weights from state_dict().values()) is reduced once
+    tensors = unique_tensors(tensors, same_memory=True)
     ws = torch_dist.get_world_size(group)
     if ws == 1:
         return
@@ -471,9 +553,14 @@ def all_reduce_params(
     cdev = driver.comm_device()
     # Big tensors go as they are (asynchronously) where the driver says packing costs more than it saves.
     limit = int(getattr(driver, "pack_max_bytes", 0) or 0)
-    direct = [t for t in tensors if limit > 0 and t.numel() * t.element_size() >= limit]
-    packed = [t for t in tensors if not (limit > 0 and t.numel() * t.element_size() >= limit)]
-    bucket_bytes = int(bucket_size_mb * 1024 * 1024) if bucket_size_mb > 0 else -1
+    big = [limit > 0 and t.numel() * t.element_size() >= limit for t in tensors]
+    if any(big) and len(tensors) > 1:
+        # in place only over memory no other tensor views: overlapping in-place reductions count twice,
+        # while packing reads every value before any result is written back
+        counts = Counter((t.device, t.untyped_storage().data_ptr()) for t in tensors)
+        big = [b and counts[(t.device, t.untyped_storage().data_ptr())] == 1 for b, t in zip(big, tensors)]
+    direct = [t for t, b in zip(tensors, big) if b]
+    packed = [t for t, b in zip(tensors, big) if not b]
     buckets = bucket_tensors(packed, bucket_bytes)
     plans = [driver.plan("all_reduce", packed[b[0]].dtype, rop) for b in buckets]
     for t in direct:  # errors before any communication
@@ -499,3 +586,4 @@ def all_reduce_params(
         copy_from_flat(flat, members, layout)
     for h in handles:
         h.wait()
+

@@ -23,7 +23,9 @@ in torch.distributed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
 import zlib
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -34,6 +36,7 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from .. import verify as _verify
 from ..drivers.base import Driver, Plan, PlanError, Post
+from ._threads import one_thread
 
 __all__ = [
     "all_reduce",
@@ -83,6 +86,8 @@ _NAME_TO_TORCH: dict[str, Any] = {
     "bor": _R.BOR,
     "bxor": _R.BXOR,
 }
+#: What a ReduceOp given as a value may be: ``ReduceOp`` or its ``RedOpType`` (``ReduceOp.SUM``).
+_TORCH_OP_TYPES = (_R, type(_R.SUM))
 if hasattr(_R, "PREMUL_SUM"):
     _NAME_TO_TORCH["premul_sum"] = _R.PREMUL_SUM
 
@@ -106,28 +111,34 @@ def normalize_reduce_op(op: ReduceOpLike, argname: str = "op") -> str:
                 _STR_OPS[op] = name  # remember this spelling
         if name is not None:
             return name
-    else:
-        try:
-            name = _TORCH_TO_NAME.get(op)
-        except TypeError:  # unhashable
-            name = None
+    elif isinstance(op, _TORCH_OP_TYPES):  # not a bare int: RedOpType hashes and compares equal to its value
+        name = _TORCH_TO_NAME.get(op)
         if name is None:  # a ReduceOp instance wrapping a RedOpType
-            try:
-                name = _TORCH_TO_NAME.get(getattr(op, "op", None))
-            except TypeError:
-                name = None
+            inner = getattr(op, "op", None)
+            name = _TORCH_TO_NAME.get(inner) if isinstance(inner, _TORCH_OP_TYPES) else None
         if name is not None:
             return name
     raise ValueError(
         f"{argname} must be one of {', '.join(repr(n) for n in REDUCE_OP_NAMES)}"
         f" (case-insensitive) or a torch.distributed.ReduceOp with one of those meanings;"
         f" got {op!r}"
+        + (" (a plain number is not a ReduceOp: pass the name or the torch.distributed.ReduceOp member)"
+           if isinstance(op, numbers.Number) else "")
     )
 
 
 def _check_tensor(value: Any, argname: str, fn: str) -> None:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{fn}: {argname} must be a torch.Tensor, got {type(value).__name__}: {value!r:.80}")
+    if value.layout is not torch.strided:
+        _not_dense(value, argname, fn)
+
+
+def _not_dense(value: Tensor, argname: str, fn: str) -> None:
+    raise TypeError(
+        f"{fn}: {argname} must be a dense (strided) tensor, got a {str(value.layout).replace('torch.', '')} tensor;"
+        " collectives move dense tensors only: pass value.to_dense() (or its values and indices)"
+    )
 
 
 def _check_tensor_list(value: Any, argname: str, fn: str, length: int, like: Optional[Tensor]) -> list[Tensor]:
@@ -149,15 +160,18 @@ def _group_ranks(group: Any) -> Optional[list[int]]:
     return list(torch_dist.get_process_group_ranks(group))
 
 
-def _check_rank(value: Any, argname: str, fn: str, group: Any, ws: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_rank(value: Any, argname: str, fn: str, group: Any, ws: int) -> int:
+    """``value`` as a plain int global rank of ``group`` (numpy integers accepted, as the object collectives do)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{fn}: {argname} must be an int rank, got {type(value).__name__}: {value!r}")
+    value = int(value)
     ranks = _group_ranks(group)
     if ranks is None:
         if not 0 <= value < ws:
             raise ValueError(f"{fn}: {argname} must be a rank in 0..{ws - 1} (world size {ws}), got {value}")
     elif value not in ranks:
         raise ValueError(f"{fn}: {argname} must be a global rank of the group {ranks}, got {value}")
+    return value
 
 
 def _group_index(group: Any, global_rank: int) -> int:
@@ -379,6 +393,7 @@ def _done(async_op: bool, result: Any = None) -> Any:
 # ---------------------------------------------------------------------------
 # all_reduce / reduce
 # ---------------------------------------------------------------------------
+@one_thread(2)  # one thread per group at a time (see _threads)
 def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Reduce ``data`` across all ranks so that every rank gets the result, in place.
 
@@ -409,8 +424,8 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
         None, or a handle when ``async_op`` is True.
 
     Raises:
-        ValueError: unknown ``op``.
-        TypeError: ``data`` is not a tensor.
+        ValueError: unknown ``op`` (a plain int such as ``5`` included).
+        TypeError: ``data`` is not a dense tensor.
         hwdist.PlanError: no correct plan for this dtype/op on this backend.
 
     Examples:
@@ -441,6 +456,8 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
             return CollectiveHandle()
         torch_dist.all_reduce(data, fast, group)
         return None
+    if data.layout is not torch.strided:
+        _not_dense(data, "data", "all_reduce")
     ws = torch_dist.get_world_size(group)
     buf, aliased = _prepare(data, plan, cdev)
     if plan.emulated:  # a backend without all_reduce: nothing can emulate it
@@ -456,6 +473,7 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
     return _run(driver, async_op, issue, finish)
 
 
+@one_thread(3)  # one thread per group at a time (see _threads)
 def reduce(
     data: Tensor,
     dst: int = 0,
@@ -489,13 +507,13 @@ def reduce(
         >>> # rank 0: tensor([3.])   rank 1: (unspecified)
     """
     if _verify._enabled:
-        _verify_call("reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op), dst=repr(dst))
+        _verify_call("reduce", group, data, data=_verify.describe_tensor(data), reduce_op=_op_field(op), dst=_verify.rank_field(dst))
     rop = normalize_reduce_op(op)
     _check_tensor(data, "data", "reduce")
     if not _is_initialized():
         return _done(async_op)
     ws = torch_dist.get_world_size(group)
-    _check_rank(dst, "dst", "reduce", group, ws)
+    dst = _check_rank(dst, "dst", "reduce", group, ws)
     driver = registry.resolve(group, data.device)
     plan = driver.plan("reduce", data.dtype, rop)
     cdev = _comm_dev(driver, data)
@@ -576,6 +594,12 @@ def _exchange_shapes(data: Tensor, group: Any, driver: Driver, ws: int, fn: str)
 # ---------------------------------------------------------------------------
 # all_gather / gather
 # ---------------------------------------------------------------------------
+_REAL_OF_COMPLEX = {
+    d: r for d, r in ((getattr(torch, "complex32", None), torch.float16), (torch.complex64, torch.float32),
+                      (torch.complex128, torch.float64)) if d is not None
+}
+
+
 def _gather_common(
     fn: str,
     data: Tensor,
@@ -587,11 +611,16 @@ def _gather_common(
     """all_gather (dst None) or gather to ``dst``, with uneven shapes."""
     ws = torch_dist.get_world_size(group)
     if dst is not None:
-        _check_rank(dst, "dst", fn, group, ws)
+        dst = _check_rank(dst, "dst", fn, group, ws)
     if ws == 1:
         return _done(async_op, [data])
     driver = registry.resolve(group, data.device)
     plan = driver.plan(fn, data.dtype)
+    if plan.native_op == "gather" and data.is_complex() and not plan.view:
+        # torch.distributed.gather, unlike all_gather, does not view complex tensors as real pairs
+        # (gloo: "Invalid scalar type"): travel as the real pairs' (planned) dtype, a byte-exact view
+        real = driver.plan(fn, _REAL_OF_COMPLEX[data.dtype])
+        plan = dataclasses.replace(plan, comm_dtype=real.comm_dtype, view=True)
     cdev = _comm_dev(driver, data)
     shapes = None if same_shape else _exchange_shapes(data, group, driver, ws, fn)
     even = shapes is None or all(s == shapes[0] for s in shapes)
@@ -642,6 +671,7 @@ def _comm_numel_shape(shape: torch.Size, plan: Plan) -> int:
     return n
 
 
+@one_thread(1)  # one thread per group at a time (see _threads)
 def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
@@ -681,6 +711,7 @@ def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = 
     return _gather_common("all_gather", data, group, None, same_shape, async_op)
 
 
+@one_thread(2)  # one thread per group at a time (see _threads)
 def gather(
     data: Tensor,
     dst: int = 0,
@@ -710,6 +741,7 @@ def gather(
 
     Raises:
         ValueError: ``dst`` out of range (on every rank).
+        TypeError: ``dst`` is not an int rank (``None`` included), before any communication.
 
     Examples:
         >>> data = torch.tensor([rank])
@@ -719,10 +751,12 @@ def gather(
     """
     if _verify._enabled:
         desc = _verify.describe_tensor(data) if same_shape else _verify.describe_dtype(data)
-        _verify_call("gather", group, data, data=desc, same_shape=bool(same_shape), dst=repr(dst))
+        _verify_call("gather", group, data, data=desc, same_shape=bool(same_shape), dst=_verify.rank_field(dst))
     _check_tensor(data, "data", "gather")
     if not _is_initialized():
         return _done(async_op, [data])
+    # before anything else: dst=None would otherwise pass for an all_gather on this rank
+    dst = _check_rank(dst, "dst", "gather", group, torch_dist.get_world_size(group))
     return _gather_common("gather", data, group, dst, same_shape, async_op)
 
 
@@ -762,6 +796,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
 # ---------------------------------------------------------------------------
 # broadcast / scatter
 # ---------------------------------------------------------------------------
+@one_thread(2)  # one thread per group at a time (see _threads)
 def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Broadcast ``data`` from rank ``src`` to every rank, in place.
 
@@ -785,12 +820,12 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
         >>> # rank 0: tensor([1, 2])   rank 1: tensor([1, 2])
     """
     if _verify._enabled:
-        _verify_call("broadcast", group, data, data=_verify.describe_tensor(data), src=repr(src))
+        _verify_call("broadcast", group, data, data=_verify.describe_tensor(data), src=_verify.rank_field(src))
     _check_tensor(data, "data", "broadcast")
     if not _is_initialized():
         return _done(async_op)
     ws = torch_dist.get_world_size(group)
-    _check_rank(src, "src", "broadcast", group, ws)
+    src = _check_rank(src, "src", "broadcast", group, ws)
     driver = registry.resolve(group, data.device)
     plan, fast = _fast_plan(driver, "broadcast", data.dtype, None)
     cdev = _comm_dev(driver, data)
@@ -812,6 +847,7 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
     return _run(driver, async_op, issue, finish)
 
 
+@one_thread(3)  # one thread per group at a time (see _threads)
 def scatter(
     data: Tensor,
     scatter_list: Optional[Sequence[Tensor]] = None,
@@ -850,7 +886,7 @@ def scatter(
         >>> # rank 0: tensor([0., 0.])   rank 1: tensor([1., 1.])
     """
     if _verify._enabled:
-        _verify_call("scatter", group, data, data=_verify.describe_tensor(data), src=repr(src))
+        _verify_call("scatter", group, data, data=_verify.describe_tensor(data), src=_verify.rank_field(src))
     _check_tensor(data, "data", "scatter")
     if not _is_initialized():
         items = _check_tensor_list(scatter_list, "scatter_list", "scatter", 1, data)
@@ -858,7 +894,7 @@ def scatter(
             data.copy_(items[0])
         return _done(async_op)
     ws = torch_dist.get_world_size(group)
-    _check_rank(src, "src", "scatter", group, ws)
+    src = _check_rank(src, "src", "scatter", group, ws)
     driver = registry.resolve(group, data.device)
     plan = driver.plan("scatter", data.dtype)
     cdev = _comm_dev(driver, data)
@@ -914,6 +950,7 @@ def scatter(
 # ---------------------------------------------------------------------------
 # reduce_scatter / all_to_all
 # ---------------------------------------------------------------------------
+@one_thread(3)  # one thread per group at a time (see _threads)
 def reduce_scatter(
     output: Tensor,
     input_list: Union[Sequence[Tensor], Tensor],
@@ -1001,6 +1038,7 @@ def _split_input(value: Any, output: Tensor, ws: int, fn: str) -> list[Tensor]:
     return items
 
 
+@one_thread(2)  # one thread per group at a time (see _threads)
 def all_to_all(
     output_list: Sequence[Tensor],
     input_list: Sequence[Tensor],
@@ -1234,3 +1272,4 @@ def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     out = tensor.detach().clone()
     all_reduce(out, "mean", group)
     return out
+

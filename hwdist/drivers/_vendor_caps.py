@@ -1,9 +1,9 @@
 """Where the accelerator drivers' capability tables come from: data only, no vendor import.
 
 Every dtype, reduce op and native op that the ``hccl``, ``cncl``, ``mccl`` and ``xccl``
-drivers declare is a :class:`Fact` here that names the vendor source it was read from, and
+drivers declare is a [`Fact`][hwdist.drivers._vendor_caps.Fact] here that names the vendor source it was read from, and
 so is every one they deliberately leave out. The drivers build their tables from this module
-(:func:`table`), so a table and its sources cannot drift apart; ``docs/hardware.md`` shows
+([`table`][hwdist.drivers._vendor_caps.table]), so a table and its sources cannot drift apart; ``docs/hardware.md`` shows
 the same facts (a test keeps it in sync).
 
 Where vendor releases differ, a driver declares only what holds on every release read (the

@@ -1,7 +1,7 @@
 """CNCL: Cambricon MLUs through torch_mlu (imported lazily).
 
 The capability table is read from torch_mlu's source; every entry names its source in
-:mod:`hwdist.drivers._vendor_caps` (and docs/hardware.md). Not run on MLU hardware by
+[`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md). Not run on MLU hardware by
 this project.
 """
 

@@ -1,7 +1,7 @@
 """HCCL: Huawei Ascend NPUs through torch_npu (imported lazily).
 
 The capability table is read from torch_npu's source and its 2.14.0 wheel; every entry
-names its source in :mod:`hwdist.drivers._vendor_caps` (and docs/hardware.md). It has not
+names its source in [`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md). It has not
 been run on Ascend hardware by this project.
 """
 

@@ -1,7 +1,7 @@
 """MCCL: Moore Threads GPUs through torch_musa (imported lazily); not run here.
 
 The capability table is read from torch_musa's source; every entry names its source in
-:mod:`hwdist.drivers._vendor_caps` (and docs/hardware.md).
+[`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md).
 """
 
 from __future__ import annotations

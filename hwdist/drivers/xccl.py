@@ -1,7 +1,7 @@
 """XCCL: Intel GPUs (torch.xpu, oneCCL), built into torch >= 2.8 XPU builds.
 
 The capability table is read from torch-xpu-ops' ProcessGroupXCCL; every entry names its
-source in :mod:`hwdist.drivers._vendor_caps` (and docs/hardware.md).
+source in [`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md).
 """
 
 from __future__ import annotations

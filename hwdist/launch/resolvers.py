@@ -77,6 +77,10 @@ class LaunchInfo:
             )
         if self.local_rank < 0:
             raise LauncherError(f"{self.launcher}: local rank must be >= 0, got {self.local_rank}")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise LauncherError(
+                f"{self.launcher}: the rendezvous port (MASTER_PORT) must be in 1..65535, got {self.master_port}"
+            )
         if self.local_world_size is not None and not 0 <= self.local_rank < self.local_world_size:
             raise LauncherError(
                 f"{self.launcher}: local rank {self.local_rank} is outside local world size"

@@ -19,6 +19,9 @@ DEFAULT_PORT = 29500
 #: ports the OS hands out.
 PORT_BASE = 12000
 PORT_SPAN = 20000
+#: The most hosts (or node counts) a node list or ``SLURM_TASKS_PER_NODE`` may expand to:
+#: far above any Slurm cluster, far below what would exhaust memory.
+MAX_EXPANSION = 1_000_000
 
 
 def port_from_job_id(job_id: Optional[str]) -> int:
@@ -46,20 +49,28 @@ def _split_top(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _expand_range(spec: str, whole: str) -> list[str]:
-    out: list[str] = []
+def _too_many(what: str, text: str, count: int) -> LauncherError:
+    return LauncherError(
+        f"{what} {text!r} expands to {count} entries, more than hwdist's limit of {MAX_EXPANSION};"
+        " is the variable corrupted?"
+    )
+
+
+def _ranges(spec: str, whole: str) -> list[tuple[int, int, int]]:
+    """A bracket's ``lo-hi`` items as ``(lo, hi, zero-padded width)`` (ASCII digits only, checked)."""
+    out = []
     for item in spec.split(","):
-        if "-" in item:
-            lo, _, hi = item.partition("-")
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
-                raise LauncherError(f"malformed Slurm node list {whole!r}: bad range {item!r}")
-            width = len(lo)
-            out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-        elif item.isdigit():
-            out.append(item)
-        else:
-            raise LauncherError(f"malformed Slurm node list {whole!r}: bad item {item!r}")
+        lo, dash, hi = item.partition("-")
+        if not dash:
+            hi = lo
+        if not (_DIGITS.fullmatch(lo) and _DIGITS.fullmatch(hi)) or int(hi) < int(lo):
+            what = "range" if dash else "item"
+            raise LauncherError(f"malformed Slurm node list {whole!r}: bad {what} {item!r}")
+        out.append((int(lo), int(hi), len(lo)))
     return out
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")  # more digits are no host number (and int() of 4300+ refuses)
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
@@ -70,11 +81,20 @@ def expand_hostlist(nodelist: str) -> list[str]:
     """
     hosts: list[str] = []
     for pattern in _split_top(nodelist):
+        parts = [
+            (literal, _ranges(spec, nodelist) if spec else [])
+            for literal, spec in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", pattern)
+            if literal or spec
+        ]
+        count = len(hosts)  # counted before anything is built: n[0-99999999] must not exhaust memory
+        size = 1
+        for _, ranges in parts:
+            size *= sum(hi - lo + 1 for lo, hi, _ in ranges) if ranges else 1
+        if count + size > MAX_EXPANSION:
+            raise _too_many("Slurm node list", nodelist, count + size)
         expansions = [""]
-        for literal, spec in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", pattern):
-            if not literal and not spec:
-                continue
-            choices = _expand_range(spec, nodelist) if spec else [""]
+        for literal, ranges in parts:
+            choices = [str(i).zfill(w) for lo, hi, w in ranges for i in range(lo, hi + 1)] if ranges else [""]
             expansions = [e + literal + c for e in expansions for c in choices]
         hosts.extend(expansions)
     return hosts
@@ -82,13 +102,16 @@ def expand_hostlist(nodelist: str) -> list[str]:
 
 def expand_tasks_per_node(spec: str) -> list[int]:
     """Expand ``SLURM_TASKS_PER_NODE`` (``'2(x3),1'`` -> ``[2, 2, 2, 1]``)."""
-    out: list[int] = []
+    runs: list[tuple[int, int]] = []
     for item in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        m = re.fullmatch(r"\s*([0-9]{1,18})(?:\(x([0-9]{1,18})\))?\s*", item)
         if m is None:
             raise LauncherError(f"malformed SLURM_TASKS_PER_NODE {spec!r}")
-        out.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return out
+        runs.append((int(m.group(1)), int(m.group(2) or 1)))
+    total = sum(n for _, n in runs)  # counted before anything is built: 2(x100000000000) is a typo, not a job
+    if total > MAX_EXPANSION:
+        raise _too_many("SLURM_TASKS_PER_NODE", spec, total)
+    return [count for count, n in runs for _ in range(n)]
 
 
 def scontrol_hostnames(nodelist: str) -> Optional[list[str]]:
