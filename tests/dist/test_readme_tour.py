@@ -63,15 +63,17 @@ def test_tour_spawned_ranks_print_what_the_comments_say(tmp_path):
 
 def test_tour_under_torchrun_prints_what_the_comments_say(tmp_path):
     expected = _expected(_tour())
-    lines = _run(
+    logs = tmp_path / "logs"
+    _run(
         tmp_path,
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "tour.py"],
-    )
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--redirects", "3", "--log-dir", str(logs), "tour.py"],
+    )  # fmt: skip
     wanted = [(call, pat) for call, pat in expected if "run_distributed" not in call]
-    # two ranks print concurrently: every line matches one comment, each comment twice
-    counts = {call: 0 for call, _ in wanted}
-    for line in lines:
-        hits = [call for call, pat in wanted if pat.match(line)]
-        assert hits, f"unexpected line {line!r}; comments: {[p.pattern for _, p in wanted]}"
-        counts[hits[0]] += 1
-    assert counts == {call: 2 for call in counts}, counts
+    outputs = sorted(logs.rglob("stdout.log"))
+    assert len(outputs) == 2, outputs  # one per rank, so the ranks' lines cannot interleave
+    for out in outputs:
+        lines = [ln for ln in out.read_text().splitlines() if ln.strip()]
+        assert len(lines) == len(wanted), lines
+        for line, (call, pat) in zip(lines, wanted):
+            assert pat.match(line), f"{out}: {call} printed {line!r}, its comment says {pat.pattern!r}"
