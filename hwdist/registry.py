@@ -426,6 +426,11 @@ def ensure_torch_backend(driver: Driver) -> None:
                 f" under a name torch does not reserve"
             )
         return
+    vendor = getattr(driver, "vendor_module", None)
+    if not _compat.torch_knows_backend(name) and vendor:
+        import importlib
+
+        importlib.import_module(vendor)  # vendor extensions register their backend with torch on import
     if _compat.torch_knows_backend(name):
         return
     factory = getattr(driver, "process_group_factory", None)
@@ -442,25 +447,31 @@ def ensure_torch_backend(driver: Driver) -> None:
 
 # --------------------------------------------------------------------------- plan guard
 class _CheckedPlan:
-    """A driver's ``plan`` that names the driver when it breaks its contract.
+    """A driver's planning method that names the driver when it breaks its contract.
 
     ``plan`` must return a :class:`Plan` for the op and dtype asked, or raise
     :class:`PlanError` (no plan) or ValueError (an unknown op or reduce-op name).
     Anything else raises :class:`BackendError` naming the driver; collectives
     ask for their plan before communicating, so every rank raises it there.
+    Wraps ``_make_plan`` of a driver that keeps :meth:`Driver.plan` (whose cache
+    then holds checked plans: no cost per call), else ``plan`` itself.
     """
 
-    __slots__ = ("_driver", "_raw", "_ok")
+    __slots__ = ("_driver", "_attr", "_raw", "_ok")
 
-    def __init__(self, driver: Any, raw: Any = None) -> None:
+    def __init__(self, driver: Any, attr: str = "plan", raw: Any = None) -> None:
         self._driver = driver
+        self._attr = attr
         self._raw = raw
         self._ok: dict[tuple[Any, Any, Any], Plan] = {}
 
     def __call__(self, op: str, dtype: torch.dtype, reduce_op: Optional[str] = None) -> Plan:
         drv = self._driver
         try:
-            plan = self._raw(op, dtype, reduce_op) if self._raw is not None else type(drv).plan(drv, op, dtype, reduce_op)
+            if self._raw is not None:
+                plan = self._raw(op, dtype, reduce_op)
+            else:
+                plan = getattr(type(drv), self._attr)(drv, op, dtype, reduce_op)
         except (PlanError, ValueError):
             raise
         except Exception as exc:
@@ -480,7 +491,7 @@ class _CheckedPlan:
         return plan
 
     def __reduce__(self) -> Any:
-        return (_CheckedPlan, (self._driver,))
+        return (_CheckedPlan, (self._driver, self._attr))
 
 
 def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
@@ -506,14 +517,17 @@ def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
 
 
 def _guard_plan(driver: Any) -> None:
-    """Wrap ``driver.plan`` in a :class:`_CheckedPlan` (once)."""
-    own = getattr(driver, "__dict__", {}).get("plan")
-    if isinstance(own, _CheckedPlan):
+    """Wrap the driver's planning method in a :class:`_CheckedPlan` (once)."""
+    own = getattr(driver, "__dict__", None)
+    if own is None:  # a driver with __slots__ and no __dict__: left as it is
         return
-    try:
-        driver.plan = _CheckedPlan(driver, own)
-    except AttributeError:  # a driver with __slots__ and no __dict__: left as it is
-        pass
+    keeps_base = isinstance(driver, Driver) and type(driver).plan is Driver.plan and "plan" not in own
+    attr = "_make_plan" if keeps_base else "plan"
+    if isinstance(own.get(attr), _CheckedPlan):
+        return
+    driver.__dict__[attr] = _CheckedPlan(driver, attr, own.get(attr))
+    if keeps_base:
+        own.get("_plans", {}).clear()  # plans made before registration were not checked
 
 
 for _cls in BUILTIN_DRIVERS:
