@@ -7,7 +7,11 @@ with a value computed independently from the rank numbers (never with what
 another hwdist function returns). Where the backend's driver declares that no
 correct plan exists (``Driver.plan`` raises [`hwdist.PlanError`][hwdist.drivers.base.PlanError], e.g.
 int64 reductions on the emulated accelerator), the check expects hwdist to
-refuse the call with an error on every rank, and counts that as a pass.
+refuse the call with an error on every rank, and counts that as honoured. A
+check with no op to ask the driver about (object collectives) counts a
+[`hwdist.PlanError`][hwdist.drivers.base.PlanError] from the call as the table's refusal. A row whose
+every case was refused that way is ``refused (as declared)``; ``FAIL`` is only
+for a wrong result or an unexpected error.
 
 A function that hwdist does not (yet) provide gives a "n/a" row, not a failure.
 
@@ -29,6 +33,7 @@ import torch
 
 __all__ = [
     "Row",
+    "REFUSED",
     "CHECKS",
     "INJECT_ENV",
     "check_names",
@@ -53,6 +58,9 @@ _ALL = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
 _NUMERIC = ("float32", "float16", "bfloat16", "int32", "int64")
 _FLOAT = ("float32", "float16", "bfloat16")
 
+REFUSED = "refused (as declared)"
+"""Status of a row whose every case the driver's capability table refuses."""
+
 
 @dataclass
 class Row:
@@ -61,7 +69,7 @@ class Row:
     Attributes:
         name: the hwdist function checked (or a group such as 'dist info').
         dtype: the dtype checked, or '-'.
-        status: 'pass', 'FAIL' or 'n/a'.
+        status: 'pass', 'FAIL', 'n/a' or [`REFUSED`][hwdist.checks.REFUSED] (every case refused as the table declares).
         seconds: slowest rank's time for the check body (None when not run).
         detail: what was covered, what was refused as declared, or what failed.
     """
@@ -96,6 +104,7 @@ class _Ctx:
         self.dtype: torch.dtype = _DTYPES[dtype] if dtype else torch.float32
         self.covered: list[str] = []
         self.refused: list[str] = []
+        self.why: list[str] = []
         self.problems: list[str] = []
         self.values: dict[str, Any] = {}
         self._inject = inject
@@ -132,16 +141,33 @@ class _Ctx:
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         """Run one sub-case: expect a refusal if the driver declares none, else verify."""
+        from .drivers.base import PlanError
+
         why = self.refusal(op, reduce_op, dtype) if op is not None else None
         if why is not None:
             try:
-                call()
+                out = call()
             except Exception:  # every rank refuses: the declared limit is honoured
                 self.refused.append(label)
+                self.why.append(why)
                 return
-            self.problems.append(f"{label}: the driver declares no plan ({why}) but the call returned")
+            if self.world > 1:
+                self.problems.append(f"{label}: the driver declares no plan ({why}) but the call returned")
+                return
+            # One rank: hwdist moves nothing (as for objects), so there is nothing to refuse; check the result.
+            before = len(self.problems)
+            verify(out)
+            if len(self.problems) == before:
+                self.covered.append(label)
             return
-        out = call()
+        try:
+            out = call()
+        except PlanError as exc:
+            if op is not None:  # the driver declared a plan: refusing is a failure
+                raise
+            self.refused.append(label)  # no op to ask about (objects): the table's refusal
+            self.why.append(str(exc))
+            return
         before = len(self.problems)
         verify(out)
         if len(self.problems) == before:
@@ -668,6 +694,7 @@ def run_check(name: str, dtype: Optional[str], inject: str = "") -> dict[str, An
         "seconds": seconds,
         "covered": ctx.covered,
         "refused": ctx.refused,
+        "why": ctx.why,
         "problems": ctx.problems,
         "values": ctx.values,
     }
@@ -726,6 +753,9 @@ def _summarise(name: str, results: list[dict[str, Any]], backend: str) -> tuple[
     detail = " ".join(covered)
     if refused:
         detail += ("; " if detail else "") + "refused as declared: " + " ".join(refused)
+    if refused and not covered:
+        why = results[0].get("why") or []
+        return REFUSED, detail + (f" ({why[0]})" if why else "")
     return "pass", detail
 
 

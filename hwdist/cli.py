@@ -312,7 +312,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         )
         return 1
     elapsed = time.monotonic() - start
-    counts = {s: sum(r.status == s for r in rows) for s in ("pass", "FAIL", "n/a")}
+    counts = {s: sum(r.status == s for r in rows) for s in ("pass", "FAIL", "n/a", checks.REFUSED)}
     if args.json:
         json.dump(
             {
@@ -323,6 +323,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
                 "passed": counts["pass"],
                 "failed": counts["FAIL"],
                 "not_available": counts["n/a"],
+                "refused": counts[checks.REFUSED],
                 "seconds": elapsed,
                 "results": [r.as_dict() for r in rows],
             },
@@ -334,6 +335,8 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         summary = f"{counts['pass']} passed, {counts['FAIL']} failed"
         if counts["n/a"]:
             summary += f", {counts['n/a']} not available"
+        if counts[checks.REFUSED]:
+            summary += f", {counts[checks.REFUSED]} {checks.REFUSED}"
         out.write(f"\n{summary} in {elapsed:.1f} s\n")
     return 1 if counts["FAIL"] else 0
 

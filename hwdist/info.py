@@ -59,13 +59,17 @@ def get_default_group() -> Optional[Any]:
 def get_backend(group: Optional[Any] = None) -> Optional[str]:
     """The backend name of ``group`` (default group if None), or None when not distributed.
 
-    The string is torch's (e.g. ``gloo``, ``nccl``, or ``cpu:gloo,cuda:nccl``),
-    except that a name a driver registered with torch under another name (the
-    mpi4py process group) is reported as the driver's name (``'mpi'``).
+    For a group hwdist created (``init_dist``, ``init_backend``, the local
+    groups, ``hwdist.new_group``) it is the name of the driver that created it
+    (the one ``hwdist.resolve`` returns), even when that driver shares a torch
+    backend (``torch_backend = "gloo"``). For any other group it is torch's
+    string (e.g. ``gloo``, ``nccl``, or ``cpu:gloo,cuda:nccl``), except that a
+    name a driver registered with torch under another name (the mpi4py process
+    group) is reported as the driver's name (``'mpi'``).
     """
     if not is_distributed():
         return None
-    return registry.canonical_name(str(torch_dist.get_backend(group)))
+    return registry.group_backend_name(group)
 
 
 def get_world_size(group: Optional[Any] = None) -> int:

@@ -9,6 +9,7 @@ registered, or the first time the list of backends is asked for.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, Optional, TypeVar, Union, overload
 
 import torch
@@ -16,7 +17,8 @@ import torch
 from . import _compat
 from ._plugins import load_plugins
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
-from .drivers.base import Driver
+from .drivers._startup import fallback_process_group_factory
+from .drivers.base import ALL_OPS, REDUCE_OP_NAMES, REDUCE_OPS, Driver, Plan, PlanError, Post
 
 __all__ = [
     "register_backend",
@@ -27,6 +29,7 @@ __all__ = [
     "available_backends",
     "BackendError",
     "ENTRY_POINT_GROUP",
+    "record_group",
 ]
 
 ENTRY_POINT_GROUP = "hwdist.drivers"
@@ -52,6 +55,8 @@ _aliases: dict[str, str] = {}
 _entry_points_loaded = False
 # (id(group), device type) -> (group, driver); the group is kept so its id is not reused.
 _group_cache: dict[tuple[int, Optional[str]], tuple[Any, Driver]] = {}
+# Process group -> the driver hwdist created it with (weak: a destroyed, dropped group leaves).
+_group_drivers: "weakref.WeakKeyDictionary[Any, Driver]" = weakref.WeakKeyDictionary()
 
 D = TypeVar("D", bound=Union[Driver, type])
 
@@ -91,6 +96,36 @@ def _check_driver(name: str, driver: Any) -> Driver:
     return driver
 
 
+def _torch_reserved(name: str) -> bool:
+    """Whether torch.distributed reserves ``name`` for a backend of its own (``Backend.<NAME>``)."""
+    if not _compat.DIST_AVAILABLE:
+        return False
+    import torch.distributed as dist
+
+    return isinstance(getattr(dist.Backend, name.upper(), None), str)
+
+
+def _check_torch_name(key: str, inst: Driver) -> None:
+    """Refuse torch names no process group can ever be created under (raised at registration)."""
+    if not _compat.DIST_AVAILABLE:
+        return
+    import torch.distributed as dist
+
+    torch_name = str(getattr(inst, "torch_name", key)).lower()
+    if torch_name == getattr(dist.Backend, "UNDEFINED", None):
+        raise BackendError(
+            f"cannot register {key!r}: its torch name {torch_name!r} is torch.distributed.Backend.UNDEFINED,"
+            " which names no backend. HINT: register it under another name"
+        )
+    if _torch_reserved(torch_name) and getattr(inst, "process_group_factory", None) is not None:
+        raise BackendError(
+            f"cannot register {key!r} ({type(inst).__name__}): it gives process_group_factory, but its torch"
+            f" name {torch_name!r} is torch's own backend (torch.distributed.Backend.{torch_name.upper()}),"
+            " so torch would never call the factory. HINT: drop torch_backend, or register the driver"
+            " under a name torch does not reserve"
+        )
+
+
 def _register(name: str, driver: Any, override: bool) -> Driver:
     if not isinstance(name, str) or not name or name != name.strip():
         raise BackendError(f"backend name must be a non-empty str without spaces, got {name!r}")
@@ -103,10 +138,13 @@ def _register(name: str, driver: Any, override: bool) -> Driver:
     elif inst.name.lower() != key:
         # One driver class registered under a second name gets its own instance name.
         inst.name = key  # type: ignore[misc]
+    _check_torch_name(key, inst)
+    _guard_plan(inst)
     with _lock:
         if key in _drivers and not override:
+            same = "" if name == key else f" as {key!r} (backend names are case-insensitive)"
             raise BackendError(
-                f"backend {key!r} is already registered ({_drivers[key]!r});"
+                f"backend {name!r} is already registered{same} ({_drivers[key]!r});"
                 f" pass override=True to replace it. Registered: {_names()}"
             )
         _drivers[key] = inst
@@ -114,7 +152,9 @@ def _register(name: str, driver: Any, override: bool) -> Driver:
             _aliases[alias.lower()] = key
         torch_name = getattr(inst, "torch_name", key)
         if isinstance(torch_name, str) and torch_name.lower() != key:
-            _aliases[torch_name.lower()] = key
+            # A shared torch name (torch_backend = "gloo") is no alias: groups hwdist creates
+            # record their driver, and a name torch reports resolves to the driver of that name.
+            _aliases.setdefault(torch_name.lower(), key)
         _group_cache.clear()
     return inst
 
@@ -261,8 +301,17 @@ def _pick_from_mixed(spec: str, device: Union[str, torch.device, None]) -> str:
 def resolve(group: Any = None, device: Union[str, torch.device, None] = None) -> Driver:
     """The driver of process group ``group`` (default group if None).
 
+    A group hwdist created (``init_dist``, ``init_backend``, the local groups,
+    [`hwdist.new_group`][hwdist.launch.core.new_group]) resolves to the driver it was created with, even
+    when several drivers share one torch backend (``torch_backend = "gloo"``).
+    Any other group resolves by the backend name torch reports for it.
     Cached per group and device type; the cache is cleared when backends are
     (un)registered or a process group is destroyed through hwdist.
+
+    Examples:
+        >>> hwdist.init_dist("pytorch", backend="mycl")
+        >>> hwdist.resolve().name
+        # rank 0: 'mycl'   rank 1: 'mycl'
     """
     dtype = None if device is None else (device if isinstance(device, str) else device.type)
     if group is None and _compat.DIST_AVAILABLE:
@@ -277,15 +326,58 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
             "no process group: call hwdist.init_dist(...) (or torch.distributed"
             ".init_process_group) first"
         )
-    backend = str(dist.get_backend(group))
-    drv = _lookup(backend, dtype)
+    drv = _recorded(group)
+    if drv is None:
+        drv = _lookup(str(dist.get_backend(group)), dtype)
     _group_cache[(id(group), dtype)] = (group, drv)
     return drv
 
 
+def _recorded(group: Any) -> Optional[Driver]:
+    try:
+        return _group_drivers.get(group)
+    except TypeError:  # not weak-referenceable: not a group hwdist created
+        return None
+
+
+def record_group(group: Any, driver: Driver) -> None:
+    """Remember that hwdist created ``group`` with ``driver`` (``resolve`` then returns it).
+
+    Called by hwdist wherever it creates a process group; the entry goes when
+    the group object does.
+    """
+    if group is None:
+        return
+    try:
+        _group_drivers[group] = driver
+    except TypeError:  # e.g. torch's NON_GROUP_MEMBER sentinel on ranks outside a new group
+        return
+    _group_cache.clear()
+
+
+def group_backend_name(group: Any = None) -> str:
+    """What ``hwdist.get_backend`` reports: the driver's name for a group hwdist created,
+    else the name torch reports (an alias mapped to its driver's name, e.g. the mpi4py group)."""
+    import torch.distributed as dist
+
+    if group is None:
+        group = _compat.default_group()
+    drv = _recorded(group)
+    if drv is not None:
+        return drv.name
+    return canonical_name(str(dist.get_backend(group)))
+
+
 def canonical_name(backend: str) -> str:
-    """The registered name for a name torch reports (e.g. an alias), else ``backend`` unchanged."""
-    return _aliases.get(backend.lower(), backend)
+    """The registered name for a name torch reports (e.g. an alias), else ``backend`` unchanged.
+
+    A registered driver's own name wins over another driver's alias, so a plain
+    ``gloo`` group is ``'gloo'`` even when a driver with ``torch_backend = "gloo"`` is registered.
+    """
+    key = backend.lower()
+    if key in _drivers:
+        return key
+    return _aliases.get(key, backend)
 
 
 def clear_cache() -> None:
@@ -293,19 +385,149 @@ def clear_cache() -> None:
     _group_cache.clear()
 
 
-def ensure_torch_backend(driver: Driver) -> None:
-    """Make torch know ``driver``'s backend, registering its factory if needed.
+def _torch_backend_names() -> str:
+    import torch.distributed as dist
 
-    Called by ``init_dist`` in every process before the process group is
-    created, so custom backends work in every rank.
+    undefined = getattr(dist.Backend, "UNDEFINED", None)
+    return ", ".join(n for n in dist.Backend.backend_list if n != undefined)
+
+
+def ensure_torch_backend(driver: Driver) -> None:
+    """Make torch able to create ``driver``'s process group, or raise why it cannot.
+
+    The start-up rule, for the driver's torch name (``torch_backend`` or its name):
+
+    1. a name torch reserves for its own backend (``Backend.GLOO``, ...): torch
+       creates the group; if torch says it cannot here (``is_<name>_available()``
+       is False), [`BackendError`][hwdist.registry.BackendError];
+    2. a name already registered with torch (an earlier call, another library): used as is;
+    3. else the driver's ``process_group_factory`` is registered with torch under that name;
+    4. else a driver with the fallback device type (``'cpu'``) runs over gloo under its own name;
+    5. else [`BackendError`][hwdist.registry.BackendError] with a HINT.
+
+    Called by ``init_dist`` (before any rendezvous) and ``init_backend`` in every
+    process, so every rank raises the same error before any rank waits.
     """
+    if not _compat.DIST_AVAILABLE:
+        raise BackendError(f"backend {driver.name!r}: this torch has no torch.distributed")
+    import torch.distributed as dist
+
     name = driver.torch_name
+    hint = (
+        f'HINT: set torch_backend = "<an existing backend>" (torch has: {_torch_backend_names()})'
+        " or give process_group_factory"
+    )
+    if _torch_reserved(name):
+        probe = getattr(dist, f"is_{name.lower()}_available", None)
+        if callable(probe) and not probe():
+            raise BackendError(
+                f"backend {driver.name!r}: torch reserves {name!r} for its own backend, and this torch cannot"
+                f" create it (torch.distributed.is_{name.lower()}_available() is False). {hint}"
+                f" under a name torch does not reserve"
+            )
+        return
+    vendor = getattr(driver, "vendor_module", None)
+    if not _compat.torch_knows_backend(name) and vendor:
+        import importlib
+
+        importlib.import_module(vendor)  # vendor extensions register their backend with torch on import
     if _compat.torch_knows_backend(name):
         return
     factory = getattr(driver, "process_group_factory", None)
     if factory is None:
-        return  # a name torch will resolve itself (or reject with its own error)
+        factory = fallback_process_group_factory(driver.device_type)
+    if factory is None:
+        raise BackendError(
+            f"backend {driver.name!r} cannot start: torch.distributed has no backend {name!r} and the"
+            f" driver ({type(driver).__name__}, device_type {driver.device_type!r}) gives no"
+            f" process_group_factory. {hint}"
+        )
     _compat.register_torch_backend(name, factory, [driver.device_type])
+
+
+# --------------------------------------------------------------------------- plan guard
+class _CheckedPlan:
+    """A driver's planning method that names the driver when it breaks its contract.
+
+    ``plan`` must return a [`Plan`][hwdist.drivers.base.Plan] for the op and dtype asked, or raise
+    [`PlanError`][hwdist.drivers.base.PlanError] (no plan) or ValueError (an unknown op or reduce-op name).
+    Anything else raises [`BackendError`][hwdist.registry.BackendError] naming the driver; collectives
+    ask for their plan before communicating, so every rank raises it there.
+    Wraps ``_make_plan`` of a driver that keeps [`Driver.plan`][hwdist.drivers.base.Driver.plan] (whose cache
+    then holds checked plans: no cost per call), else ``plan`` itself.
+    """
+
+    __slots__ = ("_driver", "_attr", "_raw", "_ok")
+
+    def __init__(self, driver: Any, attr: str = "plan", raw: Any = None) -> None:
+        self._driver = driver
+        self._attr = attr
+        self._raw = raw
+        self._ok: dict[tuple[Any, Any, Any], Plan] = {}
+
+    def __call__(self, op: str, dtype: torch.dtype, reduce_op: Optional[str] = None) -> Plan:
+        drv = self._driver
+        try:
+            if self._raw is not None:
+                plan = self._raw(op, dtype, reduce_op)
+            else:
+                plan = getattr(type(drv), self._attr)(drv, op, dtype, reduce_op)
+        except (PlanError, ValueError):
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r}) raised"
+                f" {type(exc).__name__}: {exc}; a driver's plan must return a hwdist.Plan or raise PlanError"
+            ) from exc
+        key = (op, dtype, reduce_op)
+        if self._ok.get(key) is not plan:
+            why = _malformed(plan, op, dtype)
+            if why:
+                raise BackendError(
+                    f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r}) returned"
+                    f" a malformed plan: {why}"
+                )
+            self._ok[key] = plan
+        return plan
+
+    def __reduce__(self) -> Any:
+        return (_CheckedPlan, (self._driver, self._attr))
+
+
+def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
+    """Why ``plan`` is not a valid answer to ``plan(op, dtype, ...)``, or ''."""
+    if not isinstance(plan, Plan):
+        return f"expected a hwdist.Plan, got {type(plan).__name__}: {plan!r}"
+    if plan.op != op or plan.dtype != dtype:
+        return f"it is for {plan.op!r} on {plan.dtype}, not {op!r} on {dtype}"
+    if plan.native_op not in ALL_OPS:
+        return f"native_op {plan.native_op!r} is not an op ({', '.join(sorted(ALL_OPS))})"
+    if not isinstance(plan.comm_dtype, torch.dtype):
+        return f"comm_dtype must be a torch.dtype, got {plan.comm_dtype!r}"
+    if not isinstance(plan.post, Post):
+        return f"post must be a hwdist Post, got {plan.post!r}"
+    if plan.native_op in REDUCE_OPS and plan.reduce_op not in (*REDUCE_OP_NAMES, "avg"):
+        return f"reduce_op {plan.reduce_op!r} is not a reduce op ({', '.join(REDUCE_OP_NAMES)}, avg)"
+    if plan.view:
+        size = torch.empty((), dtype=dtype).element_size()
+        comm = torch.empty((), dtype=plan.comm_dtype).element_size()
+        if size % comm:
+            return f"a {dtype} element ({size} bytes) cannot be viewed as {plan.comm_dtype} ({comm} bytes)"
+    return ""
+
+
+def _guard_plan(driver: Any) -> None:
+    """Wrap the driver's planning method in a [`_CheckedPlan`][hwdist.registry._CheckedPlan] (once)."""
+    own = getattr(driver, "__dict__", None)
+    if own is None:  # a driver with __slots__ and no __dict__: left as it is
+        return
+    keeps_base = isinstance(driver, Driver) and type(driver).plan is Driver.plan and "plan" not in own
+    attr = "_make_plan" if keeps_base else "plan"
+    if isinstance(own.get(attr), _CheckedPlan):
+        return
+    driver.__dict__[attr] = _CheckedPlan(driver, attr, own.get(attr))
+    if keeps_base:
+        own.get("_plans", {}).clear()  # plans made before registration were not checked
 
 
 for _cls in BUILTIN_DRIVERS:

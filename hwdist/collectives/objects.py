@@ -47,7 +47,7 @@ import torch.distributed as torch_dist
 
 from .. import _compat, registry
 from .. import verify as _verify
-from ..drivers.base import PlanError
+from ..drivers.base import PlanError, byte_carrier
 from ..info import is_distributed
 from . import serialization as _ser
 from .serialization import (
@@ -305,37 +305,48 @@ class _Comm:
     def has(self, op: str) -> bool:
         """Whether the driver can run ``op`` on bytes (natively or emulated)."""
         try:
-            self.driver.plan(op, torch.uint8)
+            self._carrier(op)
         except PlanError:
             return False
         return True
 
+    def _carrier(self, op: str) -> torch.dtype:
+        # The smallest integer dtype the driver moves for ``op``; bytes are padded to its size.
+        return byte_carrier(self.driver, op)
+
     def _wire(self, t: torch.Tensor, op: str) -> torch.Tensor:
-        plan = self.driver.plan(op, torch.uint8)
-        if plan.cast:
-            if not plan.view:
-                raise PlanError(f"backend '{self.driver.name}' cannot move bytes for '{op}' without a value cast")
-            t = t.view(plan.comm_dtype)
+        carrier = self._carrier(op)
+        if carrier != torch.uint8:
+            pad = -t.numel() % _itemsize(carrier)
+            if pad:
+                t = torch.cat([t, t.new_zeros(pad)])
+            t = t.view(carrier)
         if t.device != self.device:
             t = t.to(self.device)
         return t
 
+    def _padded(self, n: int, op: str) -> int:
+        k = _itemsize(self._carrier(op))
+        return -(-n // k) * k
+
     def _empty(self, n: int, op: str) -> torch.Tensor:
-        plan = self.driver.plan(op, torch.uint8)
-        dtype = plan.comm_dtype if plan.cast else torch.uint8
-        return torch.empty(n // _itemsize(dtype), dtype=dtype, device=self.device)
+        dtype = self._carrier(op)
+        return torch.empty(self._padded(n, op) // _itemsize(dtype), dtype=dtype, device=self.device)
 
     @staticmethod
-    def _host(t: torch.Tensor) -> np.ndarray:
-        return t.view(torch.uint8).cpu().numpy() if t.dtype != torch.uint8 else t.cpu().numpy()
+    def _host(t: torch.Tensor, n: int) -> np.ndarray:
+        host = t.view(torch.uint8).cpu().numpy() if t.dtype != torch.uint8 else t.cpu().numpy()
+        return host if host.size == n else host[:n]
 
     def all_gather(self, data: np.ndarray) -> np.ndarray:
-        """All-gather ``data`` (uint8, length a multiple of 8) -> array of shape (world, n)."""
+        """All-gather ``data`` (uint8) -> array of shape (world, n)."""
         n = data.size
         inp = self._wire(torch.from_numpy(data), "all_gather")
-        out = self._empty(n * self.world, "all_gather")
+        width = self._padded(n, "all_gather")
+        out = self._empty(width * self.world, "all_gather")
         torch_dist.all_gather(list(out.chunk(self.world)), inp, group=self.group)
-        return self._host(out).reshape(self.world, n)
+        rows = self._host(out, width * self.world).reshape(self.world, width)
+        return rows if width == n else rows[:, :n]
 
     def broadcast(self, data: Optional[np.ndarray], n: int, src: int) -> np.ndarray:
         """Broadcast ``n`` bytes from group rank ``src``; ``data`` is used on ``src`` only."""
@@ -345,7 +356,7 @@ class _Comm:
         else:
             t = self._empty(n, "broadcast")
         torch_dist.broadcast(t, src=self.global_rank(src), group=self.group)
-        return data if self.rank == src else self._host(t)  # type: ignore[return-value]
+        return data if self.rank == src else self._host(t, n)  # type: ignore[return-value]
 
     def send(self, data: np.ndarray, dst: int) -> None:
         """Send ``data`` to group rank ``dst``."""
@@ -355,7 +366,7 @@ class _Comm:
         """Receive ``n`` bytes from group rank ``src``."""
         t = self._empty(n, "recv")
         torch_dist.recv(t, src=self.global_rank(src), group=self.group)
-        return self._host(t)
+        return self._host(t, n)
 
     def exchange(self, record: np.ndarray, what: str, opcode: int, root: int = -1) -> list[Record]:
         """All-gather every rank's record; raise the same error on every rank if any rank failed."""

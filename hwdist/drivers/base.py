@@ -360,3 +360,33 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 def _dtname(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+#: Integer dtypes hwdist's own bytes (object collectives) may travel in, smallest first.
+BYTE_CARRIERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def byte_carrier(driver: Any, op: str) -> torch.dtype:
+    """The smallest integer dtype ``driver`` moves as it is for ``op``: hwdist's bytes travel in it.
+
+    The bytes are padded to a multiple of its size (the receiver knows the true
+    length), so any driver that can move one integer dtype carries objects.
+
+    Raises:
+        PlanError: the driver moves no integer dtype for ``op`` (names what it needs).
+    """
+    first: Optional[PlanError] = None
+    for cand in BYTE_CARRIERS:
+        try:
+            plan = driver.plan(op, cand)
+        except PlanError as exc:
+            first = first or exc
+            continue
+        if not plan.cast:
+            return cand
+    names = ", ".join(_dtname(d) for d in BYTE_CARRIERS)
+    why = f" ({first})" if first is not None else ""
+    raise PlanError(
+        f"backend '{driver.name}' cannot carry bytes for '{op}' (object collectives need it): it moves none"
+        f" of {names} as it is{why}. HINT: add one integer dtype (e.g. torch.int32) to the driver's dtypes"
+    )

@@ -6,7 +6,7 @@ in a registry like the backends ([`register_launcher`][hwdist.launch.resolvers.r
 
 from __future__ import annotations
 
-from .core import LEGACY_BACKEND_IDS, destroy, init_backend, init_dist, init_local_group
+from .core import LEGACY_BACKEND_IDS, destroy, init_backend, init_dist, init_local_group, new_group
 from .mpi import MpiLauncher
 from .resolvers import (
     Launcher,
@@ -34,6 +34,7 @@ __all__ = [
     "destroy",
     "init_dist",
     "init_local_group",
+    "new_group",
     "infer_launcher",
     "Launcher",
     "LaunchInfo",

@@ -25,7 +25,7 @@ from .. import _compat, info, registry
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
 
-__all__ = ["init_backend", "destroy", "as_timedelta", "init_dist", "init_local_group", "LEGACY_BACKEND_IDS"]
+__all__ = ["init_backend", "destroy", "as_timedelta", "init_dist", "init_local_group", "new_group", "LEGACY_BACKEND_IDS"]
 
 #: Integer ids of torch<=0.4's ``dist_backend`` enum, mapped to today's names.
 #: ``0`` was TCP, removed from torch in 1.0 (an error says so).
@@ -91,7 +91,7 @@ def init_backend(
     elif init_method is not None:
         kwargs["init_method"] = init_method
     torch_dist.init_process_group(backend=driver.torch_name, rank=rank, world_size=world_size, **kwargs)
-    registry.clear_cache()
+    registry.record_group(_compat.default_group(), driver)
     return driver
 
 
@@ -193,6 +193,7 @@ def init_dist(
         )
     if not getattr(resolver, "distributed", True):
         return None
+    registry.ensure_torch_backend(driver)  # the start-up rule: raises on every rank, before any rendezvous
     launch = resolver.resolve(os.environ)
     if port is not None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -256,10 +257,12 @@ def _create_local_groups(nodes: Sequence[Sequence[int]]) -> Any:
     if len(nodes) == 1:
         mine = _compat.default_group()  # one node: the local group is the world
     else:
+        driver = registry.resolve(None)
         for ranks in nodes:
             group = torch_dist.new_group(list(ranks))
             if rank in ranks:
                 mine = group
+                registry.record_group(group, driver)
     info._set_local_group(mine)
     registry.clear_cache()
     return mine
@@ -335,3 +338,54 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
         )
     nodes = [list(range(i * per_node, (i + 1) * per_node)) for i in range(world // per_node)]
     return _create_local_groups(nodes)
+
+
+def new_group(
+    ranks: Optional[Sequence[int]] = None,
+    backend: Optional[str] = None,
+    timeout: Union[None, float, datetime.timedelta] = None,
+    **kwargs: Any,
+) -> Any:
+    """Create a process group through a driver (``torch.distributed.new_group`` with hwdist's rules).
+
+    Every rank of the default group must call it, with the same arguments, as
+    torch requires. The new group resolves to the driver named (or the default
+    group's), even when that driver shares its torch backend with another one
+    (``torch_backend = "gloo"``); a plain ``torch.distributed.new_group``
+    resolves by torch's backend name instead.
+
+    Args:
+        ranks: global ranks of the group (None: every rank).
+        backend: a registered backend name; None for the default group's driver.
+        timeout: seconds (or a timedelta) for the group's collectives.
+        **kwargs: passed on to ``torch.distributed.new_group``.
+
+    Returns:
+        The new group (torch's non-member sentinel on ranks outside ``ranks``).
+
+    Raises:
+        RuntimeError: not distributed (call ``init_dist`` first).
+        hwdist.BackendError: unknown, unavailable or unstartable backend.
+
+    Examples:
+        >>> # 2 ranks, default group on gloo; a group on a driver sharing gloo:
+        >>> g = hwdist.new_group(backend="mygloo")
+        >>> hwdist.get_backend(g), hwdist.get_backend()
+        # rank 0: ('mygloo', 'gloo')   rank 1: ('mygloo', 'gloo')
+    """
+    if not (_compat.DIST_AVAILABLE and torch_dist.is_initialized()):
+        raise RuntimeError("new_group needs a process group: call hwdist.init_dist(...) first")
+    driver = registry.resolve(None) if backend is None else registry.get_driver(backend)
+    why = driver.unavailable_reason()
+    if why is not None:
+        raise registry.BackendError(
+            f"backend {driver.name!r} is not available here: {why}."
+            f" Available: {', '.join(registry.available_backends())}"
+        )
+    registry.ensure_torch_backend(driver)
+    td = as_timedelta(timeout)
+    if td is not None:
+        kwargs["timeout"] = td
+    group = torch_dist.new_group(None if ranks is None else list(ranks), backend=driver.torch_name, **kwargs)
+    registry.record_group(group, driver)
+    return group

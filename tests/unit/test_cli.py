@@ -143,8 +143,8 @@ def test_check_json_on_the_emulated_accelerator():
     assert rep["backend"] == "emu" and rep["world_size"] == 2
     assert rep["failed"] == 0 and rep["passed"] >= 1
     statuses = {r["status"] for r in rep["results"]}
-    assert statuses <= {"pass", "n/a"}
-    assert rep["passed"] + rep["not_available"] == len(rep["results"])
+    assert statuses <= {"pass", "n/a", "refused (as declared)"}  # emu refuses int64 reductions (no lossless plan)
+    assert rep["passed"] + rep["not_available"] + rep["refused"] == len(rep["results"])
 
 
 def test_an_injected_wrong_result_gives_a_fail_row_and_exit_1():

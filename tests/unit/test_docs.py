@@ -214,7 +214,7 @@ def test_readme_tour_runs():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == "[[{'rank': 0}, {'rank': 1}], [{'rank': 0}, {'rank': 1}]]"
-    assert "comm_dtype=torch.float32, view=False, reduce_op='sum'" in proc.stdout
+    assert "torch.float32 sum Post.DIVIDE" in proc.stdout  # every line against its comment: tests/dist/test_readme_tour.py
 
 
 def _table_cells(row: str) -> int:

@@ -184,3 +184,161 @@ def test_launcher_entry_points_load_lazily(monkeypatch):
         assert "eplaunch" in hwdist.list_launchers()
     finally:
         hwdist.unregister_launcher("eplaunch")
+
+
+# ---------------------------------------------------------------- issue 13: bad input, group rule
+
+
+def test_name_differing_only_by_case_is_the_same_backend(clean_name):
+    clean_name("toy_case")
+    hwdist.register_backend("toy_case", _ToyDriver)
+    with pytest.raises(hwdist.BackendError) as info:
+        hwdist.register_backend("Toy_Case", _ToyDriver)
+    assert str(info.value).startswith(
+        "backend 'Toy_Case' is already registered as 'toy_case' (backend names are case-insensitive)"
+    )
+    with pytest.raises(hwdist.BackendError, match="'GLOO' is already registered as 'gloo'"):
+        hwdist.register_backend("GLOO", _ToyDriver)
+
+
+def test_torch_undefined_name_is_refused():
+    with pytest.raises(hwdist.BackendError, match=r"its torch name 'undefined' is torch.distributed.Backend.UNDEFINED"):
+        hwdist.register_backend("undefined", _ToyDriver)
+
+    class Undefined(_ToyDriver):
+        torch_backend = "undefined"
+
+    with pytest.raises(hwdist.BackendError, match="names no backend"):
+        hwdist.register_backend("toy_undef", Undefined)
+    assert "undefined" not in hwdist.list_backends() and "toy_undef" not in hwdist.list_backends()
+
+
+def test_factory_on_a_torch_reserved_name_is_refused():
+    class GlooWithFactory(_ToyDriver):
+        torch_backend = "gloo"
+
+        @staticmethod
+        def process_group_factory(store, rank, size, timeout):
+            raise AssertionError("never called")
+
+    with pytest.raises(hwdist.BackendError, match="torch would never call the factory"):
+        hwdist.register_backend("toy_gloo_factory", GlooWithFactory)
+
+
+def test_shared_torch_name_is_no_alias(clean_name):
+    clean_name("toy_mygloo")
+
+    class MyGloo(_ToyDriver):
+        torch_backend = "gloo"
+
+    hwdist.register_backend("toy_mygloo", MyGloo)
+    # torch reports 'gloo' for plain gloo groups: that is gloo's, not toy_mygloo's
+    assert registry.canonical_name("gloo") == "gloo"
+    assert hwdist.get_driver("gloo").name == "gloo"
+    assert hwdist.get_driver("toy_mygloo").torch_name == "gloo"
+
+
+def test_start_up_rule_without_process_group():
+    from hwdist.drivers._startup import fallback_process_group_factory, gloo_process_group
+
+    class Accel(_ToyDriver):
+        device_type = "toyaccel"
+
+    assert fallback_process_group_factory("cpu") is gloo_process_group
+    assert fallback_process_group_factory("toyaccel") is None
+    drv = Accel()
+    drv.name = "toy_accel"
+    with pytest.raises(hwdist.BackendError) as info:
+        registry.ensure_torch_backend(drv)
+    msg = str(info.value)
+    assert msg.startswith("backend 'toy_accel' cannot start: torch.distributed has no backend 'toy_accel'")
+    assert msg.endswith('or give process_group_factory') and "gloo" in msg
+
+
+class _PlanRaises(_ToyDriver):
+    def plan(self, op, dtype, reduce_op=None):
+        raise KeyError(op)
+
+
+class _PlanNotAPlan(_ToyDriver):
+    def plan(self, op, dtype, reduce_op=None):
+        return "pass it through"
+
+
+class _PlanWrongView(_ToyDriver):
+    def plan(self, op, dtype, reduce_op=None):
+        return hwdist.Plan(op, op, dtype, torch.int64, view=True, reduce_op="sum")
+
+
+class _PlanBadReduce(_ToyDriver):
+    def plan(self, op, dtype, reduce_op=None):
+        return hwdist.Plan(op, op, dtype, dtype, reduce_op="average")
+
+
+@pytest.mark.parametrize(
+    "cls, dtype, expected",
+    [
+        (_PlanRaises, torch.float32, r"plan\('all_reduce', torch.float32, 'sum'\) raised KeyError: 'all_reduce'"),
+        (_PlanNotAPlan, torch.float32, r"returned a malformed plan: expected a hwdist.Plan, got str: 'pass it through'"),
+        (_PlanWrongView, torch.int16, r"a torch.int16 element \(2 bytes\) cannot be viewed as torch.int64 \(8 bytes\)"),
+        (_PlanBadReduce, torch.float32, r"reduce_op 'average' is not a reduce op"),
+    ],
+)
+def test_broken_plan_is_an_error_naming_the_driver(clean_name, cls, dtype, expected):
+    clean_name("toy_broken_plan")
+    drv = hwdist.register_backend("toy_broken_plan", cls)
+    with pytest.raises(hwdist.BackendError, match=rf"^driver 'toy_broken_plan' \({cls.__name__}\): .*{expected}"):
+        drv.plan("all_reduce", dtype, "sum")
+
+
+def test_plan_errors_and_value_errors_pass_through_the_guard():
+    gloo = hwdist.get_driver("gloo")
+    with pytest.raises(ValueError, match="unknown op"):
+        gloo.plan("teleport", torch.float32)
+    emu = hwdist.get_driver("emu") if "emu" in hwdist.list_backends() else None
+    if emu is not None:
+        with pytest.raises(hwdist.PlanError):
+            emu.plan("all_reduce", torch.int64, "sum")
+
+
+def test_guarded_driver_pickles():
+    import pickle
+
+    gloo = pickle.loads(pickle.dumps(hwdist.get_driver("gloo")))
+    assert gloo.plan("all_gather", torch.int8).comm_dtype == torch.int8
+
+
+@pytest.mark.parametrize(
+    "dtypes, expected",
+    [
+        (None, torch.uint8),
+        (frozenset({torch.float32, torch.int32}), torch.int32),
+        (frozenset({torch.float32, torch.int16, torch.int64}), torch.int16),
+        (frozenset({torch.int8}), torch.int8),
+    ],
+)
+def test_byte_carrier_is_the_smallest_integer_dtype(dtypes, expected):
+    from hwdist.drivers.base import byte_carrier
+
+    class T(_ToyDriver):
+        pass
+
+    T.dtypes = dtypes
+    drv = T()
+    drv.name = "toy_carrier"
+    assert byte_carrier(drv, "all_gather") == expected
+
+
+def test_byte_carrier_names_what_it_needs():
+    from hwdist.drivers.base import byte_carrier
+
+    class T(_ToyDriver):
+        dtypes = frozenset({torch.float32, torch.float64})
+
+    drv = T()
+    drv.name = "toy_floats"
+    with pytest.raises(hwdist.PlanError) as info:
+        byte_carrier(drv, "broadcast")
+    msg = str(info.value)
+    assert msg.startswith("backend 'toy_floats' cannot carry bytes for 'broadcast' (object collectives need it)")
+    assert "none of uint8, int8, int16, int32, int64" in msg and "HINT: add one integer dtype" in msg
