@@ -31,7 +31,7 @@ from ._restricted import (
     RestrictedUnpickler,
     UnpicklingRefused,
     _pair,
-    _SAFE,
+    _SAFE,  # noqa: F401 (the allow-list; tests reach it here)
     register_safe_class,
     restricted_loads,
     safe_globals,
