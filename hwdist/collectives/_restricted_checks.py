@@ -400,6 +400,7 @@ def _when(cls: type) -> Callable[[_Loader, tuple], Any]:
     return lambda u, args: cls(*_primitive(cls.__name__, args, 0, 8, types))
 
 
+_MAX_INT_BITS = 16384
 _FRACTION = re.compile(r"\s*[-+]?\d{1,4300}(/\d{1,4300})?\s*")
 
 
@@ -407,11 +408,20 @@ def _fraction(u: _Loader, args: tuple) -> fractions.Fraction:
     _primitive("Fraction", args, 0, 2, (int, str))
     if args and type(args[0]) is str and (len(args) > 1 or not _FRACTION.fullmatch(args[0])):
         raise _refuse("Fraction: a string must be 'numerator/denominator' (no exponent)")
+    _small_ints("Fraction", args)
     return fractions.Fraction(*args)
 
 
 def _decimal(u: _Loader, args: tuple) -> decimal.Decimal:
-    return decimal.Decimal(*_primitive("Decimal", args, 0, 1, (int, float, str, tuple)))
+    _primitive("Decimal", args, 0, 1, (int, float, str, tuple))
+    _small_ints("Decimal", args)
+    return decimal.Decimal(*args)
+
+
+def _small_ints(name: str, args: tuple) -> None:
+    # gcd and decimal conversion of huge ints are quadratic: keep them to what a 'n/d' string can hold
+    if any(type(a) is int and a.bit_length() > _MAX_INT_BITS for a in args):
+        raise _refuse(f"{name}: an int of more than {_MAX_INT_BITS} bits is not accepted")
 
 
 _CALLS: dict[Any, Callable[[_Loader, tuple], Any]] = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import collections
+import struct
 from typing import TYPE_CHECKING, Any, Callable
 
 from ._restricted_checks import _byte_view, _describe, _refuse
@@ -59,9 +60,35 @@ def _op_string(u: _Loader) -> None:
 
 
 def _op_counted(fmt: str, n: int, kind: Callable[[bytes], Any]) -> Callable[[_Loader], None]:
+    unpack = struct.Struct(fmt or "<B").unpack_from
+    n = n or 1
+
+    def op(u: _Loader) -> None:  # hot: strings and bytes; read() inlined
+        data, pos = u.data, u.pos
+        if pos + n > len(data):
+            u.read(n)  # raises: truncated
+        size = unpack(data, pos)[0]
+        pos += n
+        end = pos + size
+        if end > len(data):  # checked before anything is allocated
+            raise _refuse(f"truncated: {size} bytes wanted at byte {pos}, {len(data) - pos} left")
+        u.pos = end
+        u.stack.append(kind(data[pos:end]))
+
+    return op
+
+
+def _op_small(fmt: str) -> Callable[[_Loader], None]:
+    """A fixed-size argument pushed as it is (ints, floats); read() inlined."""
+    st = struct.Struct(fmt)
+    n, unpack = st.size, st.unpack_from
+
     def op(u: _Loader) -> None:
-        size = u.unpack(fmt, n) if fmt else u.read(1)[0]
-        u.stack.append(kind(u.read(size)))  # read() checks the length before anything is allocated
+        pos = u.pos
+        if pos + n > len(u.data):
+            u.read(n)  # raises: truncated
+        u.pos = pos + n
+        u.stack.append(unpack(u.data, pos)[0])
 
     return op
 
@@ -272,14 +299,14 @@ _DISPATCH: dict[int, Callable[[_Loader], None]] = {
         "\x88": _push(lambda u: True),
         "\x89": _push(lambda u: False),
         "I": _op_int,
-        "J": _push(lambda u: u.unpack("<i", 4)),
-        "K": _push(lambda u: u.read(1)[0]),
-        "M": _push(lambda u: u.unpack("<H", 2)),
+        "J": _op_small("<i"),
+        "K": _op_small("<B"),
+        "M": _op_small("<H"),
         "L": _op_long,
         "\x8a": _op_long_n("<B", 1),
         "\x8b": _op_long_n("<I", 4),
         "F": _push(lambda u: float(u.readline())),
-        "G": _push(lambda u: u.unpack(">d", 8)),
+        "G": _op_small(">d"),
         "S": _op_string,
         "T": _op_counted("<I", 4, lambda b: b.decode("ascii")),
         "U": _op_counted("", 1, lambda b: b.decode("ascii")),
