@@ -240,8 +240,8 @@ def set_serializer(serializer: Optional[Serializer]) -> Serializer:
 
 
 @contextlib.contextmanager
-def use_serializer(serializer: Serializer) -> Iterator[Serializer]:
-    """Context manager: collectives in this block use ``serializer`` (this thread or task only).
+def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
+    """Context manager: collectives in this block use ``serializer`` (None: pickle), in this thread or task only.
 
     Other threads keep theirs; on exit the previous one is restored exactly.
 
@@ -249,6 +249,8 @@ def use_serializer(serializer: Serializer) -> Iterator[Serializer]:
         >>> with hwdist.use_serializer(hwdist.RestrictedPickleSerializer()):   # every rank
         ...     outs = hwdist.all_gather_object(obj)
     """
+    if serializer is None:  # the pickle default, as before
+        serializer = _DEFAULT
     _check(serializer, "use_serializer")
     token = _SCOPED.set(serializer)
     try:

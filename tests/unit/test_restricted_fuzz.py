@@ -35,4 +35,4 @@ def test_fuzzed_payloads_never_crash_run_code_or_change_globals(tmp_path):
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     assert not os.path.exists(marker)
     examples = int(proc.stdout.split("fuzzed ")[1].split()[0])
-    assert examples >= 400, proc.stdout
+    assert examples >= 300, proc.stdout  # at least one round of each kind
