@@ -28,8 +28,7 @@ def test_fuzzed_payloads_never_crash_run_code_or_change_globals(tmp_path):
         capture_output=True, text=True, timeout=FUZZ_SECONDS + 150, cwd=ROOT,
     )
     if proc.returncode < 0:
-        with open(current, "rb") as f:
-            payload = f.read()
+        payload = open(current, "rb").read() if os.path.exists(current) else "(none yet: it died while starting)"
         pytest.fail(f"the restricted unpickler died by {signal.Signals(-proc.returncode).name} on payload"
                     f" {payload!r}\n{proc.stderr[-3000:]}")
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
