@@ -132,9 +132,6 @@ def safe_globals() -> frozenset[tuple[str, str]]:
 
 # ---- the interpreter ------------------------------------------------------------------------
 
-_MARK = object()
-
-
 class _Loader:
     """One run of the restricted pickle interpreter over ``data``."""
 

@@ -8,11 +8,13 @@ is 64-byte aligned, so a frame can travel as any byte-view dtype a driver
 asks for and tensors rebuilt from it need no copy.
 
 Tensors are rebuilt on the CPU (or a ``map_location``), never on the device
-they left. The serializer is pluggable (:class:`Serializer`); a restricted
-unpickler (:class:`RestrictedPickleSerializer`) refuses every global outside
-an allow-list (safe builtins, numpy arrays, torch tensors, classes you
-register with :func:`register_safe_class`) for jobs that do not trust every
-peer. See ``docs/objects.md`` for the trust model.
+they left. The serializer is pluggable (:class:`Serializer`); the one in
+force is a ``serializer=`` argument, else the calling thread's
+:func:`use_serializer` block (a context variable), else the process default
+(:func:`set_serializer`). :class:`RestrictedPickleSerializer` reads payloads
+with hwdist's own pickle interpreter (``_restricted.py``), which builds only
+allow-listed objects with checked arguments, for jobs that do not trust
+every peer. See ``docs/objects.md`` for the trust model.
 """
 
 from __future__ import annotations
@@ -354,15 +356,19 @@ def decode(
         raise ValueError(f"truncated hwdist object payload: {data.size - offset} of {total} bytes")
     head = np.frombuffer(data, dtype="<i8", offset=offset, count=_FIXED)
     stream_len, n = int(head[2]), int(head[3])
+    if total < 8 * _FIXED or not 0 <= n <= (total - 8 * _FIXED) // 8:
+        raise ValueError(f"corrupt hwdist object payload: header says {n} buffers in {total} bytes")
     lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist() if n else []
     view = memoryview(data)
     pos = offset + _aligned(8 * (_FIXED + n))
-    stream = view[pos : pos + stream_len]
-    pos = _aligned(pos + stream_len)
-    buffers = []
-    for ln in lens:
-        buffers.append(view[pos : pos + ln])
+    sections = []
+    for ln in [stream_len, *lens]:
+        if ln < 0 or pos + ln > offset + total:
+            raise ValueError(f"corrupt hwdist object payload: a section of {ln} bytes at byte {pos - offset}"
+                             f" does not fit its {total}-byte frame")
+        sections.append(view[pos : pos + ln])
         pos = _aligned(pos + ln)
+    stream, buffers = sections[0], sections[1:]
     token = _MAP_LOCATION.set(None if map_location is None else torch.device(map_location))
     try:
         return (serializer or get_serializer()).loads(stream, buffers)

@@ -237,3 +237,13 @@ def test_use_serializer_is_per_thread_and_restored_exactly(tmp_path):
     with pytest.raises(TypeError, match="use_serializer: serializer must be a hwdist Serializer, got int"):
         with hwdist.use_serializer(3):  # type: ignore[arg-type]
             pass
+
+
+def test_corrupt_frame_headers_raise_value_error():
+    good = ser.encode({"a": np.arange(20_000)}).to_numpy()
+    assert ser.decode(good.copy())["a"][-1] == 19_999
+    for field, value in [(1, -64), (2, -1), (2, 1 << 40), (3, -1), (3, 1 << 40), (4, 1 << 50), (4, -5)]:
+        bad = good.copy()
+        bad.view("<i8")[field] = value
+        with pytest.raises(ValueError, match="hwdist object payload"):
+            ser.decode(bad, serializer=ser.RestrictedPickleSerializer())
