@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hwdist.collectives import serialization as ser
-from tests.unit.restricted_probe import attacks, diff, legit_objects, load_one, snapshot, touch
+from tests.unit.restricted_probe import attacks, diff, legit_objects, load_one, snapshot, touch, warm_up
 
 PEAK_LIMIT = 32 << 20
 _EXTREMES = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 2**31 - 1, 2**31, 2**32 - 1, 2**62, 2**63 - 1, 2**64 - 1]
@@ -137,8 +137,7 @@ class Fuzzer:
         self.examples = 0
         import numpy.random  # noqa: F401 (hypothesis seeds it; that import is not a payload's doing)
 
-        for obj in legit_objects():  # warm up: first-use imports are not a payload's doing
-            touch(load_one(pickle.dumps(obj, protocol=5), via_frame=False)[2])
+        warm_up()
 
     def check(self, payload: bytes) -> None:
         with open(self.current, "wb") as f:
