@@ -8,11 +8,13 @@ is 64-byte aligned, so a frame can travel as any byte-view dtype a driver
 asks for and tensors rebuilt from it need no copy.
 
 Tensors are rebuilt on the CPU (or a ``map_location``), never on the device
-they left. The serializer is pluggable ([`Serializer`][hwdist.collectives.serialization.Serializer]); a restricted
-unpickler ([`RestrictedPickleSerializer`][hwdist.collectives.serialization.RestrictedPickleSerializer]) refuses every global outside
-an allow-list (safe builtins, numpy arrays, torch tensors, classes you
-register with [`register_safe_class`][hwdist.collectives.serialization.register_safe_class]) for jobs that do not trust every
-peer. See ``docs/objects.md`` for the trust model.
+they left. The serializer is pluggable ([`Serializer`][hwdist.collectives.serialization.Serializer]); the one in
+force is a ``serializer=`` argument, else the calling thread's
+[`use_serializer`][hwdist.collectives.serialization.use_serializer] block (a context variable), else the process default
+([`set_serializer`][hwdist.collectives.serialization.set_serializer]). [`RestrictedPickleSerializer`][hwdist.collectives.serialization.RestrictedPickleSerializer] reads payloads
+with hwdist's own pickle interpreter (``_restricted.py``), which builds only
+allow-listed objects with checked arguments, for jobs that do not trust
+every peer. See ``docs/objects.md`` for the trust model.
 """
 
 from __future__ import annotations
@@ -22,11 +24,20 @@ import contextvars
 import copyreg
 import io
 import pickle
-import threading
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
+
+from ._restricted import (
+    RestrictedUnpickler,
+    UnpicklingRefused,
+    _pair,
+    _SAFE,  # noqa: F401 (the allow-list; tests reach it here)
+    register_safe_class,
+    restricted_loads,
+    safe_globals,
+)
 
 __all__ = [
     "Serializer",
@@ -170,122 +181,7 @@ class PickleSerializer(Serializer):
         return pickle.Unpickler(io.BytesIO(stream), buffers=buffers).load()
 
 
-# ---- the restricted unpickler ------------------------------------------------------
-
-_SAFE_BUILTINS = frozenset(
-    {
-        "bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int",
-        "list", "range", "set", "slice", "str", "tuple", "NoneType", "Ellipsis",
-        "NotImplemented",
-    }
-)
-_SAFE: set[tuple[str, str]] = {
-    ("collections", "OrderedDict"),
-    ("collections", "defaultdict"),
-    ("collections", "deque"),
-    ("collections", "Counter"),
-    ("datetime", "datetime"),
-    ("datetime", "date"),
-    ("datetime", "time"),
-    ("datetime", "timedelta"),
-    ("datetime", "timezone"),
-    ("decimal", "Decimal"),
-    ("fractions", "Fraction"),
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("torch._utils", "_rebuild_parameter"),
-    ("torch._utils", "_rebuild_parameter_with_state"),
-    ("torch.nn.parameter", "Parameter"),
-    (__name__, "_rebuild_tensor"),
-    ("numpy", "dtype"),
-    ("numpy", "ndarray"),
-}
-for _np_mod in ("numpy.core", "numpy._core"):
-    _SAFE |= {
-        (f"{_np_mod}.numeric", "_frombuffer"),
-        (f"{_np_mod}.multiarray", "_reconstruct"),
-        (f"{_np_mod}.multiarray", "scalar"),
-    }
-_SAFE_LOCK = threading.Lock()
-
-
-def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
-    """Allow classes (or functions, or ``'module.QualName'`` strings) in the restricted unpickler.
-
-    Only register what cannot run code you do not want when unpickled: the
-    class's ``__setstate__``/``__new__`` and anything its reduce names will
-    run on the receiving rank.
-
-    Examples:
-        >>> @dataclasses.dataclass
-        ... class Box:
-        ...     x: int
-        >>> hwdist.register_safe_class(Box)
-    """
-    with _SAFE_LOCK:
-        for item in classes:
-            if isinstance(item, str):
-                module, _, name = item.rpartition(".")
-                if not module:
-                    raise ValueError(f"register_safe_class: expected 'module.QualName', got {item!r}")
-            else:
-                module = getattr(item, "__module__", None)
-                name = getattr(item, "__qualname__", None)
-                if not module or not name:
-                    raise TypeError(
-                        f"register_safe_class: expected a class, function or 'module.QualName' string,"
-                        f" got {type(item).__name__}: {item!r}"
-                    )
-            _SAFE.add((module, name))
-
-
-def safe_globals() -> frozenset[tuple[str, str]]:
-    """The ``(module, name)`` pairs the restricted unpickler accepts (besides builtins and torch dtypes)."""
-    with _SAFE_LOCK:
-        return frozenset(_SAFE)
-
-
-class UnpicklingRefused(pickle.UnpicklingError):
-    """The restricted unpickler met a global that is not on the allow-list (nothing was called)."""
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only allow-listed globals (see [`register_safe_class`][hwdist.collectives.serialization.register_safe_class]).
-
-    Args:
-        file: the stream.
-        buffers: out-of-band buffers.
-        extra: more ``(module, name)`` pairs allowed for this unpickler only.
-    """
-
-    def __init__(self, file: Any, *, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> None:
-        super().__init__(file, buffers=buffers)
-        self._extra = frozenset(extra)
-
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D102 (pickle's hook)
-        if _allowed(module, name) or (module, name) in self._extra:
-            return super().find_class(module, name)
-        raise UnpicklingRefused(
-            f"restricted unpickler refused global '{module}.{name}': it is not on the allow-list."
-            f" If every sender is trusted to send it, call hwdist.register_safe_class('{module}.{name}')"
-        )
-
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102 (pickle's hook)
-        raise UnpicklingRefused("restricted unpickler refused a persistent id")
-
-
-def _allowed(module: str, name: str) -> bool:
-    if module == "builtins":
-        return name in _SAFE_BUILTINS
-    if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-        return True
-    return (module, name) in _SAFE
-
-
-def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
-    """``pickle.loads`` through [`RestrictedUnpickler`][hwdist.collectives.serialization.RestrictedUnpickler]."""
-    return RestrictedUnpickler(io.BytesIO(data), buffers=buffers, extra=extra).load()
-
+# ---- the restricted unpickler (hwdist's own pickle interpreter: _restricted.py) ------------
 
 class RestrictedPickleSerializer(PickleSerializer):
     """[`PickleSerializer`][hwdist.collectives.serialization.PickleSerializer] whose loads refuse every global outside the allow-list.
@@ -296,51 +192,78 @@ class RestrictedPickleSerializer(PickleSerializer):
 
     def __init__(self, allow: Sequence[Union[type, Callable[..., Any], str]] = (), oob_threshold: int = OOB_THRESHOLD) -> None:
         super().__init__(oob_threshold)
-        extra = []
-        for item in allow:
-            if isinstance(item, str):
-                module, _, name = item.rpartition(".")
-            else:
-                module, name = item.__module__, item.__qualname__
-            extra.append((module, name))
-        self.extra = tuple(extra)
+        self.extra = tuple(_pair("RestrictedPickleSerializer", item) for item in allow)
 
     def loads(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
-        """Unpickle with only allow-listed globals resolvable."""
-        return RestrictedUnpickler(io.BytesIO(stream), buffers=buffers, extra=self.extra).load()
+        """Unpickle through the restricted unpickler ([`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused] for anything not accepted)."""
+        return restricted_loads(stream, buffers, self.extra)
 
 
 _DEFAULT = PickleSerializer()
-_current: Serializer = _DEFAULT
+_process_default: Serializer = _DEFAULT
+# The serializer of a use_serializer() block: per thread and per task (a context variable), so one
+# thread's block never changes what another thread's collectives use.
+_SCOPED: contextvars.ContextVar[Optional[Serializer]] = contextvars.ContextVar("hwdist_serializer", default=None)
 
 
 def get_serializer() -> Serializer:
-    """The serializer object collectives use when none is passed."""
-    return _current
+    """The serializer object collectives use when none is passed.
+
+    That is the innermost [`use_serializer`][hwdist.collectives.serialization.use_serializer] block of this thread (or
+    task), else the process default ([`set_serializer`][hwdist.collectives.serialization.set_serializer]).
+
+    Examples:
+        >>> hwdist.get_serializer()                  # every rank: the pickle default
+        <hwdist.collectives.serialization.PickleSerializer object at ...>
+    """
+    scoped = _SCOPED.get()
+    return _process_default if scoped is None else scoped
+
+
+def _check(serializer: Any, where: str) -> None:
+    if not isinstance(serializer, Serializer):
+        raise TypeError(f"{where}: serializer must be a hwdist Serializer, got {type(serializer).__name__}")
 
 
 def set_serializer(serializer: Optional[Serializer]) -> Serializer:
-    """Install ``serializer`` as the default (None: the pickle default); returns the previous one."""
-    global _current
-    if serializer is not None and not isinstance(serializer, Serializer):
-        raise TypeError(f"serializer must be a hwdist Serializer, got {type(serializer).__name__}")
-    previous, _current = _current, serializer or _DEFAULT
+    """Install ``serializer`` as the process default (None: pickle); returns the previous default.
+
+    The default applies in every thread that is not inside a
+    [`use_serializer`][hwdist.collectives.serialization.use_serializer] block; set it once at start-up, on every rank.
+
+    Examples:
+        >>> hwdist.set_serializer(hwdist.RestrictedPickleSerializer())   # every rank
+    """
+    global _process_default
+    if serializer is not None:
+        _check(serializer, "set_serializer")
+    previous, _process_default = _process_default, serializer or _DEFAULT
     return previous
 
 
 @contextlib.contextmanager
-def use_serializer(serializer: Serializer) -> Iterator[Serializer]:
-    """Context manager: use ``serializer`` as the default inside the block."""
-    previous = set_serializer(serializer)
+def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
+    """Context manager: collectives in this block use ``serializer`` (None: pickle), in this thread or task only.
+
+    Other threads keep theirs; on exit the previous one is restored exactly.
+
+    Examples:
+        >>> with hwdist.use_serializer(hwdist.RestrictedPickleSerializer()):   # every rank
+        ...     outs = hwdist.all_gather_object(obj)
+    """
+    if serializer is None:  # the pickle default, as before
+        serializer = _DEFAULT
+    _check(serializer, "use_serializer")
+    token = _SCOPED.set(serializer)
     try:
         yield serializer
     finally:
-        set_serializer(previous)
+        _SCOPED.reset(token)
 
 
 def is_default_serializer(serializer: Optional[Serializer]) -> bool:
-    """Whether ``serializer`` (None: the current default) is plain pickle."""
-    return (serializer or _current) is _DEFAULT
+    """Whether ``serializer`` (None: the one in force) is plain pickle."""
+    return (serializer or get_serializer()) is _DEFAULT
 
 
 # ---- frames ---------------------------------------------------------------------------
@@ -417,7 +340,7 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
 
 def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
     """Serialize ``obj`` once into a [`Frame`][hwdist.collectives.serialization.Frame]."""
-    stream, buffers = (serializer or _current).dumps(obj)
+    stream, buffers = (serializer or get_serializer()).dumps(obj)
     return Frame(stream, buffers)
 
 
@@ -433,18 +356,22 @@ def decode(
         raise ValueError(f"truncated hwdist object payload: {data.size - offset} of {total} bytes")
     head = np.frombuffer(data, dtype="<i8", offset=offset, count=_FIXED)
     stream_len, n = int(head[2]), int(head[3])
+    if total < 8 * _FIXED or not 0 <= n <= (total - 8 * _FIXED) // 8:
+        raise ValueError(f"corrupt hwdist object payload: header says {n} buffers in {total} bytes")
     lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist() if n else []
     view = memoryview(data)
     pos = offset + _aligned(8 * (_FIXED + n))
-    stream = view[pos : pos + stream_len]
-    pos = _aligned(pos + stream_len)
-    buffers = []
-    for ln in lens:
-        buffers.append(view[pos : pos + ln])
+    sections = []
+    for ln in [stream_len, *lens]:
+        if ln < 0 or pos + ln > offset + total:
+            raise ValueError(f"corrupt hwdist object payload: a section of {ln} bytes at byte {pos - offset}"
+                             f" does not fit its {total}-byte frame")
+        sections.append(view[pos : pos + ln])
         pos = _aligned(pos + ln)
+    stream, buffers = sections[0], sections[1:]
     token = _MAP_LOCATION.set(None if map_location is None else torch.device(map_location))
     try:
-        return (serializer or _current).loads(stream, buffers)
+        return (serializer or get_serializer()).loads(stream, buffers)
     finally:
         _MAP_LOCATION.reset(token)
 

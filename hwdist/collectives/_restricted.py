@@ -1,0 +1,378 @@
+"""The restricted unpickler: hwdist's own pickle interpreter for payloads from peers it does not trust.
+
+Python's unpickler calls whatever a payload names and lets BUILD set state on
+any object, so an allow-list of globals on top of it is not enough (numpy's
+reconstructors trust their arguments, BUILD can ``setattr`` on a class, and
+``bytearray(n)`` or a BYTEARRAY8 opcode allocate what the payload asks for).
+This module reads the opcode stream itself and never hands the payload's
+values to a constructor unchecked:
+
+* every global resolves through an allow-list to a value or to one of
+  hwdist's handlers, which checks the arguments and builds the object itself
+  (numpy arrays from a plain numeric dtype, a shape and a buffer of exactly
+  the right size; tensors likewise);
+* BUILD sets state only on instances of classes the user registered, never
+  on a class; allow-listed standard types take no state;
+* every length is checked against the bytes left before anything is
+  allocated, and size-driven copies are charged against a budget
+  proportional to the payload;
+* nesting that CPython cannot hash or free without deep C recursion is
+  refused.
+
+Everything that is not accepted raises [`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused]. The trust
+model is described in ``docs/objects.md`` and ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import struct
+import threading
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+
+from ._restricted_checks import (
+    _CALLS,
+    _SERIALIZATION,
+    _UNSAFE_NESTING,
+    _VALUES,
+    MAX_NESTING,
+    UnpicklingRefused,
+    _describe,
+    _Handler,
+    _hashable_in,
+    _Pending,
+    _refuse,
+)
+from ._restricted_opcodes import _DISPATCH
+
+__all__ = ["UnpicklingRefused", "RestrictedUnpickler", "register_safe_class", "safe_globals", "restricted_loads"]
+
+# ---- the allow-list -------------------------------------------------------------------
+
+_SAFE_BUILTINS = frozenset(
+    {
+        "bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int",
+        "list", "range", "set", "slice", "str", "tuple", "NoneType", "Ellipsis",
+        "NotImplemented",
+    }
+)
+_SAFE: set[tuple[str, str]] = {
+    ("collections", "OrderedDict"),
+    ("collections", "defaultdict"),
+    ("collections", "deque"),
+    ("collections", "Counter"),
+    ("datetime", "datetime"),
+    ("datetime", "date"),
+    ("datetime", "time"),
+    ("datetime", "timedelta"),
+    ("datetime", "timezone"),
+    ("decimal", "Decimal"),
+    ("fractions", "Fraction"),
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch._utils", "_rebuild_parameter_with_state"),
+    ("torch.nn.parameter", "Parameter"),
+    (_SERIALIZATION, "_rebuild_tensor"),
+    ("numpy", "dtype"),
+    ("numpy", "ndarray"),
+}
+for _np_mod in ("numpy.core", "numpy._core"):
+    _SAFE |= {
+        (f"{_np_mod}.numeric", "_frombuffer"),
+        (f"{_np_mod}.multiarray", "_reconstruct"),
+        (f"{_np_mod}.multiarray", "scalar"),
+    }
+_SAFE_LOCK = threading.Lock()
+# Read from the module dict: getattr(torch, name) would import torch's lazy submodules.
+_TORCH_DTYPE_NAMES = {k: v for k, v in vars(torch).items() if isinstance(v, torch.dtype)}
+
+
+def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
+    """Allow classes (or functions, or ``'module.QualName'`` strings) in the restricted unpickler.
+
+    Only register what cannot run code you do not want when unpickled: the
+    class's ``__new__``, ``__init__`` (when a payload calls it),
+    ``__setstate__`` and the state a payload sets on its instances are trusted.
+    Names hwdist already handles (numpy, torch, standard types) keep hwdist's
+    checks.
+
+    Examples:
+        >>> @dataclasses.dataclass
+        ... class Box:
+        ...     x: int
+        >>> hwdist.register_safe_class(Box)         # on every rank that receives a Box
+    """
+    pairs = [_pair("register_safe_class", item) for item in classes]
+    with _SAFE_LOCK:
+        _SAFE.update(pairs)
+
+
+def _pair(where: str, item: Union[type, Callable[..., Any], str]) -> tuple[str, str]:
+    if isinstance(item, str):
+        module, _, name = item.rpartition(".")
+        if not module or not name:
+            raise ValueError(f"{where}: expected 'module.QualName', got {item!r}")
+        return module, name
+    module = getattr(item, "__module__", None)
+    name = getattr(item, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(name, str) or not module or not name:
+        raise TypeError(f"{where}: expected a class, function or 'module.QualName' string, got {type(item).__name__}: {item!r}")
+    return module, name
+
+
+def safe_globals() -> frozenset[tuple[str, str]]:
+    """The ``(module, name)`` pairs the restricted unpickler accepts (besides builtins and torch dtypes)."""
+    with _SAFE_LOCK:
+        return frozenset(_SAFE)
+
+
+# ---- the interpreter ------------------------------------------------------------------------
+
+class _Loader:
+    """One run of the restricted pickle interpreter over ``data``."""
+
+    def __init__(self, data: bytes, buffers: Optional[Any], extra: Sequence[tuple[str, str]]) -> None:
+        self.data = data
+        self.pos = 0
+        self.stack: list[Any] = []
+        self.metastack: list[list[Any]] = []
+        self.memo: dict[int, Any] = {}
+        self.extra = frozenset(extra)
+        views = [] if buffers is None else list(buffers)
+        self.buffers: Iterator[Any] = iter(views)
+        total = len(data) + sum(memoryview(b).nbytes for b in views)
+        # Copies whose size the payload chooses are charged here: linear in what was sent.
+        self.budget = 2 * total + 65536
+        self.trusted_ids: dict[int, Any] = {}
+        self.nesting: dict[int, tuple[int, Any]] = {}
+        self.unsafe: dict[int, Any] = {}
+
+    # -- bookkeeping used by the handlers
+    def charge(self, n: int) -> None:
+        self.budget -= n
+        if self.budget < 0:
+            raise _refuse(f"it asks for more memory than its {len(self.data)} bytes can describe")
+
+    def trusted(self, obj: Any) -> bool:
+        return id(obj) in self.trusted_ids and self.trusted_ids[id(obj)] is obj
+
+    def track(self, obj: Any, items: Any) -> None:
+        """Depth of a new tuple/frozenset (CPython hashes them recursively, with no depth check)."""
+        depth = 0
+        nesting = self.nesting
+        for c in items:
+            if type(c) is tuple or type(c) is frozenset:
+                e = nesting.get(id(c))
+                d = e[0] if e is not None and e[1] is c else 1
+                if d > depth:
+                    depth = d
+        if depth:
+            if depth >= MAX_NESTING:
+                raise _refuse(f"tuples or frozensets nested deeper than {MAX_NESTING}")
+            nesting[id(obj)] = (depth + 1, obj)
+
+    def mark_unsafe(self, obj: Any) -> None:
+        self.unsafe[id(obj)] = obj
+
+    def check_unsafe_child(self, where: str, x: Any) -> None:
+        if isinstance(x, _UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
+            raise _refuse(f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)")
+
+    # -- reading
+    def read(self, n: int) -> bytes:
+        end = self.pos + n
+        if n < 0 or end > len(self.data):
+            raise _refuse(f"truncated: {n} bytes wanted at byte {self.pos}, {len(self.data) - self.pos} left")
+        out = self.data[self.pos : end]
+        self.pos = end
+        return out
+
+    def readline(self) -> bytes:
+        end = self.data.find(b"\n", self.pos)
+        if end < 0:
+            raise _refuse(f"truncated: no end of line after byte {self.pos}")
+        out = self.data[self.pos : end]
+        self.pos = end + 1
+        return out
+
+    def unpack(self, fmt: str, n: int) -> int:
+        return struct.unpack(fmt, self.read(n))[0]
+
+    def pop_mark(self) -> list[Any]:
+        if not self.metastack:
+            raise _refuse("an opcode needs a MARK that is not there")
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def top(self) -> Any:
+        if not self.stack:
+            raise _refuse("an opcode needs a value on an empty stack")
+        return self.stack[-1]
+
+    def pop(self) -> Any:
+        if not self.stack:
+            raise _refuse("an opcode needs a value on an empty stack")
+        return self.stack.pop()
+
+    # -- globals
+    def find_class(self, module: str, name: str) -> Any:
+        key = (module, name)
+        if module == "builtins":
+            if name in _SAFE_BUILTINS and hasattr(builtins, name):
+                return getattr(builtins, name)
+        elif module == "torch" and name in _TORCH_DTYPE_NAMES:
+            return _TORCH_DTYPE_NAMES[name]
+        elif key in _VALUES:
+            return _VALUES[key]
+        elif key in self.extra or key in _SAFE:
+            obj: Any = importlib.import_module(module)
+            for part in name.split("."):
+                if part.startswith("<"):
+                    break
+                obj = getattr(obj, part)
+            else:
+                self.trusted_ids[id(obj)] = obj
+                return obj
+        raise UnpicklingRefused(
+            f"restricted unpickler refused global '{module}.{name}': it is not on the allow-list."
+            f" If every sender is trusted to send it, call hwdist.register_safe_class('{module}.{name}')"
+        )
+
+    # -- calls and state
+    def call(self, func: Any, args: Any) -> Any:
+        if type(args) is not tuple:
+            raise _refuse(f"REDUCE arguments must be a tuple, got {type(args).__name__}")
+        if type(func) is _Handler:
+            return func.fn(self, args)
+        handler = _CALLS.get(func) if _hashable_in(func, _CALLS) else None
+        if handler is not None:
+            return handler(self, args)
+        if self.trusted(func):
+            return func(*args)
+        raise _refuse(f"calling {_describe(func)} is not allowed")
+
+    def new(self, cls: Any, args: Any, kwargs: Any) -> Any:
+        if not isinstance(cls, type) or not self.trusted(cls):
+            raise _refuse(f"creating {_describe(cls)} with NEWOBJ is not allowed (only registered classes)")
+        if type(args) is not tuple or type(kwargs) is not dict:
+            raise _refuse("NEWOBJ takes an argument tuple and a keyword dict")
+        return cls.__new__(cls, *args, **kwargs)
+
+    def build(self) -> None:
+        state = self.pop()
+        inst = self.top()
+        if type(inst) is _Pending:
+            if inst.done:
+                raise _refuse("BUILD twice on one object")
+            obj = inst.finish(self, state)
+            inst.done = True
+            self.stack[-1] = obj
+            for key in inst.keys:
+                if self.memo.get(key) is inst:
+                    self.memo[key] = obj
+            return
+        if isinstance(inst, type):
+            raise _refuse(f"BUILD on the class {_describe(inst)}: it would change the class for the whole process")
+        if self.trusted(type(inst)):
+            _set_state(inst, state)
+        elif not (state is None or (type(state) is dict and not state)):
+            raise _refuse(f"setting state on a {_describe(type(inst))} is not allowed (only on registered classes)")
+
+    def memoize(self, key: int) -> None:
+        value = self.top()
+        self.memo[key] = value
+        if type(value) is _Pending:
+            value.keys.append(key)
+
+    def load(self) -> Any:
+        data = self.data
+        end = len(data)
+        dispatch = _DISPATCH
+        try:
+            while True:
+                if self.pos >= end:
+                    raise _refuse("truncated: no STOP opcode")
+                op = data[self.pos]
+                self.pos += 1
+                if op == 0x2E:  # STOP
+                    value = self.pop()
+                    if type(value) is _Pending:
+                        raise _refuse("an object is missing its state (BUILD)")
+                    return value
+                fn = dispatch.get(op)
+                if fn is None:
+                    raise _refuse(f"opcode {bytes([op])!r} at byte {self.pos - 1} is not accepted")
+                fn(self)
+        except UnpicklingRefused:
+            raise
+        except Exception as exc:  # the payload's data made a check or a constructor fail
+            raise _refuse(f"at byte {self.pos - 1}: {type(exc).__name__}: {exc}") from None
+
+
+
+def _set_state(inst: Any, state: Any) -> None:
+    """BUILD on an instance of a registered class: its ``__setstate__``, else pickle's default rules."""
+    setstate = getattr(type(inst), "__setstate__", None)
+    if setstate is not None:
+        inst.__setstate__(state)
+        return
+    slots = None
+    if type(state) is tuple and len(state) == 2:
+        state, slots = state
+    if state:
+        if type(state) is not dict or not all(type(k) is str for k in state):
+            raise _refuse("instance state must be a dict with str keys")
+        inst.__dict__.update(state)
+    if slots:
+        if type(slots) is not dict or not all(type(k) is str and not k.startswith("__") for k in slots):
+            raise _refuse("slot state must be a dict of attribute names")
+        for k, v in slots.items():
+            setattr(inst, k, v)
+
+
+# ---- public entry points ------------------------------------------------------------------
+
+
+class RestrictedUnpickler:
+    """Reads pickle data with only allow-listed globals, through hwdist's own checked handlers.
+
+    Not a `pickle.Unpickler`: it interprets the opcodes itself (see
+    ``docs/objects.md`` for what it accepts).
+
+    Args:
+        file: a binary file-like object holding the pickle stream.
+        buffers: out-of-band buffers (pickle protocol 5).
+        extra: more ``(module, name)`` pairs allowed for this unpickler only.
+
+    Examples:
+        >>> hwdist.RestrictedUnpickler(io.BytesIO(pickle.dumps([1, "a"]))).load()
+        [1, 'a']
+    """
+
+    def __init__(self, file: Any, *, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> None:
+        self._file = file
+        self._buffers = buffers
+        self._extra = tuple(extra)
+
+    def find_class(self, module: str, name: str) -> Any:
+        """What ``module.name`` resolves to, or [`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused] when it is not allowed."""
+        return _Loader(b"", None, self._extra).find_class(module, name)
+
+    def load(self) -> Any:
+        """The object in the stream; [`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused] for anything not accepted."""
+        return _Loader(bytes(self._file.read()), self._buffers, self._extra).load()
+
+
+def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
+    """``pickle.loads`` through the restricted unpickler ([`RestrictedUnpickler`][hwdist.collectives._restricted.RestrictedUnpickler]).
+
+    Examples:
+        >>> hwdist.restricted_loads(pickle.dumps({"a": np.arange(3)}))
+        {'a': array([0, 1, 2])}
+    """
+    return _Loader(bytes(data), buffers, extra).load()

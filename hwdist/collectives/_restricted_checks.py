@@ -1,0 +1,504 @@
+"""Checks and handlers of the restricted unpickler: what each allow-listed global may build.
+
+A payload never reaches a constructor with unchecked values: each handler
+takes the REDUCE arguments (or a BUILD state), checks types, sizes and
+ranges, and builds the object itself. numpy arrays come only from a plain
+numeric (or record, or object-by-element) dtype, a shape and a buffer of
+exactly the right size; tensors likewise. See ``_restricted.py`` for the
+interpreter that calls them.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import decimal
+import fractions
+import pickle
+import re
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ._restricted import _Loader
+
+_SERIALIZATION = "hwdist.collectives.serialization"
+#: Deepest chain of tuples/frozensets (hashed recursively by CPython) a payload may build.
+MAX_NESTING = 1000
+_MAX_DIMS = 32
+
+
+class UnpicklingRefused(pickle.UnpicklingError):
+    """The restricted unpickler refused a payload (a global off the allow-list, a bad description, ...).
+
+    Nothing the payload named was called, and no object outside the payload was changed.
+    """
+
+
+def _refuse(msg: str) -> UnpicklingRefused:
+    return UnpicklingRefused(f"restricted unpickler refused the payload: {msg}")
+
+
+# ---- checks shared by the handlers ------------------------------------------------------
+
+
+class _Handler:
+    """What a payload gets for a global that only hwdist's own code may act on."""
+
+    __slots__ = ("name", "fn")
+
+    def __init__(self, name: str, fn: Callable[[_Loader, tuple], Any]) -> None:
+        self.name, self.fn = name, fn
+
+    def __repr__(self) -> str:
+        return f"<restricted global {self.name}>"
+
+
+class _Pending:
+    """An object whose final value comes with the BUILD that follows (numpy's dtype and array formats)."""
+
+    __slots__ = ("finish", "keys", "done")
+
+    def __init__(self, finish: Callable[[_Loader, Any], Any]) -> None:
+        self.finish, self.keys, self.done = finish, [], False
+
+    def __repr__(self) -> str:
+        return "<unfinished restricted object>"
+
+
+def _arity(name: str, args: tuple, lo: int, hi: int) -> None:
+    if not lo <= len(args) <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise _refuse(f"{name} takes {want} arguments, got {len(args)}")
+
+
+def _int(name: str, x: Any, lo: int = 0) -> int:
+    if type(x) is not int or x < lo:
+        raise _refuse(f"{name} must be an int >= {lo}, got {type(x).__name__}")
+    return x
+
+
+def _shape(name: str, shape: Any) -> tuple[int, int]:
+    """``(ndim, number of elements)`` of a checked shape."""
+    if type(shape) not in (tuple, list, torch.Size) or len(shape) > _MAX_DIMS:
+        raise _refuse(f"{name}: shape must be a tuple of at most {_MAX_DIMS} ints, got {type(shape).__name__}")
+    count = 1
+    for d in shape:
+        count *= _int(f"{name}: shape entry", d)
+    return len(shape), count
+
+
+def _byte_view(name: str, buf: Any) -> memoryview:
+    if type(buf) not in (bytes, bytearray, memoryview, pickle.PickleBuffer):
+        raise _refuse(f"{name}: expected a buffer, got {type(buf).__name__}")
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _check_bool_bytes(name: str, view: memoryview) -> None:
+    if view.nbytes and int(np.frombuffer(view, dtype=np.uint8).max()) > 1:
+        raise _refuse(f"{name}: a bool buffer holds a byte other than 0 or 1")
+
+
+_PLAIN_KINDS = "biufc"
+
+
+def _plain_dtype(dt: Any) -> bool:
+    """A numpy dtype that any bytes are a valid value of: bool, ints, floats, complex, one element."""
+    return (
+        isinstance(dt, np.dtype)
+        and dt.kind in _PLAIN_KINDS
+        and dt.fields is None
+        and dt.subdtype is None
+        and dt.metadata is None
+    )
+
+
+def _array_dtype(name: str, dt: Any, allow_object: bool = False) -> np.dtype:
+    if _plain_dtype(dt):
+        return dt
+    if isinstance(dt, np.dtype) and dt.fields is not None and dt.kind == "V":
+        if all(_plain_dtype(f[0]) and f[0].kind != "b" and len(f) == 2 for f in dt.fields.values()):
+            return dt
+    if allow_object and isinstance(dt, np.dtype) and dt.kind == "O" and dt.fields is None and dt.metadata is None:
+        return dt
+    raise _refuse(
+        f"{name}: dtype {dt!r} is not a plain numeric dtype (bool, int, uint, float, complex, or a record of"
+        " non-bool numeric fields). HINT: send it as a list, or convert it with .astype()"
+    )
+
+
+# ---- numpy: rebuilt by hwdist from checked descriptions ----------------------------------
+
+_DTYPE_STR = re.compile(r"([biufc])(\d{1,2})|(V)(\d{1,9})|(O)(4|8)")
+
+
+def _np_dtype(u: _Loader, args: tuple) -> _Pending:
+    _arity("numpy.dtype", args, 1, 3)
+    spec = args[0]
+    match = _DTYPE_STR.fullmatch(spec) if type(spec) is str else None
+    if match is None:
+        raise _refuse(f"numpy.dtype {spec!r} is not a plain numeric, record or object dtype")
+    return _Pending(lambda u2, state: _np_dtype_state(spec, state))
+
+
+def _np_dtype_state(spec: str, state: Any) -> np.dtype:
+    if type(state) is not tuple or len(state) not in (8, 9) or state[0] not in (3, 4):
+        raise _refuse("numpy.dtype state must be numpy's 8-tuple (version 3 or 4)")
+    endian, subarray, names, fields, elsize = state[1:6]
+    if endian not in ("<", ">", "|", "=") or subarray is not None or (len(state) == 9 and state[8] is not None):
+        raise _refuse(f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted")
+    if spec[0] == "V":
+        if type(names) is not tuple or not names or type(fields) is not dict or len(fields) != len(names):
+            raise _refuse(f"numpy.dtype {spec!r}: a record needs names and fields")
+        itemsize = _int("numpy.dtype record size", elsize, 1)
+        formats, offsets = [], []
+        for key in names:
+            entry = fields.get(key) if type(key) is str else None
+            if type(entry) is not tuple or len(entry) != 2:
+                raise _refuse(f"numpy.dtype {spec!r}: field {key!r} must be (dtype, offset)")
+            dt = _array_dtype(f"numpy.dtype field {key!r}", entry[0])
+            off = _int(f"numpy.dtype field {key!r} offset", entry[1])
+            if dt.fields is not None or dt.kind == "b" or off + dt.itemsize > itemsize:
+                raise _refuse(f"numpy.dtype {spec!r}: field {key!r} does not fit a plain field in {itemsize} bytes")
+            formats.append(dt)
+            offsets.append(off)
+        return np.dtype({"names": list(names), "formats": formats, "offsets": offsets, "itemsize": itemsize})
+    if names is not None or fields is not None:
+        raise _refuse(f"numpy.dtype {spec!r} cannot have fields")
+    if spec[0] == "O":
+        return np.dtype(object)
+    dt = np.dtype(spec)
+    return dt.newbyteorder(endian) if endian in "<>" and dt.itemsize > 1 else dt
+
+
+def _np_reconstruct(u: _Loader, args: tuple) -> _Pending:
+    if not (len(args) == 3 and args[0] is np.ndarray and args[1] == (0,) and args[2] == b"b"):
+        raise _refuse("numpy _reconstruct takes only (numpy.ndarray, (0,), b'b')")
+    return _Pending(_np_array_state)
+
+
+def _np_array_state(u: _Loader, state: Any) -> np.ndarray:
+    if type(state) is not tuple or len(state) != 5 or state[0] != 1:
+        raise _refuse("numpy array state must be numpy's 5-tuple (version 1)")
+    _, shape, dt, fortran, raw = state
+    _, count = _shape("numpy array", shape)
+    dt = _array_dtype("numpy array", dt, allow_object=True)
+    order = "F" if fortran is True or fortran == 1 else "C"
+    if dt.kind == "O":
+        if type(raw) is not list or len(raw) != count:
+            raise _refuse(f"numpy object array: expected a list of {count} items")
+        u.charge(count)
+        for x in raw:
+            u.check_unsafe_child("numpy object array", x)
+        out = np.fromiter(raw, dtype=object, count=count).reshape(shape, order=order)
+        u.mark_unsafe(out)
+        return out
+    view = _byte_view("numpy array data", raw)
+    if view.nbytes != count * dt.itemsize:
+        raise _refuse(f"numpy array: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}")
+    u.charge(view.nbytes)
+    if dt.kind == "b":
+        _check_bool_bytes("numpy array", view)
+    out = np.frombuffer(view, dtype=dt)
+    if not out.flags.writeable:
+        out = out.copy()
+    return out.reshape(shape, order=order)
+
+
+def _np_frombuffer(u: _Loader, args: tuple) -> np.ndarray:
+    _arity("numpy _frombuffer", args, 4, 4)
+    buf, dt, shape, order = args
+    view = _byte_view("numpy _frombuffer", buf)
+    dt = _array_dtype("numpy _frombuffer", dt)
+    _, count = _shape("numpy _frombuffer", shape)
+    if order not in ("C", "F"):
+        raise _refuse(f"numpy _frombuffer: order must be 'C' or 'F', got {order!r}")
+    if view.nbytes != count * dt.itemsize:
+        raise _refuse(f"numpy _frombuffer: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}")
+    u.charge(view.nbytes)
+    if dt.kind == "b":
+        _check_bool_bytes("numpy _frombuffer", view)
+    return np.frombuffer(view, dtype=dt).reshape(shape, order=order)
+
+
+def _np_scalar(u: _Loader, args: tuple) -> Any:
+    _arity("numpy scalar", args, 2, 2)
+    dt = _array_dtype("numpy scalar", args[0])
+    view = _byte_view("numpy scalar", args[1]) if type(args[1]) is bytes else None
+    if view is None or view.nbytes != dt.itemsize:
+        raise _refuse(f"numpy scalar of {dt} needs {dt.itemsize} bytes")
+    if dt.kind == "b":
+        _check_bool_bytes("numpy scalar", view)
+    return np.frombuffer(view, dtype=dt)[0]
+
+
+# ---- torch ------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    )
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+
+
+def _tensor(u: _Loader, args: tuple) -> torch.Tensor:
+    _arity("tensor", args, 4, 4)
+    buf, name, shape, requires_grad = args
+    view = _byte_view("tensor", buf)
+    dt = _TORCH_DTYPES.get(name) if type(name) is str else None
+    if dt is None:
+        raise _refuse(f"tensor dtype {name!r} is not one of {', '.join(sorted(_TORCH_DTYPES))}")
+    _, count = _shape("tensor", shape)
+    if view.nbytes != count * dt.itemsize:
+        raise _refuse(f"tensor: shape {tuple(shape)} of {name} needs {count * dt.itemsize} bytes, got {view.nbytes}")
+    if type(requires_grad) is not bool or (requires_grad and not (dt.is_floating_point or dt.is_complex)):
+        raise _refuse(f"tensor: requires_grad must be a bool (True only for float or complex), got {requires_grad!r}")
+    u.charge(view.nbytes)
+    if dt is torch.bool:
+        _check_bool_bytes("tensor", view)
+    from .serialization import _rebuild_tensor
+
+    return _rebuild_tensor(view, name, tuple(shape), requires_grad)
+
+
+def _parameter(u: _Loader, args: tuple) -> torch.nn.Parameter:
+    _arity("torch parameter", args, 3, 4)
+    data, requires_grad, hooks = args[:3]
+    state = args[3] if len(args) == 4 else None
+    if type(data) is not torch.Tensor or type(requires_grad) is not bool:
+        raise _refuse("torch parameter takes (tensor, requires_grad)")
+    if hooks or state not in (None, {}, (None, {}), ({}, None)):
+        raise _refuse("torch parameter: backward hooks and extra state are not accepted")
+    return torch.nn.Parameter(data, requires_grad)
+
+
+def _size(u: _Loader, args: tuple) -> torch.Size:
+    _arity("torch.Size", args, 1, 1)
+    _shape("torch.Size", args[0])
+    return torch.Size(args[0])
+
+
+def _device(u: _Loader, args: tuple) -> torch.device:
+    _arity("torch.device", args, 1, 2)
+    if type(args[0]) is not str or len(args[0]) > 64 or (len(args) == 2 and args[1] is not None and type(args[1]) is not int):
+        raise _refuse("torch.device takes (type string, index)")
+    return torch.device(*args)
+
+
+# ---- the standard library ---------------------------------------------------------------
+
+_PRIMITIVE = (int, float, complex, str, bytes, bool, type(None))
+_ENCODINGS = frozenset({"utf-8", "utf8", "latin-1", "latin1", "ascii"})
+_ERRORS = frozenset({"strict", "replace", "ignore", "surrogatepass", "surrogateescape", "backslashreplace"})
+_SEQUENCES = (tuple, list, set, frozenset, str, bytes, bytearray, dict)
+
+
+def _primitive(name: str, args: tuple, lo: int, hi: int, types: tuple = _PRIMITIVE) -> tuple:
+    _arity(name, args, lo, hi)
+    for a in args:
+        if type(a) not in types:
+            raise _refuse(f"{name}: argument of type {type(a).__name__} is not accepted")
+    return args
+
+
+def _call_primitive(cls: type, lo: int, hi: int) -> Callable[[_Loader, tuple], Any]:
+    return lambda u, args: cls(*_primitive(cls.__name__, args, lo, hi))
+
+
+def _text(u: _Loader, args: tuple) -> str:
+    _primitive("str", args, 0, 3, (str, bytes, bytearray))
+    if len(args) >= 2 and (args[1] not in _ENCODINGS or args[-1] not in _ENCODINGS | _ERRORS):
+        raise _refuse(f"str: encoding must be one of {', '.join(sorted(_ENCODINGS))}")
+    return str(*args)
+
+
+def _bytes_like(cls: type) -> Callable[[_Loader, tuple], Any]:
+    def build(u: _Loader, args: tuple) -> Any:
+        # Never the size form (bytearray(n)): a few payload bytes must not allocate n bytes.
+        _primitive(cls.__name__, args, 0, 3, (bytes, bytearray, memoryview, str, list))
+        if args and type(args[0]) is str and (len(args) < 2 or args[1] not in _ENCODINGS):
+            raise _refuse(f"{cls.__name__}: a str needs an encoding from {', '.join(sorted(_ENCODINGS))}")
+        if args:
+            u.charge(len(args[0]) * (4 if type(args[0]) in (str, list) else 1))
+        return cls(*args)
+
+    return build
+
+
+def _container(cls: type) -> Callable[[_Loader, tuple], Any]:
+    def build(u: _Loader, args: tuple) -> Any:
+        _primitive(cls.__name__, args, 0, 1, _SEQUENCES)
+        if args:
+            u.charge(len(args[0]))
+        out = cls(*args)
+        if cls in (tuple, frozenset):
+            u.track(out, out)
+        return out
+
+    return build
+
+
+def _range(u: _Loader, args: tuple) -> range:
+    return range(*_primitive("range", args, 1, 3, (int,)))
+
+
+def _slice(u: _Loader, args: tuple) -> slice:
+    return slice(*_primitive("slice", args, 1, 3, (int, type(None))))
+
+
+def _mapping(cls: type) -> Callable[[_Loader, tuple], Any]:
+    def build(u: _Loader, args: tuple) -> Any:
+        _primitive(cls.__name__, args, 0, 1, (dict, list, tuple) if cls is not collections.Counter else (dict,))
+        if args:
+            u.charge(len(args[0]))
+        return cls(*args)
+
+    return build
+
+
+def _defaultdict(u: _Loader, args: tuple) -> collections.defaultdict:
+    _arity("defaultdict", args, 0, 2)
+    factory = args[0] if args else None
+    if factory is not None and not (_hashable_in(factory, _FACTORIES) or u.trusted(factory)):
+        raise _refuse(f"defaultdict: default factory {factory!r} is not accepted")
+    rest = _primitive("defaultdict", args[1:], 0, 1, (dict, list))
+    if rest:
+        u.charge(len(rest[0]))
+        for v in (rest[0].values() if type(rest[0]) is dict else ()):
+            u.check_unsafe_child("defaultdict", v)
+    out = collections.defaultdict(factory, *rest)
+    u.mark_unsafe(out)
+    return out
+
+
+def _deque(u: _Loader, args: tuple) -> collections.deque:
+    _primitive("deque", args, 0, 2, (list, tuple, int, type(None)))
+    if (args and type(args[0]) is int) or (len(args) == 2 and type(args[1]) is not int and args[1] is not None):
+        raise _refuse("deque takes (items, maxlen)")
+    if args:
+        u.charge(len(args[0]))
+        for x in args[0]:
+            u.check_unsafe_child("deque", x)
+    out = collections.deque(*args)
+    u.mark_unsafe(out)
+    return out
+
+
+def _timezone(u: _Loader, args: tuple) -> datetime.timezone:
+    return datetime.timezone(*_primitive("timezone", args, 1, 2, (datetime.timedelta, str)))
+
+
+def _when(cls: type) -> Callable[[_Loader, tuple], Any]:
+    types = (int, float, str, bytes, type(None), datetime.timezone)
+    return lambda u, args: cls(*_primitive(cls.__name__, args, 0, 8, types))
+
+
+_MAX_INT_BITS = 16384
+_FRACTION = re.compile(r"\s*[-+]?\d{1,4300}(/\d{1,4300})?\s*")
+
+
+def _fraction(u: _Loader, args: tuple) -> fractions.Fraction:
+    _primitive("Fraction", args, 0, 2, (int, str))
+    if args and type(args[0]) is str and (len(args) > 1 or not _FRACTION.fullmatch(args[0])):
+        raise _refuse("Fraction: a string must be 'numerator/denominator' (no exponent)")
+    _small_ints("Fraction", args)
+    return fractions.Fraction(*args)
+
+
+def _decimal(u: _Loader, args: tuple) -> decimal.Decimal:
+    _primitive("Decimal", args, 0, 1, (int, float, str, tuple))
+    _small_ints("Decimal", args)
+    return decimal.Decimal(*args)
+
+
+def _small_ints(name: str, args: tuple) -> None:
+    # gcd and decimal conversion of huge ints are quadratic: keep them to what a 'n/d' string can hold
+    if any(type(a) is int and a.bit_length() > _MAX_INT_BITS for a in args):
+        raise _refuse(f"{name}: an int of more than {_MAX_INT_BITS} bits is not accepted")
+
+
+_CALLS: dict[Any, Callable[[_Loader, tuple], Any]] = {
+    bool: _call_primitive(bool, 0, 1),
+    int: lambda u, args: int(*_primitive("int", args, 0, 2, (int, float, str, bytes, bool))),
+    float: _call_primitive(float, 0, 1),
+    complex: lambda u, args: complex(*_primitive("complex", args, 0, 2, (int, float, complex, str, bool))),
+    str: _text,
+    bytes: _bytes_like(bytes),
+    bytearray: _bytes_like(bytearray),
+    tuple: _container(tuple),
+    list: _container(list),
+    set: _container(set),
+    frozenset: _container(frozenset),
+    dict: _mapping(dict),
+    range: _range,
+    slice: _slice,
+    collections.OrderedDict: _mapping(collections.OrderedDict),
+    collections.Counter: _mapping(collections.Counter),
+    collections.defaultdict: _defaultdict,
+    collections.deque: _deque,
+    datetime.datetime: _when(datetime.datetime),
+    datetime.date: _when(datetime.date),
+    datetime.time: _when(datetime.time),
+    datetime.timedelta: _when(datetime.timedelta),
+    datetime.timezone: _timezone,
+    decimal.Decimal: _decimal,
+    fractions.Fraction: _fraction,
+    torch.Size: _size,
+    torch.device: _device,
+    np.dtype: _np_dtype,
+}
+_FACTORIES = frozenset(
+    {int, float, complex, str, bytes, bool, list, dict, set, frozenset, tuple, collections.OrderedDict,
+     collections.Counter, decimal.Decimal, fractions.Fraction}
+)
+#: Containers whose deallocation recurses in C without CPython's trashcan: never directly nested.
+_UNSAFE_NESTING = (collections.deque, collections.defaultdict, np.ndarray)
+_HANDLERS = {
+    ("torch._utils", "_rebuild_parameter"): _parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
+    (_SERIALIZATION, "_rebuild_tensor"): _tensor,
+}
+for _np_mod in ("numpy.core", "numpy._core"):
+    _HANDLERS[(f"{_np_mod}.numeric", "_frombuffer")] = _np_frombuffer
+    _HANDLERS[(f"{_np_mod}.multiarray", "_reconstruct")] = _np_reconstruct
+    _HANDLERS[(f"{_np_mod}.multiarray", "scalar")] = _np_scalar
+_VALUES: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("collections", "defaultdict"): collections.defaultdict,
+    ("collections", "deque"): collections.deque,
+    ("collections", "Counter"): collections.Counter,
+    ("datetime", "datetime"): datetime.datetime,
+    ("datetime", "date"): datetime.date,
+    ("datetime", "time"): datetime.time,
+    ("datetime", "timedelta"): datetime.timedelta,
+    ("datetime", "timezone"): datetime.timezone,
+    ("decimal", "Decimal"): decimal.Decimal,
+    ("fractions", "Fraction"): fractions.Fraction,
+    ("torch", "Size"): torch.Size,
+    ("torch", "device"): torch.device,
+    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
+    ("numpy", "dtype"): np.dtype,
+    ("numpy", "ndarray"): np.ndarray,
+}
+_VALUES.update({key: _Handler(".".join(key), fn) for key, fn in _HANDLERS.items()})
+
+
+def _hashable_in(x: Any, table: Any) -> bool:
+    try:
+        return x in table
+    except TypeError:
+        return False
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, (type, _Handler)) or callable(obj):
+        module = getattr(obj, "__module__", None)
+        name = getattr(obj, "__qualname__", None) or getattr(obj, "name", None) or repr(obj)
+        return f"'{module}.{name}'" if module else f"'{name}'"
+    return f"a {type(obj).__name__} value"

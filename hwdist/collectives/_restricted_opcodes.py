@@ -1,0 +1,364 @@
+"""The opcodes of the restricted unpickler (pickle protocols 0 to 5), one small function each.
+
+Every length is checked against the bytes left before anything is
+allocated; opcodes that call or look up something outside the payload
+(persistent ids, the extension registry, INST/OBJ) are refused.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import struct
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._restricted_checks import _byte_view, _describe, _refuse
+
+if TYPE_CHECKING:
+    from ._restricted import _Loader
+
+# ---- opcodes ------------------------------------------------------------------------------
+
+
+def _push(value_fn: Callable[[_Loader], Any]) -> Callable[[_Loader], None]:
+    return lambda u: u.stack.append(value_fn(u))
+
+
+def _op_proto(u: _Loader) -> None:
+    if u.read(1)[0] > 5:
+        raise _refuse("unsupported pickle protocol")
+
+
+def _op_frame(u: _Loader) -> None:
+    if u.unpack("<Q", 8) > len(u.data) - u.pos:
+        raise _refuse("a FRAME is longer than the payload")
+
+
+def _op_int(u: _Loader) -> None:
+    line = u.readline()
+    u.stack.append(True if line == b"01" else False if line == b"00" else int(line))
+
+
+def _op_long(u: _Loader) -> None:
+    line = u.readline()
+    u.stack.append(int(line[:-1] if line.endswith(b"L") else line))
+
+
+def _op_long_n(fmt: str, n: int) -> Callable[[_Loader], None]:
+    def op(u: _Loader) -> None:
+        size = u.unpack(fmt, n)
+        u.stack.append(int.from_bytes(u.read(size), "little", signed=True))
+
+    return op
+
+
+def _op_string(u: _Loader) -> None:
+    line = u.readline()
+    if len(line) < 2 or line[0] != line[-1] or line[:1] not in (b"'", b'"'):
+        raise _refuse("STRING argument is not quoted")
+    u.stack.append(codecs.escape_decode(line[1:-1])[0].decode("ascii"))
+
+
+def _op_counted(fmt: str, n: int, kind: Callable[[bytes], Any]) -> Callable[[_Loader], None]:
+    unpack = struct.Struct(fmt or "<B").unpack_from
+    n = n or 1
+
+    def op(u: _Loader) -> None:  # hot: strings and bytes; read() inlined
+        data, pos = u.data, u.pos
+        if pos + n > len(data):
+            u.read(n)  # raises: truncated
+        size = unpack(data, pos)[0]
+        pos += n
+        end = pos + size
+        if end > len(data):  # checked before anything is allocated
+            raise _refuse(f"truncated: {size} bytes wanted at byte {pos}, {len(data) - pos} left")
+        u.pos = end
+        u.stack.append(kind(data[pos:end]))
+
+    return op
+
+
+def _op_small(fmt: str) -> Callable[[_Loader], None]:
+    """A fixed-size argument pushed as it is (ints, floats); read() inlined."""
+    st = struct.Struct(fmt)
+    n, unpack = st.size, st.unpack_from
+
+    def op(u: _Loader) -> None:
+        pos = u.pos
+        if pos + n > len(u.data):
+            u.read(n)  # raises: truncated
+        u.pos = pos + n
+        u.stack.append(unpack(u.data, pos)[0])
+
+    return op
+
+
+def _utf8(b: bytes) -> str:
+    return str(b, "utf-8", "surrogatepass")
+
+
+def _op_next_buffer(u: _Loader) -> None:
+    try:
+        u.stack.append(next(u.buffers))
+    except StopIteration:
+        raise _refuse("NEXT_BUFFER with no out-of-band buffer left") from None
+
+
+def _op_readonly(u: _Loader) -> None:
+    u.stack[-1] = memoryview(_byte_view("READONLY_BUFFER", u.top())).toreadonly()
+
+
+def _tuple_of(items: list[Any], u: _Loader) -> tuple:
+    out = tuple(items)
+    u.track(out, out)
+    return out
+
+
+def _op_tuple(u: _Loader) -> None:
+    out = _tuple_of(u.pop_mark(), u)  # pop_mark() replaces u.stack
+    u.stack.append(out)
+
+
+def _op_tuple_n(n: int) -> Callable[[_Loader], None]:
+    def op(u: _Loader) -> None:
+        if len(u.stack) < n:
+            raise _refuse(f"TUPLE{n} needs {n} values on the stack")
+        items = u.stack[-n:]
+        del u.stack[-n:]
+        u.stack.append(_tuple_of(items, u))
+
+    return op
+
+
+def _op_list(u: _Loader) -> None:
+    items = u.pop_mark()
+    u.stack.append(items)
+
+
+def _op_dict(u: _Loader) -> None:
+    items = u.pop_mark()
+    if len(items) % 2:
+        raise _refuse("DICT needs key/value pairs")
+    u.stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+
+
+def _op_frozenset(u: _Loader) -> None:
+    out = frozenset(u.pop_mark())
+    u.track(out, out)
+    u.stack.append(out)
+
+
+def _extend(u: _Loader, items: list[Any]) -> None:
+    target = u.top()
+    if type(target) is list:
+        target.extend(items)
+    elif type(target) is collections.deque:  # deque's reduce sends its items this way
+        for x in items:
+            u.check_unsafe_child("deque", x)
+        target.extend(items)
+    elif u.trusted(type(target)):
+        extend = getattr(target, "extend", None)
+        if extend is not None:
+            extend(items)
+        else:
+            for x in items:
+                target.append(x)
+    else:
+        raise _refuse(f"APPEND to {_describe(target)} is not allowed")
+
+
+def _op_append(u: _Loader) -> None:
+    value = u.pop()
+    _extend(u, [value])
+
+
+def _op_appends(u: _Loader) -> None:
+    items = u.pop_mark()
+    _extend(u, items)
+
+
+def _set_items(u: _Loader, items: list[Any]) -> None:
+    if len(items) % 2:
+        raise _refuse("SETITEMS needs key/value pairs")
+    target = u.top()
+    kind = type(target)
+    if kind is dict or kind is collections.OrderedDict or kind is collections.Counter:
+        pass
+    elif kind is collections.defaultdict:
+        for v in items[1::2]:
+            u.check_unsafe_child("defaultdict", v)
+    elif not u.trusted(kind) or isinstance(target, type):
+        raise _refuse(f"setting items on {_describe(target)} is not allowed")
+    for i in range(0, len(items), 2):
+        target[items[i]] = items[i + 1]
+
+
+def _op_setitem(u: _Loader) -> None:
+    value = u.pop()
+    key = u.pop()
+    _set_items(u, [key, value])
+
+
+def _op_setitems(u: _Loader) -> None:
+    _set_items(u, u.pop_mark())
+
+
+def _op_additems(u: _Loader) -> None:
+    items = u.pop_mark()
+    target = u.top()
+    if type(target) is set:
+        target.update(items)
+    elif u.trusted(type(target)):
+        for x in items:
+            target.add(x)
+    else:
+        raise _refuse(f"ADDITEMS to {_describe(target)} is not allowed")
+
+
+def _op_pop(u: _Loader) -> None:
+    if u.stack:
+        u.stack.pop()
+    else:
+        u.pop_mark()
+
+
+def _op_mark(u: _Loader) -> None:
+    u.metastack.append(u.stack)
+    u.stack = []
+
+
+def _op_get(read_key: Callable[[_Loader], int]) -> Callable[[_Loader], None]:
+    def op(u: _Loader) -> None:
+        key = read_key(u)
+        if key not in u.memo:
+            raise _refuse(f"memo entry {key} was never stored")
+        u.stack.append(u.memo[key])
+
+    return op
+
+
+def _op_put(read_key: Callable[[_Loader], int]) -> Callable[[_Loader], None]:
+    def op(u: _Loader) -> None:
+        key = read_key(u)
+        if key < 0:
+            raise _refuse("negative memo key")
+        u.memoize(key)
+
+    return op
+
+
+def _op_global(u: _Loader) -> None:
+    module = u.readline().decode("utf-8")
+    name = u.readline().decode("utf-8")
+    u.stack.append(u.find_class(module, name))
+
+
+def _op_stack_global(u: _Loader) -> None:
+    name = u.pop()
+    module = u.pop()
+    if type(module) is not str or type(name) is not str:
+        raise _refuse("STACK_GLOBAL needs two strings")
+    u.stack.append(u.find_class(module, name))
+
+
+def _op_reduce(u: _Loader) -> None:
+    args = u.pop()
+    u.stack[-1] = u.call(u.top(), args)
+
+
+def _op_newobj(u: _Loader) -> None:
+    args = u.pop()
+    cls = u.pop()
+    u.stack.append(u.new(cls, args, {}))
+
+
+def _op_newobj_ex(u: _Loader) -> None:
+    kwargs = u.pop()
+    args = u.pop()
+    cls = u.pop()
+    u.stack.append(u.new(cls, args, kwargs))
+
+
+def _refused_op(what: str) -> Callable[[_Loader], None]:
+    def op(u: _Loader) -> None:
+        raise _refuse(f"{what} is not accepted")
+
+    return op
+
+
+def _line_int(u: _Loader) -> int:
+    return int(u.readline())
+
+
+_DISPATCH: dict[int, Callable[[_Loader], None]] = {
+    ord(k): v
+    for k, v in {
+        "\x80": _op_proto,
+        "\x95": _op_frame,
+        "N": _push(lambda u: None),
+        "\x88": _push(lambda u: True),
+        "\x89": _push(lambda u: False),
+        "I": _op_int,
+        "J": _op_small("<i"),
+        "K": _op_small("<B"),
+        "M": _op_small("<H"),
+        "L": _op_long,
+        "\x8a": _op_long_n("<B", 1),
+        "\x8b": _op_long_n("<I", 4),
+        "F": _push(lambda u: float(u.readline())),
+        "G": _op_small(">d"),
+        "S": _op_string,
+        "T": _op_counted("<I", 4, lambda b: b.decode("ascii")),
+        "U": _op_counted("", 1, lambda b: b.decode("ascii")),
+        "B": _op_counted("<I", 4, bytes),
+        "C": _op_counted("", 1, bytes),
+        "\x8e": _op_counted("<Q", 8, bytes),
+        "\x96": _op_counted("<Q", 8, bytearray),
+        "V": _push(lambda u: codecs.raw_unicode_escape_decode(u.readline())[0]),  # no codec lookup (no import)
+        "X": _op_counted("<I", 4, _utf8),
+        "\x8c": _op_counted("", 1, _utf8),
+        "\x8d": _op_counted("<Q", 8, _utf8),
+        "\x97": _op_next_buffer,
+        "\x98": _op_readonly,
+        ")": _push(lambda u: ()),
+        "t": _op_tuple,
+        "\x85": _op_tuple_n(1),
+        "\x86": _op_tuple_n(2),
+        "\x87": _op_tuple_n(3),
+        "]": _push(lambda u: []),
+        "l": _op_list,
+        "}": _push(lambda u: {}),
+        "d": _op_dict,
+        "\x8f": _push(lambda u: set()),
+        "\x91": _op_frozenset,
+        "a": _op_append,
+        "e": _op_appends,
+        "s": _op_setitem,
+        "u": _op_setitems,
+        "\x90": _op_additems,
+        "0": _op_pop,
+        "1": lambda u: u.pop_mark().clear(),
+        "2": lambda u: u.stack.append(u.top()),
+        "(": _op_mark,
+        "g": _op_get(_line_int),
+        "h": _op_get(lambda u: u.read(1)[0]),
+        "j": _op_get(lambda u: u.unpack("<I", 4)),
+        "p": _op_put(_line_int),
+        "q": _op_put(lambda u: u.read(1)[0]),
+        "r": _op_put(lambda u: u.unpack("<I", 4)),
+        "\x94": lambda u: u.memoize(len(u.memo)),
+        "c": _op_global,
+        "\x93": _op_stack_global,
+        "R": _op_reduce,
+        "\x81": _op_newobj,
+        "\x92": _op_newobj_ex,
+        "b": lambda u: u.build(),
+        "P": _refused_op("a persistent id (PERSID)"),
+        "Q": _refused_op("a persistent id (BINPERSID)"),
+        "\x82": _refused_op("the extension registry (EXT1)"),
+        "\x83": _refused_op("the extension registry (EXT2)"),
+        "\x84": _refused_op("the extension registry (EXT4)"),
+        "i": _refused_op("INST (calls a class named in the payload)"),
+        "o": _refused_op("OBJ (calls a class from the stack)"),
+    }.items()
+}

@@ -1,0 +1,249 @@
+"""The restricted unpickler against hostile payloads (issue 14, items 1-4), and what it must still accept.
+
+Hostile payloads run in a child process (tests/unit/restricted_probe.py): a
+crash there fails the test, not the suite. Each child reports, per payload,
+the outcome, the message, whether code ran (a marker file), which globals
+changed, and the peak Python memory of the load. Every payload here crashed,
+changed or bloated a receiver that used the earlier restricted unpickler
+(checked by hand against that version; the figures are in docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import signal
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import hwdist
+from hwdist.collectives import serialization as ser
+from tests.unit.restricted_probe import R, attacks, legit_objects, run_child
+
+#: The message each payload must be refused with.
+EXPECTED = {
+    # item 1: numpy's reconstructors
+    "dtype_object_field": "dtype('O') is not a plain numeric dtype",
+    "reconstruct_object_field": "dtype('O') is not a plain numeric dtype",
+    "ndarray_huge_strides": "calling 'numpy.ndarray' is not allowed",
+    # item 3: BUILD on a class
+    "counter_missing": "BUILD on the class 'collections.Counter': it would change the class for the whole process",
+    "fraction_eq": "BUILD on the class 'fractions.Fraction'",
+    "ndarray_class_state": "BUILD on the class 'numpy.ndarray'",
+    # item 4: allocations the payload's size does not pay for
+    "bytearray_1gib": "bytearray: argument of type int is not accepted",
+    "bytes_1gib": "bytes: argument of type int is not accepted",
+    "bytearray8_1gib": "truncated: 1073741824 bytes wanted",
+    "binbytes8_1gib": "truncated: 1073741824 bytes wanted",
+    "list_of_range": "list: argument of type range is not accepted",
+    "tensor_empty_buffer": "needs 1073741824 bytes, got 0",
+    # code execution, and nesting CPython hashes or frees recursively in C
+    "open_marker": "refused global 'io.open': it is not on the allow-list",
+    "os_system": "system': it is not on the allow-list",
+    "deep_tuple_hash": "tuples or frozensets nested deeper than 1000",
+    "deep_deque": "a deque directly inside a deque",
+    "deep_defaultdict": "a defaultdict directly inside a defaultdict",
+}
+GROUPS = {
+    "item1_numpy": ["dtype_object_field", "reconstruct_object_field", "ndarray_huge_strides"],
+    "item3_class_state": ["counter_missing", "fraction_eq", "ndarray_class_state"],
+    "item4_allocation": ["bytearray_1gib", "bytes_1gib", "bytearray8_1gib", "binbytes8_1gib", "list_of_range",
+                         "tensor_empty_buffer"],
+    "code_and_nesting": ["open_marker", "os_system", "deep_tuple_hash", "deep_deque", "deep_defaultdict"],
+}
+PEAK_LIMIT = 64 << 20
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_hostile_payloads_are_refused_in_a_child_process(group, tmp_path):
+    marker = str(tmp_path / "pwned")
+    payloads = attacks(marker)
+    names = GROUPS[group]
+    proc, reports = run_child([payloads[n] for n in names], marker)
+    crashed = names[len(reports)] if len(reports) < len(names) else None
+    assert proc.returncode == 0, (
+        f"the child died on payload {crashed!r}: "
+        + (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exit {proc.returncode}")
+        + f"\n{proc.stderr[-3000:]}"
+    )
+    for name, rep in zip(names, reports):
+        assert rep["outcome"] == "refused", (name, rep)
+        assert rep["message"].startswith("restricted unpickler refused"), (name, rep)
+        assert EXPECTED[name] in rep["message"], (name, rep["message"])
+        assert not rep["code_ran"], name
+        assert rep["globals_changed"] == [], (name, rep["globals_changed"])
+        assert rep["peak_bytes"] < PEAK_LIMIT, (name, rep["peak_bytes"])
+
+
+def test_harmless_odd_payloads_load_without_effect(tmp_path):
+    """A plain dtype whose state claims object flags is rebuilt plain; a memo key of 2**32 - 1 costs one entry."""
+    marker = str(tmp_path / "pwned")
+    payloads = attacks(marker)
+    proc, reports = run_child([payloads["dtype_flags"], payloads["memo_index_4g"]], marker)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["outcome"] for r in reports] == ["loaded", "loaded"]
+    assert all(r["globals_changed"] == [] and r["peak_bytes"] < 1 << 20 for r in reports)
+    dt = hwdist.restricted_loads(payloads["dtype_flags"])
+    assert dt == np.dtype("<f8") and not dt.hasobject and dt.flags == np.dtype("f8").flags
+
+
+def test_refusal_messages_are_clear():
+    with pytest.raises(hwdist.UnpicklingRefused, match=r"refused global 'os.getcwd': it is not on the allow-list\."
+                       r" If every sender is trusted to send it, call hwdist.register_safe_class\('os.getcwd'\)"):
+        hwdist.restricted_loads(b"cos\ngetcwd\n)R.")
+    with pytest.raises(hwdist.UnpicklingRefused, match="truncated: no STOP opcode"):
+        hwdist.restricted_loads(b"\x80\x05K\x01")
+    with pytest.raises(hwdist.UnpicklingRefused, match="a bool buffer holds a byte other than 0 or 1"):
+        hwdist.restricted_loads(pickle.dumps(R(np.arange(3).__reduce_ex__(5)[0], (b"\x02", np.dtype(bool), (1,), "C"))))
+    assert issubclass(hwdist.UnpicklingRefused, pickle.UnpicklingError)
+
+
+# ---- what must still load --------------------------------------------------------------------
+
+NUMPY_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+                np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128, np.clongdouble]
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("size", [6, 40_000], ids=["in_band", "out_of_band"])
+def test_numpy_arrays_of_every_plain_dtype_roundtrip(dtype, size):
+    base = (np.arange(size) % 3).astype(dtype).reshape(2, -1)
+    cases = [base, base[:, ::2], np.asfortranarray(base), base.T, base[0, 0].copy().reshape(()), base[:0],
+             base.astype(np.dtype(dtype).newbyteorder(">")), base[0, 0]]
+    rs = ser.RestrictedPickleSerializer()
+    for a in cases:
+        data = ser.encode(a, rs).to_numpy()
+        back = ser.decode(data, serializer=rs)
+        assert type(back) is type(a) and back.dtype == a.dtype and np.shape(back) == np.shape(a)
+        assert np.array_equal(back, a)
+        if isinstance(a, np.ndarray):
+            assert back.flags.writeable and (back.flags.f_contiguous or not a.flags.f_contiguous or a.ndim < 2)
+
+
+def test_legit_objects_roundtrip_through_the_restricted_serializer():
+    objs = legit_objects()
+    rs = ser.RestrictedPickleSerializer()
+    back = ser.decode(ser.encode(objs, rs).to_numpy(), serializer=rs)
+    for a, b in zip(objs, back):
+        assert type(a) is type(b), (a, b)
+        if isinstance(a, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+        elif isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a.detach(), b.detach()) and a.requires_grad == b.requires_grad
+        else:
+            assert a == b, (a, b)
+    # plain pickle data, protocols 3 to 5
+    for protocol in (3, 4, 5):
+        got = hwdist.restricted_loads(pickle.dumps(objs[:11] + objs[14:], protocol=protocol))
+        assert len(got) == len(objs) - 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.int8, torch.uint8, torch.bool, torch.complex64, torch.int16])
+def test_tensors_of_every_dtype_roundtrip_restricted(dtype):
+    rs = ser.RestrictedPickleSerializer()
+    base = (torch.arange(24) % 2).to(dtype).reshape(2, 3, 4)
+    for t in (base, base.transpose(0, 2), base[:, 1], base.reshape(-1)[0], base[:0], torch.zeros(70_000, dtype=dtype)):
+        got = ser.decode(ser.encode({"t": t}, rs).to_numpy(), serializer=rs)["t"]
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
+
+
+def test_copies_are_bounded_by_the_payload_size():
+    # one 50,000-entry dict, counted 200 times through the memo: 10 million entries from ~600 KB
+    big = {i: 1 for i in range(50_000)}
+    payload = pickle.dumps([R(collections.Counter, (big,)) for _ in range(200)], protocol=4)
+    with pytest.raises(hwdist.UnpicklingRefused, match=r"more memory than its \d+ bytes can describe"):
+        hwdist.restricted_loads(payload)
+    assert len(hwdist.restricted_loads(pickle.dumps([collections.Counter(big)] * 2, protocol=4))) == 2
+
+
+class _Slotted:
+    __slots__ = ("a",)
+
+
+class _Plain:
+    pass
+
+
+def test_registered_classes_take_instance_state_only():
+    extra = [(_Plain.__module__, _Plain.__qualname__), (_Slotted.__module__, _Slotted.__qualname__)]
+    p = _Plain()
+    p.x = [1]
+    assert hwdist.restricted_loads(pickle.dumps(p), extra=extra).x == [1]
+    s = _Slotted()
+    s.a = 3
+    assert hwdist.restricted_loads(pickle.dumps(s, protocol=2), extra=extra).a == 3
+    mod = _Plain.__module__.encode()
+    # state for the class itself, and a dunder through slot state on an instance: refused
+    with pytest.raises(hwdist.UnpicklingRefused, match="BUILD on the class"):
+        hwdist.restricted_loads(b"c" + mod + b"\n_Plain\n(N}Vx\nK\x01stb.", extra=extra)
+    evil = b"\x80\x02c" + mod + b"\n_Plain\n)\x81(N}V__class__\ncbuiltins\nint\nstb."
+    with pytest.raises(hwdist.UnpicklingRefused, match="slot state must be a dict of attribute names"):
+        hwdist.restricted_loads(evil, extra=extra)
+    assert not hasattr(_Plain, "x") and type(_Plain()) is _Plain
+
+
+# ---- item 2: the serializer in force is per thread ----------------------------------------------
+
+
+def test_use_serializer_is_per_thread_and_restored_exactly(tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = pickle.dumps(R(open, (str(marker), "w")))
+    frame = ser.Frame(hostile, []).to_numpy()
+    before = hwdist.get_serializer()
+    restricted = hwdist.RestrictedPickleSerializer()
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def first() -> None:
+        with hwdist.use_serializer(restricted):
+            a_in.set()
+            b_in.wait(10)  # the other thread is now inside its own plain-pickle block
+            seen["a_serializer"] = hwdist.get_serializer()
+            try:
+                ser.decode(frame.copy())
+            except hwdist.UnpicklingRefused as exc:
+                seen["a_error"] = str(exc)
+            a_done.set()
+
+    def second() -> None:
+        a_in.wait(10)
+        with hwdist.use_serializer(hwdist.PickleSerializer()) as mine:
+            seen["b_serializer_ok"] = hwdist.get_serializer() is mine
+            b_in.set()
+            a_done.wait(10)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen["a_serializer"] is restricted and seen["b_serializer_ok"] is True
+    assert "refused global 'io.open'" in str(seen["a_error"])
+    assert not marker.exists()
+    assert hwdist.get_serializer() is before and ser.is_default_serializer(None)
+    # a use_serializer block wins over the process default, and both are restored exactly
+    previous = hwdist.set_serializer(restricted)
+    try:
+        with hwdist.use_serializer(hwdist.PickleSerializer()):
+            assert not isinstance(hwdist.get_serializer(), hwdist.RestrictedPickleSerializer)
+        assert hwdist.get_serializer() is restricted
+    finally:
+        assert hwdist.set_serializer(previous) is restricted
+    assert hwdist.get_serializer() is before
+    with pytest.raises(TypeError, match="use_serializer: serializer must be a hwdist Serializer, got int"):
+        with hwdist.use_serializer(3):  # type: ignore[arg-type]
+            pass
+
+
+def test_corrupt_frame_headers_raise_value_error():
+    good = ser.encode({"a": np.arange(20_000)}).to_numpy()
+    assert ser.decode(good.copy())["a"][-1] == 19_999
+    for field, value in [(1, -64), (2, -1), (2, 1 << 40), (3, -1), (3, 1 << 40), (4, 1 << 50), (4, -5)]:
+        bad = good.copy()
+        bad.view("<i8")[field] = value
+        with pytest.raises(ValueError, match="hwdist object payload"):
+            ser.decode(bad, serializer=ser.RestrictedPickleSerializer())
