@@ -20,6 +20,7 @@ class CnclDriver(AcceleratorDriver):
     priority = 40
     description = "Cambricon CNCL (MLUs, needs torch_mlu)"
     vendor_module = "torch_mlu"
+    env_vars = ("CNCL_*", "MLU_VISIBLE_DEVICES")
     native_ops = ALL_OPS - {"gather", "scatter"}
     reduce_ops = frozenset({"sum", "product", "min", "max"})
     dtypes = frozenset(

@@ -21,6 +21,7 @@ class HcclDriver(AcceleratorDriver):
     priority = 50
     description = "Huawei HCCL (Ascend NPUs, needs torch_npu)"
     vendor_module = "torch_npu"
+    env_vars = ("HCCL_*", "ASCEND_*")
     # mmengine emulates gather on HCCL with all_gather; do the same.
     native_ops = ALL_OPS - {"gather"}
     reduce_ops = frozenset({"sum", "product", "min", "max"})

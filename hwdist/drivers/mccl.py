@@ -13,5 +13,6 @@ class McclDriver(AcceleratorDriver):
     priority = 35
     description = "Moore Threads MCCL (MUSA GPUs, needs torch_musa)"
     vendor_module = "torch_musa"
+    env_vars = ("MCCL_*", "MUSA_VISIBLE_DEVICES")
     reduce_ops = frozenset({"sum", "product", "min", "max"})
     native_object_collectives = False

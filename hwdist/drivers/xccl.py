@@ -14,6 +14,7 @@ class XcclDriver(AcceleratorDriver):
     device_type = "xpu"
     priority = 30
     description = "Intel XCCL (XPU GPUs)"
+    env_vars = ("CCL_*", "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR")
     reduce_ops = frozenset({"sum", "product", "min", "max", "avg"})
 
     def unavailable_reason(self) -> Optional[str]:
