@@ -256,7 +256,6 @@ def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
                     "passed": counts["pass"],
                     "failed": counts["FAIL"],
                     "not_available": counts["n/a"],
-                    "counts": dict(counts),
                     "seconds": elapsed,
                     "results": [r.as_dict() for r in rows],
                 },
