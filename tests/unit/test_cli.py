@@ -62,6 +62,13 @@ def test_console_script_is_declared():
     assert 'hwdist = "hwdist.cli:main"' in text
 
 
+def test_the_mpi_extra_installs_what_the_mpi_suite_needs():
+    text = (ROOT / "pyproject.toml").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("mpi = "))
+    for req in ("mpi4py", "mpich", "pytest"):  # mpi_suite runs pytest under mpiexec
+        assert f'"{req}' in line
+
+
 def test_no_command_prints_help_and_exits_2():
     proc = run_cli()
     assert proc.returncode == 2

@@ -24,12 +24,40 @@ from hwdist import cli, checks
 from .test_cli import ROOT, run_cli
 
 SITE = '''
-import atexit, os, sys
+import atexit, importlib.abc, importlib.util, os, sys
 _rank = "--multiprocessing-fork" in sys.argv or "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
+class _NoisyInit(importlib.abc.MetaPathFinder):
+    # torch.distributed's init_process_group prints first, as gloo does when the ranks connect
+    def find_spec(self, name, path, target=None):
+        if name != "torch.distributed.distributed_c10d":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            init = module.init_process_group
+
+            def noisy(*args, **kwargs):
+                print("NOISE at init from print: [Gloo] Rank 0 is connected to 1 peer ranks", flush=True)
+                os.write(1, b"NOISE at init on fd 1\\n")
+                return init(*args, **kwargs)
+
+            module.init_process_group = noisy
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 if _rank and os.environ.get("HWDIST_TEST_NOISE"):
-    print("NOISE from print: [Gloo] Rank 0 is connected to 1 peer ranks", flush=True)
-    os.write(1, b"NOISE from fd 1\\n")
-    atexit.register(os.write, 1, b"NOISE at exit on fd 1\\n")
+    sys.meta_path.insert(0, _NoisyInit())
+    if "--multiprocessing-fork" in sys.argv:  # a spawned rank's whole life is inside the command
+        print("NOISE from print", flush=True)
+        os.write(1, b"NOISE from fd 1\\n")
+        atexit.register(os.write, 1, b"NOISE at exit on fd 1\\n")
 if _rank and os.environ.get("HWDIST_TEST_SLOW_RANKS"):
     import time
     time.sleep(float(os.environ["HWDIST_TEST_SLOW_RANKS"]))
@@ -87,7 +115,7 @@ def test_check_json_is_clean_while_ranks_print_to_stdout_and_fd_1(site):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = json.loads(proc.stdout)  # nothing else on stdout
     assert rep["failed"] == 0 and rep["passed"] >= 2
-    for noise in ("NOISE from print", "NOISE from fd 1", "NOISE at exit on fd 1"):
+    for noise in ("NOISE from print", "NOISE from fd 1", "NOISE at exit on fd 1", "NOISE at init from print", "NOISE at init on fd 1"):
         assert proc.stderr.count(noise) == 2, proc.stderr  # each of the 2 ranks printed it, on stderr
 
 
