@@ -24,6 +24,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 import time
 from typing import Any, Callable, Optional, Sequence, TextIO
 
@@ -311,8 +312,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p_check = sub.add_parser(
         "check",
         help="spawn N ranks and verify every collective across dtypes",
-        description="Spawn N local ranks on backend B and verify every public collective, object collective and results"
-        " function of hwdist across dtypes, against values computed independently from the rank numbers.",
+        description=textwrap.fill(
+            "Spawn N local ranks on backend B and verify every public collective, object collective and results"
+            " function of hwdist across dtypes, against values computed independently from the rank numbers."
+        ),
         epilog=_check_epilog(),
         formatter_class=raw,
     )
