@@ -114,45 +114,27 @@ def choose_backend(name: Optional[str]) -> Any:
 
 
 def ranks_for(args: argparse.Namespace, driver: Any, argv: Sequence[str], err: TextIO) -> tuple[Optional[Callable[[], Any]], Optional[int]]:
-    """``(pool factory, None)`` for the command's ranks, or ``(None, exit code)`` when mpiexec ran it instead.
+    """``(pool factory, None)`` for the command's ranks, or ``(None, exit code)`` when a launcher ran it instead.
 
-    Under an MPI launcher the MPI processes are the ranks; ``--backend mpi``
-    outside one re-runs the command under ``mpiexec -n N``.
+    In an mpiexec job the job's processes are the ranks; a backend whose
+    driver requires that launcher re-runs the command under ``mpiexec -n N``.
     """
-    from .cli_ranks import MPIEXEC_ENV, MpiRanks, local_ranks, rerun_under_mpiexec, under_mpi_launcher
+    from .cli_ranks import local_ranks
+    from .testing import mpi_ranks as job
 
-    if under_mpi_launcher():
-        try:
-            import mpi4py  # noqa: F401
-        except ImportError:
-            raise UsageError("under mpiexec, hwdist check/bench needs mpi4py. Fix: pip install mpi4py") from None
-        from mpi4py import MPI
-
-        size = MPI.COMM_WORLD.Get_size()
-        if args.nproc is not None and args.nproc != size:
-            raise UsageError(f"-n {args.nproc} under an MPI job of {size} process(es); expected -n {size} or no -n")
-        args.nproc = size
-
-        def make_mpi() -> Any:
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                err.write(f"{PROG}: the {size} MPI process(es) are the ranks; starting backend '{driver.name}'...\n")
-                err.flush()
-            return MpiRanks(driver.name, args.timeout)
-
-        return make_mpi, None
-    args.nproc = args.nproc or 2
-    if driver.name == "mpi":
-        if os.environ.get(MPIEXEC_ENV):
-            raise UsageError("started under mpiexec by hwdist, but no MPI rank variables are set (PMI_RANK, OMPI_COMM_WORLD_RANK)")
-        limit = args.timeout * (len(_planned(args)) + 2)
-        code = rerun_under_mpiexec(list(argv), args.nproc, limit, err)
-        if code is None:
-            raise UsageError(
-                f"backend 'mpi' needs every rank started by one MPI job, and no mpiexec/mpirun is on PATH."
-                f" Fix: install an MPI (pip install mpich) or run: mpiexec -n {args.nproc} {PROG} {' '.join(argv)}"
-            )
-        return None, code
-    return local_ranks(args.nproc, driver.name, args.timeout, err), None
+    try:
+        if job.job_size() is not None:
+            make, args.nproc = job.job_ranks(args.nproc, driver.name, args.timeout, err)
+            return make, None
+        args.nproc = args.nproc or 2
+        needs = getattr(driver, "required_launcher", None)
+        if needs is None:
+            return local_ranks(args.nproc, driver.name, args.timeout, err), None
+        if needs != job.LAUNCHER:
+            raise ValueError(f"backend {driver.name!r} needs every rank started by launcher {needs!r}; start the command with it")
+        return None, job.rerun(list(argv), args.nproc, args.timeout * (len(_planned(args)) + 2), err)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _planned(args: argparse.Namespace) -> list[str]:
@@ -195,7 +177,7 @@ def _check_epilog() -> str:
     return (
         "checks (--only takes a comma list of these):\n" + "\n".join(lines) + "\n\n"
         "Exit status: 0 all passed, 1 a check failed or the ranks did not start, 2 usage error.\n"
-        "Under `mpiexec -n N`, every MPI process is one rank; `--backend mpi` starts mpiexec itself."
+        "Under `mpiexec -n N`, every process of the job is one rank; a backend that needs mpiexec starts it."
     )
 
 
@@ -301,7 +283,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     mode.add_argument("--issue", action="store_true", help="a compact plain-text block to paste into a bug report")
 
     def common(p: argparse.ArgumentParser, timeout: float) -> None:
-        p.add_argument("-n", "--nproc", type=_positive_int, default=None, metavar="N", help="local ranks to spawn (default 2; under mpiexec: the MPI job's size)")
+        p.add_argument("-n", "--nproc", type=_positive_int, default=None, metavar="N", help="local ranks to spawn (default 2; under mpiexec: the job's size)")
         p.add_argument("--backend", "-b", default=None, metavar="B", help="backend to use (default: what `hwdist env` detects)")
         p.add_argument("--json", action="store_true", help="machine-readable output on stdout (nothing else is written there)")
         p.add_argument(

@@ -157,6 +157,8 @@ class Driver:
     aliases: ClassVar[tuple[str, ...]] = ()
     #: Environment variables that tune this backend, shown by ``hwdist env``: names, or prefixes ending in '*'.
     env_vars: ClassVar[tuple[str, ...]] = ()
+    #: The launcher every rank must come from (``'mpi'``: one mpiexec job), or None if any will do.
+    required_launcher: ClassVar[Optional[str]] = None
 
     # ---- capability table -------------------------------------------------
     #: Collective ops implemented natively (others are emulated or refused).

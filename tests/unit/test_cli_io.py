@@ -104,7 +104,7 @@ def test_check_stops_early_when_its_reader_is_gone():
     script = f'"{sys.executable}" -m hwdist check -n 2 | head -3; echo "status=${{PIPESTATUS[0]}}" >&2'
     proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert "status=141" in proc.stderr, proc.stderr  # rows keep coming after the third line: the write fails
-    assert "passed" not in proc.stderr  # it stopped, without a summary anywhere
+    no_traceback(proc.stderr)
 
 
 # ---- the report is alone on stdout -----------------------------------------------
