@@ -335,9 +335,27 @@ def _silence_stdout() -> None:
         pass
 
 
+def _open_closed_std_fds() -> None:
+    """Put /dev/null on a closed descriptor 0, 1 or 2 (``hwdist check >&-``), so that no file the command
+    or its ranks open lands there and receives what they print."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``hwdist`` command; returns the exit code (0 ok, 1 failures, 2 usage errors, 141 stdout closed)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _open_closed_std_fds()
     parser, commands = _parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own usage and error, not the top-level one

@@ -37,11 +37,11 @@ def report_stream(out: TextIO) -> Iterator[TextIO]:
     try:
         fd = out.fileno()
         err_fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        out.flush()
+        saved = os.dup(fd)  # non-inheritable (PEP 446): no rank gets it
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # no descriptor, or a closed one
         yield out
         return
-    out.flush()
-    saved = os.dup(fd)  # non-inheritable (PEP 446): no rank gets it
     report = os.fdopen(saved, "w", encoding=getattr(out, "encoding", None) or "utf-8", closefd=True)
     os.dup2(err_fd, fd)
     try:

@@ -100,6 +100,14 @@ def test_a_pipe_closed_before_any_output_gives_141(argv):
     no_traceback(err)
 
 
+def test_a_closed_stdout_descriptor_is_not_reused(tmp_path):
+    """``>&-``: nothing the command or its ranks open lands on descriptor 1; the exit code still tells."""
+    script = f'"{sys.executable}" -m hwdist check -n 2 --only dist_info --json >&-; echo "status=$?" >&2'
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert "status=0" in proc.stderr, proc.stderr
+    no_traceback(proc.stderr)
+
+
 def test_check_stops_early_when_its_reader_is_gone():
     script = f'"{sys.executable}" -m hwdist check -n 2 | head -3; echo "status=${{PIPESTATUS[0]}}" >&2'
     proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
