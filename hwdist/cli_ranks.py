@@ -19,10 +19,14 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
-__all__ = ["report_stream", "local_ranks", "startup_failure"]
+__all__ = ["report_stream", "local_ranks", "startup_failure", "HEARTBEAT_S"]
+
+#: While ranks start, stderr gets a line this often (seconds).
+HEARTBEAT_S = 5.0
 
 
 @contextlib.contextmanager
@@ -69,7 +73,19 @@ def local_ranks(n: int, backend: str, timeout: float, err: TextIO) -> Callable[[
         starts[0] += 1
         _say(err, f"{again} {n} rank(s) on backend '{backend}' (limit {timeout:g} s, --timeout)...")
         begin = time.monotonic()
-        pool = RankPool(n, backend, timeout=timeout, pg_timeout=timeout)
+        done = threading.Event()
+
+        def heartbeat() -> None:
+            while not done.wait(HEARTBEAT_S):
+                _say(err, f"still starting {n} rank(s): {time.monotonic() - begin:.0f} s of {timeout:g} s")
+
+        beat = threading.Thread(target=heartbeat, name="hwdist-start-progress", daemon=True)
+        beat.start()
+        try:
+            pool = RankPool(n, backend, timeout=timeout, pg_timeout=timeout)
+        finally:
+            done.set()
+            beat.join()
         _say(err, f"{n} rank(s) ready in {time.monotonic() - begin:.1f} s")
         return pool
 

@@ -168,14 +168,17 @@ def test_timeout_at_the_minimum_is_accepted():
 
 def test_ranks_that_do_not_start_in_time_name_the_limit_and_suggest_one(site):
     proc = run_cli(
-        "check", "-n", "2", "--only", "dist_info", "--timeout", "5",
+        "check", "-n", "2", "--only", "dist_info", "--timeout", "8",
         env={"PYTHONPATH": site, "HWDIST_TEST_SLOW_RANKS": "60"}, timeout=120,
     )
     assert proc.returncode == 1
-    line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("hwdist: error: could not start 2 rank(s) on backend 'gloo' within 5 s (--timeout):"), line
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "hwdist: starting 2 rank(s) on backend 'gloo' (limit 8 s, --timeout)..."
+    assert re.fullmatch(r"hwdist: still starting 2 rank\(s\): [5-8] s of 8 s", lines[1]), lines  # every 5 s
+    line = lines[-1]
+    assert line.startswith("hwdist: error: could not start 2 rank(s) on backend 'gloo' within 8 s (--timeout):"), line
     assert "0 of 2 ready; rank(s) 0-1 still starting" in line
-    assert "HINT:" in line and "--timeout 20" in line
+    assert "HINT:" in line and "--timeout 40" in line
     assert proc.stdout == ""
 
 
