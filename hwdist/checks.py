@@ -775,6 +775,7 @@ def run_checks(
     inject: Optional[str] = None,
     timeout: float = 60.0,
     pg_timeout: float = 30.0,
+    pool_factory: Optional[Callable[[], Any]] = None,
 ) -> Iterator[Row]:
     """Run the checks on ``world_size`` local ranks of ``backend``; yield rows as they finish.
 
@@ -786,6 +787,9 @@ def run_checks(
             (default: the ``HWDIST_CHECK_INJECT`` environment variable).
         timeout: hard limit for one check on all ranks, in seconds.
         pg_timeout: process-group timeout, in seconds.
+        pool_factory: makes the ranks (default: a ``RankPool`` of ``world_size``
+            ranks); called again when a failure broke them. ``hwdist check``
+            passes one that reports progress, or runs on MPI processes.
 
     Raises:
         hwdist.testing.RankFailure: the ranks could not start.
@@ -811,7 +815,10 @@ def run_checks(
                 if pool is None or pool.broken:
                     if pool is not None:
                         pool.close()
-                    pool = RankPool(world_size, backend, timeout=timeout, pg_timeout=pg_timeout)
+                    if pool_factory is not None:
+                        pool = pool_factory()
+                    else:
+                        pool = RankPool(world_size, backend, timeout=timeout, pg_timeout=pg_timeout)
                 try:
                     results = pool.run(run_check, name, dtype, mode)
                 except RankFailure as exc:

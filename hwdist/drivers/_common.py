@@ -22,6 +22,20 @@ def vendor_missing(module: str) -> Optional[str]:
     return None if found else f"the Python package '{module}' is not installed"
 
 
+def package_version(module: str) -> Optional[str]:
+    """The installed distribution version of ``module`` (read from its metadata, not imported), or None."""
+    from importlib import metadata
+
+    if vendor_missing(module) is not None:
+        return None
+    for dist in (module, module.replace("_", "-")):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 class AcceleratorDriver(Driver):
     """A driver for a device with a ``torch.<device_type>`` module.
 
@@ -70,6 +84,24 @@ class AcceleratorDriver(Driver):
             return bool(fn())
         except Exception:  # a broken vendor install must not crash the check
             return False
+
+    def synchronize(self) -> None:
+        """``torch.<device_type>.synchronize()``: wait for this device's queued work."""
+        fn = getattr(self._module(), "synchronize", None)
+        if callable(fn):
+            fn()
+
+    def details(self) -> dict[str, Any]:
+        """The vendor package's version (read without importing it) and the visible devices' names."""
+        facts: dict[str, Any] = {}
+        version = package_version(self.vendor_module) if self.vendor_module is not None else None
+        if version is not None:
+            facts[self.vendor_module] = version
+        if self.unavailable_reason() is None:
+            mod = self._module()
+            name = getattr(mod, "get_device_name", None)
+            facts["devices"] = [str(name(i)) for i in range(self.device_count())] if callable(name) else self.device_count()
+        return facts
 
     def set_device(self, local_rank: int) -> None:
         """Bind this process to device ``local_rank % device_count``."""

@@ -155,6 +155,10 @@ class Driver:
     vendor_module: ClassVar[Optional[str]] = None
     #: Other names torch may report for this backend (``get_backend``).
     aliases: ClassVar[tuple[str, ...]] = ()
+    #: Environment variables that tune this backend, shown by ``hwdist env``: names, or prefixes ending in '*'.
+    env_vars: ClassVar[tuple[str, ...]] = ()
+    #: The launcher every rank must come from (``'mpi'``: one mpiexec job), or None if any will do.
+    required_launcher: ClassVar[Optional[str]] = None
 
     # ---- capability table -------------------------------------------------
     #: Collective ops implemented natively (others are emulated or refused).
@@ -205,6 +209,9 @@ class Driver:
     def details(self) -> dict[str, Any]:
         """Extra runtime facts for ``hwdist env`` (versions, launchers); {} if none."""
         return {}
+
+    def synchronize(self) -> None:
+        """Wait until the work queued on this process's device has finished (a no-op on the CPU)."""
 
     # ---- placement --------------------------------------------------------
     def set_device(self, local_rank: int) -> None:

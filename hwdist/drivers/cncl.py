@@ -21,6 +21,7 @@ class CnclDriver(AcceleratorDriver):
     priority = 40
     description = "Cambricon CNCL (MLUs, needs torch_mlu)"
     vendor_module = "torch_mlu"
+    env_vars = ("CNCL_*", "MLU_VISIBLE_DEVICES")
     native_ops = _CAPS.native_ops
     reduce_ops = _CAPS.reduce_ops
     dtypes = _CAPS.dtypes

@@ -32,6 +32,7 @@ class GlooDriver(Driver):
     device_type = "cpu"
     priority = 0
     description = "Gloo (CPU), bundled with torch"
+    env_vars = ("GLOO_*", "TORCH_GLOO_*")
     # Gloo rejects int16 and the unsigned 16/32/64-bit types ("Invalid scalar type").
     dtypes = _GLOO_DTYPES
     # Native AVG exists on recent gloo only; SUM / n is exact and always there.

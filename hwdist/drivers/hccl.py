@@ -22,6 +22,7 @@ class HcclDriver(AcceleratorDriver):
     priority = 50
     description = "Huawei HCCL (Ascend NPUs, needs torch_npu)"
     vendor_module = "torch_npu"
+    env_vars = ("HCCL_*", "ASCEND_*")
     # gather runs as all_gather (as torch_npu itself does), scatter as broadcast (older
     # torch_npu releases lack it); reductions refuse uint8/bool/float64 (widened by hwdist).
     native_ops = _CAPS.native_ops

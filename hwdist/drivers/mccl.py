@@ -20,6 +20,7 @@ class McclDriver(AcceleratorDriver):
     priority = 35
     description = "Moore Threads MCCL (MUSA GPUs, needs torch_musa)"
     vendor_module = "torch_musa"
+    env_vars = ("MCCL_*", "MUSA_VISIBLE_DEVICES")
     native_ops = _CAPS.native_ops
     reduce_ops = _CAPS.reduce_ops
     dtypes = _CAPS.dtypes

@@ -54,6 +54,9 @@ class MpiDriver(Driver):
     # Below gloo: chosen when asked for, or by the MPI launcher, never by default.
     priority = -10
     description = "MPI (CPU): torch's MPI backend, else mpi4py"
+    env_vars = ("OMPI_MCA_*", "MPICH_*", "I_MPI_*", "HYDRA_*", "MPIEXEC_TIMEOUT")
+    # Every rank must be a process of one MPI job (``hwdist check`` starts mpiexec for it).
+    required_launcher = "mpi"
     # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
     pack_max_bytes = 1 << 20
     # Capabilities differ between torch's own ProcessGroupMPI and the mpi4py

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Any, Optional
 
 import torch
 
@@ -18,6 +19,7 @@ class NcclDriver(AcceleratorDriver):
     device_type = "cuda"
     priority = 20
     description = "NVIDIA NCCL (CUDA GPUs; RCCL on ROCm)"
+    env_vars = ("NCCL_*", "TORCH_NCCL_*", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "HIP_VISIBLE_DEVICES")
     # torch's NCCL process group has gather/scatter since torch 1.11.
     native_ops = ALL_OPS if _compat.NCCL_HAS_GATHER else ALL_OPS - {"gather", "scatter"}
     reduce_ops = frozenset({"sum", "product", "min", "max", "avg", "premul_sum"})
@@ -46,3 +48,32 @@ class NcclDriver(AcceleratorDriver):
             return "torch was built without NCCL (a CPU-only build?)"
         return super().unavailable_reason()
 
+    def details(self) -> dict[str, Any]:
+        """The CUDA (or ROCm) runtime torch was built with, NCCL's version, the NVIDIA driver, the visible GPUs."""
+        import torch.distributed as dist
+
+        facts: dict[str, Any] = {
+            "cuda_runtime": torch.version.cuda,
+            "rocm_runtime": getattr(torch.version, "hip", None),
+            "nvidia_driver": _nvidia_driver(),
+        }
+        if dist.is_available() and dist.is_nccl_available():
+            try:
+                version = torch.cuda.nccl.version()
+                facts["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+            except Exception as exc:  # report, never crash the environment report
+                facts["nccl"] = f"unknown ({type(exc).__name__}: {exc})"
+        facts = {k: v for k, v in facts.items() if v is not None}
+        if facts:  # a CPU-only torch: nothing to say about CUDA
+            facts.update(super().details())
+        return facts
+
+
+def _nvidia_driver() -> Optional[str]:
+    """The NVIDIA kernel driver's version from /proc (no CUDA call), or None."""
+    try:
+        with open("/proc/driver/nvidia/version") as fh:
+            found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d[\w.-]*)", fh.read())
+    except OSError:
+        return None
+    return found.group(1) if found else "unknown"

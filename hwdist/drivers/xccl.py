@@ -22,6 +22,7 @@ class XcclDriver(AcceleratorDriver):
     device_type = "xpu"
     priority = 30
     description = "Intel XCCL (XPU GPUs)"
+    env_vars = ("CCL_*", "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR")
     native_ops = _CAPS.native_ops
     # No 'avg': it is native only with oneCCL >= 2021.15, which hwdist cannot see; mean is sum / n.
     reduce_ops = _CAPS.reduce_ops

@@ -1,0 +1,246 @@
+"""The ``hwdist`` command in pipes and with noisy ranks: stdout carries the report only.
+
+A ``sitecustomize`` module on PYTHONPATH (written by the tests) makes the
+spawned ranks print, as torch 2.8-2.10's gloo does (``[Gloo] Rank 0 is
+connected to 1 peer ranks``), both through Python and straight to file
+descriptor 1, at start-up and at exit; or makes their start-up slow. It acts
+only in the ranks (``--multiprocessing-fork`` processes, or MPI processes),
+never in the ``hwdist`` process itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hwdist import cli, checks
+
+from .test_cli import ROOT, run_cli
+
+SITE = '''
+import atexit, importlib.abc, importlib.util, os, sys
+_rank = "--multiprocessing-fork" in sys.argv or "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
+class _NoisyInit(importlib.abc.MetaPathFinder):
+    # torch.distributed's init_process_group prints first, as gloo does when the ranks connect
+    def find_spec(self, name, path, target=None):
+        if name != "torch.distributed.distributed_c10d":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            init = module.init_process_group
+
+            def noisy(*args, **kwargs):
+                print("NOISE at init from print: [Gloo] Rank 0 is connected to 1 peer ranks", flush=True)
+                os.write(1, b"NOISE at init on fd 1\\n")
+                return init(*args, **kwargs)
+
+            module.init_process_group = noisy
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _rank and os.environ.get("HWDIST_TEST_NOISE"):
+    sys.meta_path.insert(0, _NoisyInit())
+    if "--multiprocessing-fork" in sys.argv:  # a spawned rank's whole life is inside the command
+        print("NOISE from print", flush=True)
+        os.write(1, b"NOISE from fd 1\\n")
+        atexit.register(os.write, 1, b"NOISE at exit on fd 1\\n")
+if _rank and os.environ.get("HWDIST_TEST_SLOW_RANKS"):
+    import time
+    time.sleep(float(os.environ["HWDIST_TEST_SLOW_RANKS"]))
+'''
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> str:
+    """A PYTHONPATH with the noisy/slow ``sitecustomize`` first, then this worktree."""
+    (tmp_path / "sitecustomize.py").write_text(SITE)
+    return f"{tmp_path}:{ROOT}"
+
+
+def no_traceback(stderr: str) -> None:
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+# ---- closed pipes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, lines", [(["env"], 2), (["env", "--json"], 2), (["check", "-n", "2"], 3)])
+def test_head_closes_the_pipe_and_the_command_exits_quietly(argv, lines):
+    script = f'"{sys.executable}" -m hwdist {" ".join(argv)} | head -{lines}; echo "status=${{PIPESTATUS[0]}}" >&2'
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert len(proc.stdout.splitlines()) == lines, proc.stdout
+    status = int(re.search(r"status=(\d+)", proc.stderr).group(1))
+    assert status in (0, 141), proc.stderr
+    no_traceback(proc.stderr)
+
+
+@pytest.mark.parametrize("argv", [["env"], ["env", "--json"], ["env", "--issue"]])
+def test_a_pipe_closed_before_any_output_gives_141(argv):
+    """The reader is gone before the command writes: every write fails, the exit is SIGPIPE's 141."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hwdist", *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    no_traceback(err)
+
+
+def test_a_closed_stdout_descriptor_is_not_reused(tmp_path):
+    """``>&-``: nothing the command or its ranks open lands on descriptor 1; the exit code still tells."""
+    script = f'"{sys.executable}" -m hwdist check -n 2 --only dist_info --json >&-; echo "status=$?" >&2'
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert "status=0" in proc.stderr, proc.stderr
+    no_traceback(proc.stderr)
+
+
+def test_check_stops_early_when_its_reader_is_gone():
+    script = f'"{sys.executable}" -m hwdist check -n 2 | head -3; echo "status=${{PIPESTATUS[0]}}" >&2'
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert "status=141" in proc.stderr, proc.stderr  # rows keep coming after the third line: the write fails
+    no_traceback(proc.stderr)
+
+
+# ---- the report is alone on stdout -----------------------------------------------
+
+
+def test_check_json_is_clean_while_ranks_print_to_stdout_and_fd_1(site):
+    proc = run_cli("check", "-n", "2", "--only", "dist_info,broadcast", "--json", env={"PYTHONPATH": site, "HWDIST_TEST_NOISE": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(proc.stdout)  # nothing else on stdout
+    assert rep["failed"] == 0 and rep["passed"] >= 2
+    for noise in ("NOISE from print", "NOISE from fd 1", "NOISE at exit on fd 1", "NOISE at init from print", "NOISE at init on fd 1"):
+        assert proc.stderr.count(noise) == 2, proc.stderr  # each of the 2 ranks printed it, on stderr
+
+
+def test_check_table_and_bench_json_are_clean_too(site):
+    env = {"PYTHONPATH": site, "HWDIST_TEST_NOISE": "1"}
+    proc = run_cli("check", "-n", "2", "--only", "dist_info", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "NOISE" not in proc.stdout and "NOISE from fd 1" in proc.stderr
+    assert proc.stdout.startswith("hwdist check: 2 rank(s)")
+    proc = run_cli("bench", "-n", "2", "--ops", "all_reduce", "--sizes", "1K", "--iters", "2", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["results"][0]["wrong"] == 0
+    assert "NOISE from fd 1" in proc.stderr
+
+
+def test_start_up_progress_goes_to_stderr():
+    proc = run_cli("check", "-n", "2", "--only", "dist_info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)
+    assert re.search(r"hwdist: starting 2 rank\(s\) on backend '\w+' \(limit 60 s, --timeout\)\.\.\.", proc.stderr)
+    assert re.search(r"hwdist: 2 rank\(s\) ready in \d+\.\d s", proc.stderr), proc.stderr
+
+
+# ---- --timeout and start-up failures ---------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "0.5", "4.9", "nan", "inf", "abc"])
+def test_timeout_below_the_minimum_is_an_argparse_error(capsys, value):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["check", "--timeout", value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --timeout: expected seconds >= {cli.MIN_TIMEOUT:g}" in err and repr(value) in err
+    assert err.startswith("usage: hwdist check")
+
+
+def test_timeout_at_the_minimum_is_accepted():
+    parser, _ = cli._parser()
+    assert parser.parse_args(["bench", "--timeout", "5"]).timeout == 5.0
+    assert math.isclose(parser.parse_args(["check", "--timeout", "7.5"]).timeout, 7.5)
+
+
+def test_ranks_that_do_not_start_in_time_name_the_limit_and_suggest_one(site):
+    proc = run_cli(
+        "check", "-n", "2", "--only", "dist_info", "--timeout", "8",
+        env={"PYTHONPATH": site, "HWDIST_TEST_SLOW_RANKS": "60"}, timeout=120,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "hwdist: starting 2 rank(s) on backend 'gloo' (limit 8 s, --timeout)..."
+    assert re.fullmatch(r"hwdist: still starting 2 rank\(s\): [5-8] s of 8 s", lines[1]), lines  # every 5 s
+    line = lines[-1]
+    assert line.startswith("hwdist: error: could not start 2 rank(s) on backend 'gloo' within 8 s (--timeout):"), line
+    assert "0 of 2 ready; rank(s) 0-1 still starting" in line
+    assert "HINT:" in line and "--timeout 40" in line
+    assert proc.stdout == ""
+
+
+def test_a_rank_that_fails_to_start_gives_its_error():
+    proc = run_cli("check", "-n", "2", "--only", "dist_info", "--backend", "gloo", env={"GLOO_SOCKET_IFNAME": "nosuch0"})
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("hwdist: error: could not start 2 rank(s) on backend 'gloo': rank "), line
+    assert "init_error:" in line and "nosuch0" in line  # gloo's own words about the interface
+
+
+def test_startup_failure_messages():
+    from hwdist.cli_ranks import startup_failure
+
+    report = "start-up failed on 4 rank(s), backend 'gloo':\n  hung ranks: 1, 2, 3 (timed out after 60s)\n\n(ranks that finished: 0)"
+    text = startup_failure(AssertionError(report), 4, "gloo", 60)
+    assert "within 60 s (--timeout): 1 of 4 ready; rank(s) 1-3 still starting" in text
+    assert "--timeout 360" in text  # 60 s x 1.5 x 4 ranks / 1 ready
+    report = "start-up failed on 2 rank(s), backend 'gloo':\n  root cause: rank 1 init_error: RuntimeError: Timed out waiting"
+    text = startup_failure(AssertionError(report), 2, "gloo", 30)
+    assert text == (
+        "could not start 2 rank(s) on backend 'gloo': rank 1 init_error: RuntimeError: Timed out waiting."
+        " HINT: if the ranks were slow to meet, allow more time: --timeout 120"
+    )
+
+
+# ---- help and usage ----------------------------------------------------------------
+
+
+def test_check_help_describes_and_lists_every_check():
+    proc = run_cli("check", "--help")
+    assert proc.returncode == 0
+    assert "verify every public collective" in proc.stdout
+    listed = proc.stdout.split("checks (--only takes a comma list of these):")[1].split("Exit status")[0].split()
+    assert listed == checks.check_names()
+
+
+def test_a_misspelt_option_gets_the_commands_own_usage():
+    proc = run_cli("check", "--onyl", "dist_info")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: hwdist check ")
+    assert "hwdist check: error: unrecognized arguments: --onyl dist_info" in proc.stderr
+    proc = run_cli("env", "--jsn")
+    assert proc.returncode == 2 and "hwdist env: error: unrecognized arguments: --jsn" in proc.stderr
+
+
+def _keys(obj, path=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield f"{path}.{k}", k
+            yield from _keys(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _keys(v, f"{path}[{i}]")
+
+
+def test_every_json_key_is_an_identifier():
+    docs = [json.loads(run_cli("env", "--json").stdout)]
+    proc = run_cli("check", "-n", "2", "--only", "dist_info", "--json")
+    docs.append(json.loads(proc.stdout))
+    proc = run_cli("bench", "--ops", "broadcast", "--sizes", "1K", "--iters", "1", "--compare", "--json")
+    docs.append(json.loads(proc.stdout))
+    for doc in docs:
+        bad = [(where, k) for where, k in _keys(doc) if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        assert not bad, bad
