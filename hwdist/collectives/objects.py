@@ -459,6 +459,61 @@ def _decode_inline(rec: Record, serializer: Optional[Serializer], map_location: 
     return _decode(rec.inline.copy(), serializer, map_location)
 
 
+class _Decoder:
+    """Decodes received payloads; keeps the first failure instead of raising it.
+
+    A rank that cannot decode one payload (a refused or corrupt payload) keeps
+    taking part in the rest of the collective, so no sender is left waiting,
+    and reports the failure in the collective's closing status (see
+    :func:`_closing_status`).
+    """
+
+    def __init__(self, serializer: Optional[Serializer], map_location: MapLocation) -> None:
+        self.serializer = serializer
+        self.map_location = map_location
+        self.error: Optional[BaseException] = None
+        self.message = ""
+
+    def __call__(self, rank: int, data: np.ndarray) -> Any:
+        if self.error is not None:
+            return None  # drained, not decoded
+        try:
+            return _decode(data, self.serializer, self.map_location)
+        except Exception as exc:
+            self.error = exc
+            self.message = f"could not decode the object from rank {rank}: {type(exc).__name__}: {exc}"
+            return None
+
+
+#: Set in the root's record ``token`` when the root will send a closing status (see :func:`_closing_status`).
+_CONFIRM = 1
+
+
+def _may_refuse(serializer: Optional[Serializer]) -> bool:
+    """Whether decoding with ``serializer`` may refuse a peer's payload (anything but plain pickle)."""
+    return type(serializer if serializer is not None else _ser.get_serializer()) is not PickleSerializer
+
+
+def _closing_status(comm: _Comm, records: Sequence[Record], root: int, decoder: _Decoder, what: str, op: int) -> None:
+    """The root's decode failure, raised on every rank (the root raises the original error).
+
+    A closing broadcast of the root's status runs when some payload moved
+    after the record exchange (a sender might otherwise wait on the root) or
+    when the root's serializer may refuse payloads (the root sets
+    :data:`_CONFIRM` in its record). Otherwise every other rank has already
+    finished, nothing is left waiting, and only the root raises.
+    """
+    if any(r.inline is None and r.rank != root for r in records) or records[root].token & _CONFIRM:
+        if comm.rank == root:
+            kind = _LocalFailure(_OTHER, decoder.message) if decoder.error is not None else None
+            rec = _failure_record(op, kind, root=root) if kind is not None else _make_record(op, root=root)
+            comm.broadcast(rec, RECORD_BYTES, root)
+        else:
+            _raise_failures([_parse_record(root, comm.broadcast(None, RECORD_BYTES, root))], what, op, root)
+    if decoder.error is not None:
+        raise decoder.error
+
+
 def _check_root(comm: _Comm, root: Any, name: str) -> int:
     """The group rank of global rank ``root``; raises a _LocalFailure when it is bad."""
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)):
@@ -535,9 +590,10 @@ def all_gather_object(
     records = comm.exchange(rec, "all_gather_object", op)
     results: list[Any] = [None] * world
     big = [r for r in records if r.inline is None]
+    decode = _Decoder(serializer, map_location)  # a failure is raised after this rank's last broadcast
     for r in records:
         if r.inline is not None:
-            results[r.rank] = _decode_inline(r, serializer, map_location)
+            results[r.rank] = decode(r.rank, r.inline.copy())
     if big:
         largest = max(r.total for r in big)
         if largest * world <= PADDED_ALL_GATHER_LIMIT and len(big) > 1:
@@ -546,11 +602,13 @@ def all_gather_object(
                 slot[: own.size] = own
             rows = comm.all_gather(slot)
             for r in big:
-                results[r.rank] = _decode(rows[r.rank, : r.total], serializer, map_location)
+                results[r.rank] = decode(r.rank, rows[r.rank, : r.total])
         else:
             for r in big:
                 buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
-                results[r.rank] = _decode(buf, serializer, map_location)
+                results[r.rank] = decode(r.rank, buf)
+    if decode.error is not None:
+        raise decode.error
     return results
 
 
@@ -598,7 +656,8 @@ def gather_object(
             out = [None] * world if comm.rank == root else None
             torch_dist.gather_object(data, out, dst=dst, group=group)
             return out
-        rec, own = _payload_record(op, _serialize(data, serializer), root=root)
+        token = _CONFIRM if comm.rank == root and _may_refuse(serializer) else 0
+        rec, own = _payload_record(op, _serialize(data, serializer), root=root, token=token)
     except _LocalFailure as fail:
         rec = _failure_record(op, fail)
         root = -1
@@ -606,23 +665,25 @@ def gather_object(
     root = records[0].root
     p2p = comm.has("send") and comm.has("recv")
     results: Optional[list[Any]] = [None] * world if comm.rank == root else None
+    decode = _Decoder(serializer, map_location)
     for r in records:
         if r.inline is not None:
             if results is not None:
-                results[r.rank] = _decode_inline(r, serializer, map_location)
+                results[r.rank] = decode(r.rank, r.inline.copy())
             continue
         if r.rank == root:
             if results is not None:
-                results[r.rank] = _decode(own, serializer, map_location)  # type: ignore[arg-type]
+                results[r.rank] = decode(r.rank, own)  # type: ignore[arg-type]
         elif p2p:
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]
             elif results is not None:
-                results[r.rank] = _decode(comm.recv(r.total, r.rank), serializer, map_location)
+                results[r.rank] = decode(r.rank, comm.recv(r.total, r.rank))
         else:  # no point to point on this backend: broadcast, non-roots drop it
             buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
             if results is not None:
-                results[r.rank] = _decode(buf, serializer, map_location)
+                results[r.rank] = decode(r.rank, buf)
+    _closing_status(comm, records, root, decode, "gather_object", op)
     return results
 
 

@@ -39,12 +39,15 @@ from .objects import (
     INLINE_BYTES,
     CollectiveArgumentError,
     _Comm,
+    _CONFIRM,
     _decode,
-    _decode_inline,
+    _Decoder,
     _describe,
     _failure_record,
     _LocalFailure,
+    _closing_status,
     _make_record,
+    _may_refuse,
     _world,
 )
 from .serialization import Frame, MapLocation, Serializer
@@ -156,17 +159,21 @@ def _collect_comm(
         part = _check_args(result_part, size)
         if comm.rank != 0:
             frames = _encode_chunks(part, serializer, CHUNK_BYTES)
-        rec = _part_record(op, frames) if comm.rank != 0 else _make_record(op, root=0)
+        if comm.rank != 0:
+            rec = _part_record(op, frames)
+        else:
+            rec = _make_record(op, root=0, token=_CONFIRM if _may_refuse(serializer) else 0)
     except _LocalFailure as fail:
         rec = _failure_record(op, fail, root=0)
     records = comm.exchange(rec, what, op, 0)
     p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
+    decode = _Decoder(serializer, map_location)  # a refused chunk: keep receiving, report at the end
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
-                parts[r.rank] = _decode_inline(r, serializer, map_location)
+                parts[r.rank] = decode(r.rank, r.inline.copy()) or []
             continue
         nbytes = 8 * r.nchunks
         if p2p:
@@ -177,13 +184,14 @@ def _collect_comm(
             elif me == 0:
                 table = comm.recv(nbytes, r.rank).view("<i8").tolist()
                 for n in table:
-                    parts[r.rank].extend(_decode(comm.recv(int(n), r.rank), serializer, map_location))
+                    parts[r.rank].extend(decode(r.rank, comm.recv(int(n), r.rank)) or [])
         else:  # no point to point: broadcast chunk by chunk, only rank 0 keeps them
             table = comm.broadcast(_chunk_table(frames) if me == r.rank else None, nbytes, r.rank).view("<i8").tolist()
             for k, n in enumerate(table):
                 buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
                 if me == 0:
-                    parts[r.rank].extend(_decode(buf, serializer, map_location))
+                    parts[r.rank].extend(decode(r.rank, buf) or [])
+    _closing_status(comm, records, 0, decode, what, op)
     if me != 0:
         return None
     return _interleave(parts, int(size))
