@@ -38,7 +38,10 @@ Outside a process group every function behaves as mmengine's does.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
+import threading
+import time
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -83,6 +86,7 @@ __all__ = [
     "ObjectCollectiveError",
     "SerializationError",
     "CollectiveArgumentError",
+    "PeerFailure",
     "set_object_path",
     "get_object_path",
     "object_path",
@@ -120,6 +124,18 @@ class SerializationError(ObjectCollectiveError):
 
 class CollectiveArgumentError(ObjectCollectiveError, TypeError, ValueError):
     """A rank passed a bad argument, or ranks disagree on the call."""
+
+
+class PeerFailure(ObjectCollectiveError):
+    """Another rank left an object collective in the middle (died, or failed to communicate)."""
+
+
+#: The store key of a group's failure notice ("<group rank>|<reason>"), see ``_Comm.post_failure``.
+_NOTICE_KEY = "hwdist/object-collective-failure"
+#: A slow wait first looks for a notice after this many seconds, then twice as long each time...
+_NOTICE_FIRST = 0.05
+#: ... up to this interval.
+_NOTICE_MAX = 0.5
 
 
 _OK, _SERIALIZE, _ARGUMENT, _IO, _OTHER = 0, 1, 2, 3, 4
@@ -275,6 +291,7 @@ class _Comm:
         self.rank = torch_dist.get_rank(group)
         self._device: Optional[torch.device] = None
         self._ranks: Optional[list[int]] = None
+        self._notices: Any = None  # the group's store (False: none), for failure notices
 
     @property
     def device(self) -> torch.device:
@@ -334,7 +351,7 @@ class _Comm:
         n = data.size
         inp = self._wire(torch.from_numpy(data), "all_gather")
         out = self._empty(n * self.world, "all_gather")
-        torch_dist.all_gather(list(out.chunk(self.world)), inp, group=self.group)
+        self._run(lambda: torch_dist.all_gather(list(out.chunk(self.world)), inp, group=self.group, async_op=True))
         return self._host(out).reshape(self.world, n)
 
     def broadcast(self, data: Optional[np.ndarray], n: int, src: int) -> np.ndarray:
@@ -344,18 +361,98 @@ class _Comm:
             t = self._wire(torch.from_numpy(data), "broadcast")
         else:
             t = self._empty(n, "broadcast")
-        torch_dist.broadcast(t, src=self.global_rank(src), group=self.group)
+        self._run(lambda: torch_dist.broadcast(t, src=self.global_rank(src), group=self.group, async_op=True))
         return data if self.rank == src else self._host(t)  # type: ignore[return-value]
 
     def send(self, data: np.ndarray, dst: int) -> None:
         """Send ``data`` to group rank ``dst``."""
-        torch_dist.send(self._wire(torch.from_numpy(data), "send"), dst=self.global_rank(dst), group=self.group)
+        t = self._wire(torch.from_numpy(data), "send")
+        self._run(lambda: torch_dist.isend(t, dst=self.global_rank(dst), group=self.group), p2p=True)
 
     def recv(self, n: int, src: int) -> np.ndarray:
         """Receive ``n`` bytes from group rank ``src``."""
         t = self._empty(n, "recv")
-        torch_dist.recv(t, src=self.global_rank(src), group=self.group)
+        self._run(lambda: torch_dist.irecv(t, src=self.global_rank(src), group=self.group), p2p=True)
         return self._host(t)
+
+    # ---- failure notices: a rank that leaves in the middle tells the others (docs/reliability.md) ----
+
+    def _run(self, start: Any, p2p: bool = False) -> None:
+        """Start one communication and wait for it; a failure here is posted for the other ranks."""
+        try:
+            self._wait(start(), p2p)
+        except PeerFailure:
+            raise
+        except BaseException as exc:
+            self.post_failure(f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _wait(self, work: Any, p2p: bool) -> None:
+        """Wait for ``work``; while it is slow, look for another rank's failure notice now and then."""
+        if work is None:
+            return
+        start = time.monotonic()
+        step = _NOTICE_FIRST
+        if p2p:  # gloo closes a pair whose p2p wait times out: a helper thread waits instead
+            done = threading.Event()
+            failure: list[BaseException] = []
+
+            def wait() -> None:
+                try:
+                    work.wait()
+                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+                    failure.append(exc)
+                done.set()
+
+            threading.Thread(target=wait, name="hwdist-p2p-wait", daemon=True).start()
+            while not done.wait(step):
+                self._check_notice(time.monotonic() - start)
+                step = min(2 * step, _NOTICE_MAX)
+            if failure:
+                raise failure[0]
+            return
+        while True:
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=step))
+                return
+            except RuntimeError:
+                if work.is_completed():  # it failed (not our short timeout): raise its own error
+                    work.wait()
+                    return
+            self._check_notice(time.monotonic() - start)
+            step = min(2 * step, _NOTICE_MAX)
+
+    def _store(self) -> Any:
+        if self._notices is None:
+            self._notices = _compat.group_store(self.group) or False
+        return self._notices
+
+    def post_failure(self, reason: str) -> None:
+        """Tell the group's other ranks (through its store) that this rank left an object collective."""
+        store = self._store()
+        if store is False:
+            return
+        try:
+            store.set(_NOTICE_KEY, f"{self.rank}|{reason[:2000]}")
+        except Exception:
+            pass  # the store is gone too: the others see the broken connections instead
+
+    def _check_notice(self, waited: float) -> None:
+        store = self._store()
+        if store is False:
+            return
+        try:
+            if not store.check([_NOTICE_KEY]):
+                return
+            who, _, why = store.get(_NOTICE_KEY).decode("utf-8", "replace").partition("|")
+        except Exception:
+            return
+        raise PeerFailure(
+            f"an object collective failed on rank {who} of this group while rank {self.rank} waited for it"
+            f" ({waited:.1f} s): {why}. Rank {self.rank} stops waiting instead of waiting for the"
+            " process-group timeout; the group cannot be used for object collectives any more",
+            {int(who) if who.isdigit() else -1: why},
+        )
 
     def exchange(self, record: np.ndarray, what: str, opcode: int, root: int = -1) -> list[Record]:
         """All-gather every rank's record; raise the same error on every rank if any rank failed."""
@@ -468,9 +565,10 @@ class _Decoder:
     :func:`_closing_status`).
     """
 
-    def __init__(self, serializer: Optional[Serializer], map_location: MapLocation) -> None:
+    def __init__(self, serializer: Optional[Serializer], map_location: MapLocation, comm: Optional[_Comm] = None) -> None:
         self.serializer = serializer
         self.map_location = map_location
+        self.comm = comm
         self.error: Optional[BaseException] = None
         self.message = ""
 
@@ -483,6 +581,10 @@ class _Decoder:
             self.error = exc
             self.message = f"could not decode the object from rank {rank}: {type(exc).__name__}: {exc}"
             return None
+        except BaseException as exc:  # KeyboardInterrupt & co.: this rank leaves now; tell the others
+            if self.comm is not None:
+                self.comm.post_failure(f"{type(exc).__name__} while decoding the object from rank {rank}")
+            raise
 
 
 #: Set in the root's record ``token`` when the root will send a closing status (see :func:`_closing_status`).
@@ -590,7 +692,7 @@ def all_gather_object(
     records = comm.exchange(rec, "all_gather_object", op)
     results: list[Any] = [None] * world
     big = [r for r in records if r.inline is None]
-    decode = _Decoder(serializer, map_location)  # a failure is raised after this rank's last broadcast
+    decode = _Decoder(serializer, map_location, comm)  # a failure is raised after this rank's last broadcast
     for r in records:
         if r.inline is not None:
             results[r.rank] = decode(r.rank, r.inline.copy())
@@ -665,7 +767,7 @@ def gather_object(
     root = records[0].root
     p2p = comm.has("send") and comm.has("recv")
     results: Optional[list[Any]] = [None] * world if comm.rank == root else None
-    decode = _Decoder(serializer, map_location)
+    decode = _Decoder(serializer, map_location, comm)
     for r in records:
         if r.inline is not None:
             if results is not None:

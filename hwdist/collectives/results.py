@@ -169,7 +169,7 @@ def _collect_comm(
     p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
-    decode = _Decoder(serializer, map_location)  # a refused chunk: keep receiving, report at the end
+    decode = _Decoder(serializer, map_location, comm)  # a refused chunk: keep receiving, report at the end
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
