@@ -15,7 +15,9 @@ Two transports:
   a probe file with a random token and every rank checks it sees it, so a
   directory that is not shared fails on every rank *before* anyone writes
   results; parts are written atomically (temporary name, then ``os.replace``)
-  into a private (mode 0700) sub-directory that is removed even on error.
+  into a private (mode 0700) sub-directory that is removed even on error:
+  rank 0 reports how its reading went in a last status exchange, and on any
+  failure (rank 0 dead included) every rank removes the sub-directory.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .objects import (
     _SERIALIZE,
     INLINE_BYTES,
     CollectiveArgumentError,
+    ObjectCollectiveError,
     _Comm,
     _CONFIRM,
     _decode,
@@ -279,6 +282,7 @@ def _collect_files(
     part: list[Any] = []
     workdir: Optional[str] = None
     created: Optional[str] = None
+    records_token: list[int] = []  # rank 0's token, once known
     try:
         try:
             part = _check_args(result_part, size)
@@ -304,6 +308,7 @@ def _collect_files(
             rec = _failure_record(op, fail, root=0)
         records = comm.exchange(rec, what, op, 0)
         token = records[0].token
+        records_token.append(token)
         # 1. is the directory shared? (nobody has written results yet)
         status = _make_record(op, root=0)
         if me != 0:
@@ -321,13 +326,34 @@ def _collect_files(
                 status = _failure_record(op, _LocalFailure(_IO, f"cannot write its results into {tmpdir!r}: {exc}"), root=0)
         frames = []
         comm.exchange(status, what, op, 0)
-        if me != 0:
-            return None
-        assert workdir is not None
+        # 3. rank 0 reads the parts while the others wait for its status: if it dies or fails
+        # there, they know, and clean up (below) instead of leaving their parts behind
         parts: list[list[Any]] = [part]
-        for r in records[1:]:
-            parts.append(_read_part(os.path.join(workdir, f"part_{r.rank}.bin"), r.nchunks, serializer, map_location))
-        return _interleave(parts, int(size))
+        status = _make_record(op, root=0)
+        read_error: Optional[BaseException] = None
+        if me == 0:
+            assert workdir is not None
+            try:
+                for r in records[1:]:
+                    parts.append(_read_part(os.path.join(workdir, f"part_{r.rank}.bin"), r.nchunks, serializer, map_location))
+            except Exception as exc:
+                read_error = exc
+                status = _failure_record(op, _LocalFailure(_IO, f"could not read the results: {type(exc).__name__}: {exc}"), root=0)
+            except BaseException as exc:  # KeyboardInterrupt & co.: the others must not wait for the status
+                comm.post_failure(f"{type(exc).__name__} while reading the results")
+                raise
+        try:
+            comm.exchange(status, what, op, 0)
+        except ObjectCollectiveError:
+            if read_error is None:
+                raise
+        if read_error is not None:
+            raise read_error
+        return _interleave(parts, int(size)) if me == 0 else None
+    except BaseException:
+        if me != 0 and records_token:  # rank 0 may be gone: remove what this rank can see
+            shutil.rmtree(_workdir(tmpdir, records_token[0]), ignore_errors=True)
+        raise
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -108,3 +108,115 @@ def test_undecodable_payload_raises_on_every_rank_fast(dist, backend, op):
             assert secs < FAST, (rank, secs)
         assert secs0 < FAST
         assert all(r["after"] == ws for r in results)
+
+
+# ---------------------------------------------------------------------------
+# item 12: a dead peer, or a rank that left in the middle and stays alive
+# ---------------------------------------------------------------------------
+PG_TIMEOUT = 60  # the survivors must raise long before this
+
+
+def _write_outcome(outdir: str, outcome: list) -> None:
+    with open(os.path.join(outdir, f"outcome{hwdist.get_rank()}.json"), "w") as fh:
+        json.dump(outcome, fh)
+
+
+def _outcomes(outdir: Any, ranks: tuple[int, ...]) -> dict[int, list]:
+    found = {}
+    for r in ranks:
+        path = os.path.join(outdir, f"outcome{r}.json")
+        if os.path.exists(path):
+            with open(path) as fh:
+                found[r] = json.load(fh)
+    return found
+
+
+def _bcast_with_dead_peer(outdir: str) -> None:
+    """Rank 2 dies; src 0 and rank 1 broadcast a large object (it moves after the record)."""
+    hwdist.barrier()
+    if hwdist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    data = [np.arange(100_000)] if hwdist.get_rank() == 0 else [None]
+    _write_outcome(outdir, _timed(lambda: hwdist.broadcast_object_list(data, src=0)))
+
+
+def test_dead_peer_in_broadcast_object_list_every_survivor_raises_fast(tmp_path):
+    with pytest.raises(RankFailure, match="root cause: rank 2 died"):
+        run_distributed(_bcast_with_dead_peer, 3, "gloo", str(tmp_path), pg_timeout=PG_TIMEOUT, timeout=90)
+    got = _outcomes(tmp_path, (0, 1))
+    assert got.keys() == {0, 1}, got  # both survivors raised before the harness's 1.5 s grace ran out
+    for rank, (kind, msg, secs) in got.items():
+        assert kind != "no error" and secs < FAST, (rank, kind, msg, secs)
+    # rank 0 saw the broken connection; rank 1, waiting on rank 0, learnt it from rank 0's notice
+    assert got[1][0] == "PeerFailure" and "failed on rank 0 of this group" in got[1][1], got[1]
+
+
+def _explode(pad: bytes) -> bytes:
+    if hwdist.get_rank() == 0:
+        raise KeyboardInterrupt("interrupted while decoding")
+    return pad
+
+
+class _Interrupts:
+    """Unpickling it on rank 0 raises KeyboardInterrupt: rank 0 leaves in the middle and stays alive."""
+
+    def __init__(self, size: int) -> None:
+        self.pad = b"z" * size
+
+    def __reduce__(self) -> Any:
+        return (_explode, (self.pad,))
+
+
+def _rank0_leaves(op: str) -> list:
+    rank = hwdist.get_rank()
+    obj: Any = _Interrupts(100_000) if rank == 1 else {"rank": rank, "pad": np.zeros(20_000)}
+    start = time.monotonic()
+    try:
+        if op == "gather_object":
+            hwdist.gather_object(obj, dst=0)
+        else:
+            hwdist.collect_results([obj], 3)
+    except BaseException as exc:  # noqa: BLE001 (KeyboardInterrupt on rank 0 is the point)
+        return [type(exc).__name__, str(exc)[:400], time.monotonic() - start]
+    return ["no error", "", time.monotonic() - start]
+
+
+@pytest.mark.parametrize("op", ["gather_object", "collect_results"])
+def test_destination_that_leaves_in_the_middle_makes_every_sender_raise_fast(op):
+    res = run_distributed(_rank0_leaves, 3, "gloo", op, pg_timeout=PG_TIMEOUT, timeout=90)
+    assert res[0][0] == "KeyboardInterrupt", res[0]
+    for rank in (1, 2):  # rank 2 was still sending (or about to) when rank 0 left
+        kind, msg, secs = res[rank]
+        assert kind == "PeerFailure" and "KeyboardInterrupt while decoding the object from rank 1" in msg, res[rank]
+        assert secs < FAST, (rank, secs)
+
+
+def _collect_then_rank0_dies(outdir: str, tmpdir: str, where: str) -> None:
+    from hwdist.collectives import objects as objmod
+    from hwdist.collectives import results as resmod
+
+    if hwdist.get_rank() == 0:
+        def die(*args: Any, **kwargs: Any) -> Any:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        if where == "reading":
+            resmod._read_part = die  # the parts are written; rank 0 dies reading them
+        else:
+            objmod._Comm.recv = die  # over the network: dies at its first receive
+    part = [{"rank": hwdist.get_rank(), "pad": np.zeros(50_000)}]
+    _write_outcome(outdir, _timed(lambda: hwdist.collect_results(part, 3, tmpdir=tmpdir or None)))
+
+
+@pytest.mark.parametrize("where", ["reading", "network"])
+def test_rank0_dies_in_collect_results_survivors_raise_fast_and_clean_up(tmp_path, where):
+    outdir, collect = tmp_path / "out", tmp_path / "collect"
+    outdir.mkdir()
+    tmpdir = str(collect) if where == "reading" else ""
+    with pytest.raises(RankFailure, match="root cause: rank 0 died"):
+        run_distributed(_collect_then_rank0_dies, 3, "gloo", str(outdir), tmpdir, where, pg_timeout=PG_TIMEOUT, timeout=90)
+    got = _outcomes(outdir, (1, 2))
+    assert got.keys() == {1, 2}, got
+    for rank, (kind, msg, secs) in got.items():
+        assert kind != "no error" and secs < FAST, (rank, kind, msg, secs)
+    if where == "reading":  # the survivors removed their parts and rank 0's working directory
+        assert [p for p in collect.rglob("*")] == [], list(collect.rglob("*"))
