@@ -53,7 +53,7 @@ def _env_flag(name: str) -> bool:
 _enabled: bool = _env_flag(ENV_DEBUG)
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
 _call_sites: bool = True
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # per group: (the group object, next sequence number). Holding the group keeps its id unique;
 # a new default group (destroy + init) restarts the count.
 _sequence: dict[int, tuple[Any, int]] = {}
