@@ -38,10 +38,7 @@ Outside a process group every function behaves as mmengine's does.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-import threading
-import time
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -52,6 +49,7 @@ from .. import _compat, registry
 from .. import verify as _verify
 from ..drivers.base import PlanError
 from ..info import is_distributed
+from . import _notices
 from . import serialization as _ser
 from .serialization import (
     Frame,
@@ -129,13 +127,6 @@ class CollectiveArgumentError(ObjectCollectiveError, TypeError, ValueError):
 class PeerFailure(ObjectCollectiveError):
     """Another rank left an object collective in the middle (died, or failed to communicate)."""
 
-
-#: The store key of a group's failure notice ("<group rank>|<reason>"), see ``_Comm.post_failure``.
-_NOTICE_KEY = "hwdist/object-collective-failure"
-#: A slow wait first looks for a notice after this many seconds, then twice as long each time...
-_NOTICE_FIRST = 0.05
-#: ... up to this interval.
-_NOTICE_MAX = 0.5
 
 
 _OK, _SERIALIZE, _ARGUMENT, _IO, _OTHER = 0, 1, 2, 3, 4
@@ -291,7 +282,7 @@ class _Comm:
         self.rank = torch_dist.get_rank(group)
         self._device: Optional[torch.device] = None
         self._ranks: Optional[list[int]] = None
-        self._notices: Any = None  # the group's store (False: none), for failure notices
+        self._board: Optional[_notices.Board] = None
 
     @property
     def device(self) -> torch.device:
@@ -375,87 +366,33 @@ class _Comm:
         self._run(lambda: torch_dist.irecv(t, src=self.global_rank(src), group=self.group), p2p=True)
         return self._host(t)
 
-    # ---- failure notices: a rank that leaves in the middle tells the others (docs/reliability.md) ----
+    # ---- failure notices: a rank that leaves in the middle tells the others (see _notices.py) ----
 
     def _run(self, start: Any, p2p: bool = False) -> None:
         """Start one communication and wait for it; a failure here is posted for the other ranks."""
         try:
-            self._wait(start(), p2p)
-        except PeerFailure:
-            raise
+            _notices.wait(start(), p2p, self.device.type == "cpu", self.notices.check)
+        except _notices.NoticeSeen as seen:
+            raise PeerFailure(
+                f"an object collective failed on rank {seen.rank} of this group while rank {self.rank} waited"
+                f" for it ({seen.waited:.1f} s): {seen.reason}. Rank {self.rank} stops waiting instead of waiting"
+                " for the process-group timeout; the group cannot be used for object collectives any more",
+                {int(seen.rank) if seen.rank.isdigit() else -1: seen.reason},
+            ) from None
         except BaseException as exc:
             self.post_failure(f"{type(exc).__name__}: {exc}")
             raise
 
-    def _wait(self, work: Any, p2p: bool) -> None:
-        """Wait for ``work``; while it is slow, look for another rank's failure notice now and then."""
-        if work is None:
-            return
-        if self.device.type != "cpu":  # bytes on an accelerator: its waits only order streams, no timed waits
-            work.wait()
-            return
-        start = time.monotonic()
-        step = _NOTICE_FIRST
-        if p2p:  # gloo closes a pair whose p2p wait times out: a helper thread waits instead
-            done = threading.Event()
-            failure: list[BaseException] = []
-
-            def wait() -> None:
-                try:
-                    work.wait()
-                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
-                    failure.append(exc)
-                done.set()
-
-            threading.Thread(target=wait, name="hwdist-p2p-wait", daemon=True).start()
-            while not done.wait(step):
-                self._check_notice(time.monotonic() - start)
-                step = min(2 * step, _NOTICE_MAX)
-            if failure:
-                raise failure[0]
-            return
-        while True:
-            try:
-                work.wait(timeout=datetime.timedelta(seconds=step))
-                return
-            except RuntimeError:
-                if work.is_completed():  # it failed (not our short timeout): raise its own error
-                    work.wait()
-                    return
-            self._check_notice(time.monotonic() - start)
-            step = min(2 * step, _NOTICE_MAX)
-
-    def _store(self) -> Any:
-        if self._notices is None:
-            self._notices = _compat.group_store(self.group) or False
-        return self._notices
+    @property
+    def notices(self) -> _notices.Board:
+        """The group's failure notices."""
+        if self._board is None:
+            self._board = _notices.Board(self.group)
+        return self._board
 
     def post_failure(self, reason: str) -> None:
-        """Tell the group's other ranks (through its store) that this rank left an object collective."""
-        store = self._store()
-        if store is False:
-            return
-        try:
-            store.set(_NOTICE_KEY, f"{self.rank}|{reason[:2000]}")
-        except Exception:
-            pass  # the store is gone too: the others see the broken connections instead
-
-    def _check_notice(self, waited: float) -> None:
-        store = self._store()
-        if store is False:
-            return
-        try:
-            if not store.check([_NOTICE_KEY]):
-                return
-            who, _, why = store.get(_NOTICE_KEY).decode("utf-8", "replace").partition("|")
-        except Exception:
-            return
-        raise PeerFailure(
-            f"an object collective failed on rank {who} of this group while rank {self.rank} waited for it"
-            f" ({waited:.1f} s): {why}. Rank {self.rank} stops waiting instead of waiting for the"
-            " process-group timeout; the group cannot be used for object collectives any more",
-            {int(who) if who.isdigit() else -1: why},
-        )
+        """Tell the group's other ranks that this rank left an object collective in the middle."""
+        self.notices.post(self.rank, reason)
 
     def exchange(self, record: np.ndarray, what: str, opcode: int, root: int = -1) -> list[Record]:
         """All-gather every rank's record; raise the same error on every rank if any rank failed."""
@@ -552,11 +489,6 @@ def _decode(data: np.ndarray, serializer: Optional[Serializer], map_location: Ma
     if not data.flags.writeable:
         data = data.copy()
     return _ser.decode(data, 0, serializer, map_location)
-
-
-def _decode_inline(rec: Record, serializer: Optional[Serializer], map_location: MapLocation) -> Any:
-    assert rec.inline is not None
-    return _decode(rec.inline.copy(), serializer, map_location)
 
 
 class _Decoder:

@@ -282,7 +282,7 @@ def _collect_files(
     part: list[Any] = []
     workdir: Optional[str] = None
     created: Optional[str] = None
-    records_token: list[int] = []  # rank 0's token, once known
+    shared_token = 0  # rank 0's token (never 0), once every rank knows it
     try:
         try:
             part = _check_args(result_part, size)
@@ -308,7 +308,7 @@ def _collect_files(
             rec = _failure_record(op, fail, root=0)
         records = comm.exchange(rec, what, op, 0)
         token = records[0].token
-        records_token.append(token)
+        shared_token = token
         # 1. is the directory shared? (nobody has written results yet)
         status = _make_record(op, root=0)
         if me != 0:
@@ -351,8 +351,8 @@ def _collect_files(
             raise read_error
         return _interleave(parts, int(size)) if me == 0 else None
     except BaseException:
-        if me != 0 and records_token:  # rank 0 may be gone: remove what this rank can see
-            shutil.rmtree(_workdir(tmpdir, records_token[0]), ignore_errors=True)
+        if me != 0 and shared_token:  # rank 0 may be gone: remove what this rank can see
+            shutil.rmtree(_workdir(tmpdir, shared_token), ignore_errors=True)
         raise
     finally:
         if workdir is not None:
