@@ -7,16 +7,18 @@ Rows of docs/reliability.md's fault table (issue 14, items 9 and 12):
   ``collect_results`` over the network: the destination keeps receiving
   (drains) and reports the failure in a closing status, so no sender waits
   in ``send``;
-* a dead peer (SIGKILL) or a rank that left a collective by an exception
-  and stays alive: the rank that noticed posts the failure on the group's
-  store and every rank waiting in an hwdist object collective raises
-  (``test_dead_peer_*``); the survivors of ``collect_results(tmpdir=...)``
-  clean their part files and the working directory.
+* a dead peer (SIGKILL), or a rank that left an object collective by an
+  exception and stays alive: the rank that noticed posts a notice on the
+  group's store (hwdist/collectives/_notices.py) and every rank waiting in
+  that object collective raises ``PeerFailure``; the survivors of
+  ``collect_results(tmpdir=...)`` remove their part files and the working
+  directory.
 
 Every check measures how long each rank took to raise and asserts it is
 far below the process-group timeout (30 s in the pooled harness, 60 s in
 the dead-peer tests). Fault injection: a class whose unpickling raises on
-the destination, and ``os.kill(SIGKILL)``; torch.distributed is never mocked.
+the destination, and ``os.kill(SIGKILL)`` (from a patched hwdist-internal
+``_Comm.recv`` / ``results._read_part`` in rank 0); torch.distributed is never mocked.
 """
 
 from __future__ import annotations
