@@ -107,6 +107,9 @@ def wait(work: Any, p2p: bool, sliced: bool, check: Callable[[float], None]) -> 
         try:
             work.wait(timeout=datetime.timedelta(seconds=step))
             return
+        except TypeError:  # a Python Work whose wait() takes no timeout: wait without slices
+            work.wait()
+            return
         except RuntimeError:
             if work.is_completed():  # it failed (not the slice's timeout): raise its own error
                 work.wait()
