@@ -119,3 +119,24 @@ def torch_knows_backend(name: str) -> bool:
 def default_group() -> Any:
     """The default process group object, or None before init (cheap)."""
     return _dist.GroupMember.WORLD
+
+
+def group_store(group: Any) -> Optional[Any]:
+    """The store ``group`` (None: the default group) was created with, or None where torch hides it.
+
+    torch keeps it in its private group table: ``_get_process_group_store``
+    where torch has it, ``_world.pg_map`` otherwise. hwdist uses it only as a
+    side channel for failure notices, so None just means no notices.
+    """
+    if not DIST_AVAILABLE:
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    pg = group if group is not None else default_group()
+    try:
+        getter = getattr(c10d, "_get_process_group_store", None)
+        if getter is not None:
+            return getter(pg)
+        return c10d._world.pg_map[pg][1]  # older torch. Drop when every supported torch has the getter.
+    except (AttributeError, KeyError, TypeError):
+        return None

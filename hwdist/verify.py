@@ -3,7 +3,8 @@
 When on (``HWDIST_DEBUG=1`` in the environment, or [`verification`][hwdist.verify.verification] /
 [`set_verification`][hwdist.verify.set_verification] in code), every hwdist collective first exchanges a
 compact fingerprint of the call on every rank of the group: op name, call
-sequence number, shapes, dtypes, devices, dict keys, object-collective role.
+sequence number, the calling line of user code, shapes, dtypes, devices, dict
+keys, object-collective role.
 If the ranks disagree, every rank raises [`CollectiveMismatch`][hwdist.verify.CollectiveMismatch] listing
 each rank's value, e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
 instead of hanging or returning garbage.
@@ -23,12 +24,14 @@ import json
 import operator
 import os
 import struct
+import sys
 from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as torch_dist
 
 from .collectives import _small
+from .drivers.base import byte_carrier
 
 __all__ = [
     "CollectiveMismatch",
@@ -67,6 +70,9 @@ def _env_flag(name: str) -> bool:
 
 
 _enabled: bool = _env_flag(ENV_DEBUG)
+# whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
+_call_sites: bool = True
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # per group: (the group object, next sequence number). Holding the group keeps its id unique;
 # a new default group (destroy + init) restarts the count.
 _sequence: dict[int, tuple[Any, int]] = {}
@@ -85,27 +91,39 @@ def verification_enabled() -> bool:
     return _enabled
 
 
-def set_verification(enabled: bool) -> bool:
-    """Switch verification mode on or off (all ranks must agree); returns the old value."""
-    global _enabled
-    old, _enabled = _enabled, bool(enabled)
+def set_verification(enabled: bool, *, call_sites: bool = True) -> bool:
+    """Switch verification mode on or off (all ranks must agree); returns the old value.
+
+    Args:
+        enabled: on or off.
+        call_sites: also compare the line of user code each rank calls the
+            collective from (default). Pass False for programs whose ranks
+            call one collective from different lines on purpose.
+
+    Examples:
+        >>> hwdist.set_verification(True)   # same on every rank
+        False
+    """
+    global _enabled, _call_sites
+    old, _enabled, _call_sites = _enabled, bool(enabled), bool(call_sites)
     _sequence.clear()
     return old
 
 
 @contextlib.contextmanager
-def verification(enabled: bool = True) -> Iterator[None]:
+def verification(enabled: bool = True, *, call_sites: bool = True) -> Iterator[None]:
     """Context manager: verification mode on (or off) inside the block, on every rank.
 
     Examples:
         >>> with hwdist.verification():
         ...     hwdist.all_reduce(t)   # raises on every rank if shapes differ
     """
-    old = set_verification(enabled)
+    old_sites = _call_sites
+    old = set_verification(enabled, call_sites=call_sites)
     try:
         yield
     finally:
-        set_verification(old)
+        set_verification(old, call_sites=old_sites)
 
 
 def describe_tensor(t: Any) -> str:
@@ -132,6 +150,16 @@ def describe_dtype(t: Any) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     return f"{str(t.dtype)[6:]}@{t.device.type}"
+
+
+def _call_site() -> str:
+    """``file.py:LINE`` of the first caller outside hwdist (the user's call of the collective)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def _next_seq(group: Any) -> int:
@@ -168,6 +196,8 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     if world == 1:
         return
     desc = {**fields, "op": op, "seq": seq}
+    if _call_sites:
+        desc["call site"] = _call_site()
     text = json.dumps(desc, sort_keys=True, default=str)
     raw = hashlib.blake2b(text.encode(), digest_size=16).digest()
     # 31-bit words (so that negating them cannot overflow int32): 4 of the digest, 1 of the length.
@@ -184,11 +214,9 @@ def _digests_agree(words: list[int], group: Any, driver: Any, world: int) -> boo
 
 
 def _all_gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any) -> None:
-    plan = driver.plan("all_gather", torch.uint8)
-    if plan.cast:
-        out_v, in_v = out.view(plan.comm_dtype), inp.view(plan.comm_dtype)
-    else:
-        out_v, in_v = out, inp
+    # Lengths are multiples of 8, so the bytes fit any integer carrier up to int64.
+    carrier = byte_carrier(driver, "all_gather")
+    out_v, in_v = out.view(carrier), inp.view(carrier)
     chunks = list(out_v.chunk(torch_dist.get_world_size(group)))
     torch_dist.all_gather(chunks, in_v, group=group)
 
@@ -230,9 +258,16 @@ def _format_mismatch(op: str, everyone: list[dict[str, Any]]) -> str:
     if len(parts) > _MAX_LINES:
         parts = parts[:_MAX_LINES] + [f"... and {len(parts) - _MAX_LINES} more differences"]
     lines = "\n  ".join(parts) if parts else "(descriptions differ)"
+    hint = ""
+    if all(p.startswith("call site") for p in parts):
+        hint = (
+            "\nHINT: a rank skipped one of several equal calls (its data met another call's data), or ranks"
+            " call this collective from different lines on purpose: then pass call_sites=False to"
+            " hwdist.verification() / hwdist.set_verification()"
+        )
     return (
         f"collective mismatch in '{op}' (call #{seqs[0]} on this group) across ranks"
-        f" (verification mode):\n  {lines}"
+        f" (verification mode):\n  {lines}{hint}"
     )
 
 

@@ -49,6 +49,7 @@ from .. import _compat, registry
 from .. import verify as _verify
 from ..drivers.base import PlanError, byte_carrier
 from ..info import is_distributed
+from . import _notices
 from . import serialization as _ser
 from .serialization import (
     Frame,
@@ -83,6 +84,7 @@ __all__ = [
     "ObjectCollectiveError",
     "SerializationError",
     "CollectiveArgumentError",
+    "PeerFailure",
     "set_object_path",
     "get_object_path",
     "object_path",
@@ -120,6 +122,11 @@ class SerializationError(ObjectCollectiveError):
 
 class CollectiveArgumentError(ObjectCollectiveError, TypeError, ValueError):
     """A rank passed a bad argument, or ranks disagree on the call."""
+
+
+class PeerFailure(ObjectCollectiveError):
+    """Another rank left an object collective in the middle (died, or failed to communicate)."""
+
 
 
 _OK, _SERIALIZE, _ARGUMENT, _IO, _OTHER = 0, 1, 2, 3, 4
@@ -275,6 +282,7 @@ class _Comm:
         self.rank = torch_dist.get_rank(group)
         self._device: Optional[torch.device] = None
         self._ranks: Optional[list[int]] = None
+        self._board: Optional[_notices.Board] = None
 
     @property
     def device(self) -> torch.device:
@@ -344,7 +352,7 @@ class _Comm:
         inp = self._wire(torch.from_numpy(data), "all_gather")
         width = self._padded(n, "all_gather")
         out = self._empty(width * self.world, "all_gather")
-        torch_dist.all_gather(list(out.chunk(self.world)), inp, group=self.group)
+        self._run(lambda: torch_dist.all_gather(list(out.chunk(self.world)), inp, group=self.group, async_op=True))
         rows = self._host(out, width * self.world).reshape(self.world, width)
         return rows if width == n else rows[:, :n]
 
@@ -355,18 +363,47 @@ class _Comm:
             t = self._wire(torch.from_numpy(data), "broadcast")
         else:
             t = self._empty(n, "broadcast")
-        torch_dist.broadcast(t, src=self.global_rank(src), group=self.group)
+        self._run(lambda: torch_dist.broadcast(t, src=self.global_rank(src), group=self.group, async_op=True))
         return data if self.rank == src else self._host(t, n)  # type: ignore[return-value]
 
     def send(self, data: np.ndarray, dst: int) -> None:
         """Send ``data`` to group rank ``dst``."""
-        torch_dist.send(self._wire(torch.from_numpy(data), "send"), dst=self.global_rank(dst), group=self.group)
+        t = self._wire(torch.from_numpy(data), "send")
+        self._run(lambda: torch_dist.isend(t, dst=self.global_rank(dst), group=self.group), p2p=True)
 
     def recv(self, n: int, src: int) -> np.ndarray:
         """Receive ``n`` bytes from group rank ``src``."""
         t = self._empty(n, "recv")
-        torch_dist.recv(t, src=self.global_rank(src), group=self.group)
+        self._run(lambda: torch_dist.irecv(t, src=self.global_rank(src), group=self.group), p2p=True)
         return self._host(t, n)
+
+    # ---- failure notices: a rank that leaves in the middle tells the others (see _notices.py) ----
+
+    def _run(self, start: Any, p2p: bool = False) -> None:
+        """Start one communication and wait for it; a failure here is posted for the other ranks."""
+        try:
+            _notices.wait(start(), p2p, self.device.type == "cpu", self.notices.check)
+        except _notices.NoticeSeen as seen:
+            raise PeerFailure(
+                f"an object collective failed on rank {seen.rank} of this group while rank {self.rank} waited"
+                f" for it ({seen.waited:.1f} s): {seen.reason}. Rank {self.rank} stops waiting instead of waiting"
+                " for the process-group timeout; the group cannot be used for object collectives any more",
+                {int(seen.rank) if seen.rank.isdigit() else -1: seen.reason},
+            ) from None
+        except BaseException as exc:
+            self.post_failure(f"{type(exc).__name__}: {exc}")
+            raise
+
+    @property
+    def notices(self) -> _notices.Board:
+        """The group's failure notices."""
+        if self._board is None:
+            self._board = _notices.Board(self.group)
+        return self._board
+
+    def post_failure(self, reason: str) -> None:
+        """Tell the group's other ranks that this rank left an object collective in the middle."""
+        self.notices.post(self.rank, reason)
 
     def exchange(self, record: np.ndarray, what: str, opcode: int, root: int = -1) -> list[Record]:
         """All-gather every rank's record; raise the same error on every rank if any rank failed."""
@@ -465,9 +502,64 @@ def _decode(data: np.ndarray, serializer: Optional[Serializer], map_location: Ma
     return _ser.decode(data, 0, serializer, map_location)
 
 
-def _decode_inline(rec: Record, serializer: Optional[Serializer], map_location: MapLocation) -> Any:
-    assert rec.inline is not None
-    return _decode(rec.inline.copy(), serializer, map_location)
+class _Decoder:
+    """Decodes received payloads; keeps the first failure instead of raising it.
+
+    A rank that cannot decode one payload (a refused or corrupt payload) keeps
+    taking part in the rest of the collective, so no sender is left waiting,
+    and reports the failure in the collective's closing status (see
+    [`_closing_status`][hwdist.collectives.objects._closing_status]).
+    """
+
+    def __init__(self, serializer: Optional[Serializer], map_location: MapLocation, comm: Optional[_Comm] = None) -> None:
+        self.serializer = serializer
+        self.map_location = map_location
+        self.comm = comm
+        self.error: Optional[BaseException] = None
+        self.message = ""
+
+    def __call__(self, rank: int, data: np.ndarray) -> Any:
+        if self.error is not None:
+            return None  # drained, not decoded
+        try:
+            return _decode(data, self.serializer, self.map_location)
+        except Exception as exc:
+            self.error = exc
+            self.message = f"could not decode the object from rank {rank}: {type(exc).__name__}: {exc}"
+            return None
+        except BaseException as exc:  # KeyboardInterrupt & co.: this rank leaves now; tell the others
+            if self.comm is not None:
+                self.comm.post_failure(f"{type(exc).__name__} while decoding the object from rank {rank}")
+            raise
+
+
+#: Set in the root's record ``token`` when the root will send a closing status (see [`_closing_status`][hwdist.collectives.objects._closing_status]).
+_CONFIRM = 1
+
+
+def _may_refuse(serializer: Optional[Serializer]) -> bool:
+    """Whether decoding with ``serializer`` may refuse a peer's payload (anything but plain pickle)."""
+    return type(serializer if serializer is not None else _ser.get_serializer()) is not PickleSerializer
+
+
+def _closing_status(comm: _Comm, records: Sequence[Record], root: int, decoder: _Decoder, what: str, op: int) -> None:
+    """The root's decode failure, raised on every rank (the root raises the original error).
+
+    A closing broadcast of the root's status runs when some payload moved
+    after the record exchange (a sender might otherwise wait on the root) or
+    when the root's serializer may refuse payloads (the root sets
+    [`_CONFIRM`][hwdist.collectives.objects._CONFIRM] in its record). Otherwise every other rank has already
+    finished, nothing is left waiting, and only the root raises.
+    """
+    if any(r.inline is None and r.rank != root for r in records) or records[root].token & _CONFIRM:
+        if comm.rank == root:
+            kind = _LocalFailure(_OTHER, decoder.message) if decoder.error is not None else None
+            rec = _failure_record(op, kind, root=root) if kind is not None else _make_record(op, root=root)
+            comm.broadcast(rec, RECORD_BYTES, root)
+        else:
+            _raise_failures([_parse_record(root, comm.broadcast(None, RECORD_BYTES, root))], what, op, root)
+    if decoder.error is not None:
+        raise decoder.error
 
 
 def _check_root(comm: _Comm, root: Any, name: str) -> int:
@@ -546,9 +638,10 @@ def all_gather_object(
     records = comm.exchange(rec, "all_gather_object", op)
     results: list[Any] = [None] * world
     big = [r for r in records if r.inline is None]
+    decode = _Decoder(serializer, map_location, comm)  # a failure is raised after this rank's last broadcast
     for r in records:
         if r.inline is not None:
-            results[r.rank] = _decode_inline(r, serializer, map_location)
+            results[r.rank] = decode(r.rank, r.inline.copy())
     if big:
         largest = max(r.total for r in big)
         if largest * world <= PADDED_ALL_GATHER_LIMIT and len(big) > 1:
@@ -557,11 +650,13 @@ def all_gather_object(
                 slot[: own.size] = own
             rows = comm.all_gather(slot)
             for r in big:
-                results[r.rank] = _decode(rows[r.rank, : r.total], serializer, map_location)
+                results[r.rank] = decode(r.rank, rows[r.rank, : r.total])
         else:
             for r in big:
                 buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
-                results[r.rank] = _decode(buf, serializer, map_location)
+                results[r.rank] = decode(r.rank, buf)
+    if decode.error is not None:
+        raise decode.error
     return results
 
 
@@ -609,7 +704,8 @@ def gather_object(
             out = [None] * world if comm.rank == root else None
             torch_dist.gather_object(data, out, dst=dst, group=group)
             return out
-        rec, own = _payload_record(op, _serialize(data, serializer), root=root)
+        token = _CONFIRM if comm.rank == root and _may_refuse(serializer) else 0
+        rec, own = _payload_record(op, _serialize(data, serializer), root=root, token=token)
     except _LocalFailure as fail:
         rec = _failure_record(op, fail)
         root = -1
@@ -617,23 +713,25 @@ def gather_object(
     root = records[0].root
     p2p = comm.has("send") and comm.has("recv")
     results: Optional[list[Any]] = [None] * world if comm.rank == root else None
+    decode = _Decoder(serializer, map_location, comm)
     for r in records:
         if r.inline is not None:
             if results is not None:
-                results[r.rank] = _decode_inline(r, serializer, map_location)
+                results[r.rank] = decode(r.rank, r.inline.copy())
             continue
         if r.rank == root:
             if results is not None:
-                results[r.rank] = _decode(own, serializer, map_location)  # type: ignore[arg-type]
+                results[r.rank] = decode(r.rank, own)  # type: ignore[arg-type]
         elif p2p:
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]
             elif results is not None:
-                results[r.rank] = _decode(comm.recv(r.total, r.rank), serializer, map_location)
+                results[r.rank] = decode(r.rank, comm.recv(r.total, r.rank))
         else:  # no point to point on this backend: broadcast, non-roots drop it
             buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
             if results is not None:
-                results[r.rank] = _decode(buf, serializer, map_location)
+                results[r.rank] = decode(r.rank, buf)
+    _closing_status(comm, records, root, decode, "gather_object", op)
     return results
 
 

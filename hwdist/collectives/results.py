@@ -15,7 +15,9 @@ Two transports:
   a probe file with a random token and every rank checks it sees it, so a
   directory that is not shared fails on every rank *before* anyone writes
   results; parts are written atomically (temporary name, then ``os.replace``)
-  into a private (mode 0700) sub-directory that is removed even on error.
+  into a private (mode 0700) sub-directory that is removed even on error:
+  rank 0 reports how its reading went in a last status exchange, and on any
+  failure (rank 0 dead included) every rank removes the sub-directory.
 """
 
 from __future__ import annotations
@@ -38,13 +40,17 @@ from .objects import (
     _SERIALIZE,
     INLINE_BYTES,
     CollectiveArgumentError,
+    ObjectCollectiveError,
     _Comm,
+    _CONFIRM,
     _decode,
-    _decode_inline,
+    _Decoder,
     _describe,
     _failure_record,
     _LocalFailure,
+    _closing_status,
     _make_record,
+    _may_refuse,
     _world,
 )
 from .serialization import Frame, MapLocation, Serializer
@@ -156,17 +162,21 @@ def _collect_comm(
         part = _check_args(result_part, size)
         if comm.rank != 0:
             frames = _encode_chunks(part, serializer, CHUNK_BYTES)
-        rec = _part_record(op, frames) if comm.rank != 0 else _make_record(op, root=0)
+        if comm.rank != 0:
+            rec = _part_record(op, frames)
+        else:
+            rec = _make_record(op, root=0, token=_CONFIRM if _may_refuse(serializer) else 0)
     except _LocalFailure as fail:
         rec = _failure_record(op, fail, root=0)
     records = comm.exchange(rec, what, op, 0)
     p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
+    decode = _Decoder(serializer, map_location, comm)  # a refused chunk: keep receiving, report at the end
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
-                parts[r.rank] = _decode_inline(r, serializer, map_location)
+                parts[r.rank] = decode(r.rank, r.inline.copy()) or []
             continue
         nbytes = 8 * r.nchunks
         if p2p:
@@ -177,13 +187,14 @@ def _collect_comm(
             elif me == 0:
                 table = comm.recv(nbytes, r.rank).view("<i8").tolist()
                 for n in table:
-                    parts[r.rank].extend(_decode(comm.recv(int(n), r.rank), serializer, map_location))
+                    parts[r.rank].extend(decode(r.rank, comm.recv(int(n), r.rank)) or [])
         else:  # no point to point: broadcast chunk by chunk, only rank 0 keeps them
             table = comm.broadcast(_chunk_table(frames) if me == r.rank else None, nbytes, r.rank).view("<i8").tolist()
             for k, n in enumerate(table):
                 buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
                 if me == 0:
-                    parts[r.rank].extend(_decode(buf, serializer, map_location))
+                    parts[r.rank].extend(decode(r.rank, buf) or [])
+    _closing_status(comm, records, 0, decode, what, op)
     if me != 0:
         return None
     return _interleave(parts, int(size))
@@ -271,6 +282,7 @@ def _collect_files(
     part: list[Any] = []
     workdir: Optional[str] = None
     created: Optional[str] = None
+    shared_token = 0  # rank 0's token (never 0), once every rank knows it
     try:
         try:
             part = _check_args(result_part, size)
@@ -296,6 +308,7 @@ def _collect_files(
             rec = _failure_record(op, fail, root=0)
         records = comm.exchange(rec, what, op, 0)
         token = records[0].token
+        shared_token = token
         # 1. is the directory shared? (nobody has written results yet)
         status = _make_record(op, root=0)
         if me != 0:
@@ -313,13 +326,34 @@ def _collect_files(
                 status = _failure_record(op, _LocalFailure(_IO, f"cannot write its results into {tmpdir!r}: {exc}"), root=0)
         frames = []
         comm.exchange(status, what, op, 0)
-        if me != 0:
-            return None
-        assert workdir is not None
+        # 3. rank 0 reads the parts while the others wait for its status: if it dies or fails
+        # there, they know, and clean up (below) instead of leaving their parts behind
         parts: list[list[Any]] = [part]
-        for r in records[1:]:
-            parts.append(_read_part(os.path.join(workdir, f"part_{r.rank}.bin"), r.nchunks, serializer, map_location))
-        return _interleave(parts, int(size))
+        status = _make_record(op, root=0)
+        read_error: Optional[BaseException] = None
+        if me == 0:
+            assert workdir is not None
+            try:
+                for r in records[1:]:
+                    parts.append(_read_part(os.path.join(workdir, f"part_{r.rank}.bin"), r.nchunks, serializer, map_location))
+            except Exception as exc:
+                read_error = exc
+                status = _failure_record(op, _LocalFailure(_IO, f"could not read the results: {type(exc).__name__}: {exc}"), root=0)
+            except BaseException as exc:  # KeyboardInterrupt & co.: the others must not wait for the status
+                comm.post_failure(f"{type(exc).__name__} while reading the results")
+                raise
+        try:
+            comm.exchange(status, what, op, 0)
+        except ObjectCollectiveError:
+            if read_error is None:
+                raise
+        if read_error is not None:
+            raise read_error
+        return _interleave(parts, int(size)) if me == 0 else None
+    except BaseException:
+        if me != 0 and shared_token:  # rank 0 may be gone: remove what this rank can see
+            shutil.rmtree(_workdir(tmpdir, shared_token), ignore_errors=True)
+        raise
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -29,6 +29,10 @@ Design:
   [`MpiWork`][hwdist.drivers._mpi_pg.MpiWork] whose ``get_future()`` is already done, which is what
   DDP's communication hooks need. Point-to-point ops are non-blocking
   (``Isend``/``Irecv``); their work completes in ``wait()``.
+* **No endless waits.** Every blocking MPI call is marked in flight for the
+  watchdog ([`_mpi_watchdog`][hwdist.drivers._mpi_watchdog]), which aborts the job when a rank raises
+  or exits while others wait for it, or when a call exceeds the group's
+  timeout.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import _mpi_watchdog
 from .mpi import MPI_REDUCE_DTYPES, PY_MPI_BACKEND
 
 __all__ = ["MpiProcessGroup", "MpiWork", "create_mpi_process_group", "MPI_BACKEND_NAME"]
@@ -65,11 +70,13 @@ class MpiWork(dist.Work):
         result: Sequence[torch.Tensor],
         requests: Sequence[Any] = (),
         finish: Optional[Callable[[Any], None]] = None,
+        watch: Optional[_mpi_watchdog.Watch] = None,
     ) -> None:
         super().__init__()
         self._result = list(result)
         self._requests = list(requests)
         self._finish = finish
+        self._watch = watch
         self._source = -1
         self._lock = threading.Lock()
         self._future: torch.futures.Future = torch.futures.Future()
@@ -89,7 +96,8 @@ class MpiWork(dist.Work):
             if self._requests:
                 status = _mpi().Status()
                 # Only p2p works have requests, and each has exactly one.
-                self._requests[0].Wait(status)
+                with _mpi_watchdog.watching(self._watch, "a point-to-point wait"):
+                    self._requests[0].Wait(status)
                 self._complete(status)
         return True
 
@@ -282,15 +290,18 @@ class MpiProcessGroup(dist.ProcessGroup):
         self._lock: Optional[threading.Lock] = (
             None if MPI.Query_thread() >= MPI.THREAD_MULTIPLE else threading.Lock()
         )
+        #: Members and timeout for the watchdog (hwdist/drivers/_mpi_watchdog.py); set by the factory.
+        self._watch: Optional[_mpi_watchdog.Watch] = None
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return MPI_BACKEND_NAME
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._lock is None:
-            return fn(*args, **kwargs)
-        with self._lock:
-            return fn(*args, **kwargs)
+        with _mpi_watchdog.watching(self._watch, f"MPI {getattr(fn, '__name__', 'call')}"):
+            if self._lock is None:
+                return fn(*args, **kwargs)
+            with self._lock:
+                return fn(*args, **kwargs)
 
     def _check_root(self, root: int, what: str) -> None:
         if not 0 <= root < self._size:
@@ -531,13 +542,13 @@ class MpiProcessGroup(dist.ProcessGroup):
         data = buf.bytes()
         req = self._call(self.comm.Isend, data, dest=dst, tag=tag)
         # The work keeps ``data`` (and so the buffer) alive until completion.
-        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: None)
+        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: None, watch=self._watch)
 
     def _recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> MpiWork:
         buf = _Buf(tensors[0], "recv")
         data = buf.bytes()
         req = self._call(self.comm.Irecv, data, source=src, tag=tag)
-        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: buf.done())
+        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: buf.done(), watch=self._watch)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MpiWork:  # noqa: D102
         self._check_root(src, "recv")
@@ -565,7 +576,8 @@ def create_mpi_process_group(store: Any, rank: int, size: int, timeout: Any) -> 
     """torch backend factory: the mpi4py process group for one torch group.
 
     Called by torch on each member of a new group (the default group and
-    every ``new_group``).
+    every ``new_group``). The first call starts the watchdog; ``timeout``
+    (``init_dist(timeout=...)``) bounds every MPI call of the group.
 
     Raises:
         RuntimeError: the processes are not one MPI job (started by one
@@ -585,4 +597,8 @@ def create_mpi_process_group(store: Any, rank: int, size: int, timeout: Any) -> 
         comm = world.Dup()
     else:
         comm = world.Create_group(world.Get_group().Incl(ranks))
-    return MpiProcessGroup(comm, rank, size)
+    pg = MpiProcessGroup(comm, rank, size)
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+    pg._watch = _mpi_watchdog.Watch(frozenset(ranks), float(seconds) if seconds else None)
+    _mpi_watchdog.install(store, world.Get_rank())
+    return pg

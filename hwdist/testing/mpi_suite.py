@@ -15,7 +15,9 @@ fresh ranks, or run locally; the normal run covers them).
 Rank 0 prints pytest's report; all ranks exit with the worst exit code.
 
 A rank that fails while the others wait in a collective cannot be killed
-from here: bound the run with ``MPIEXEC_TIMEOUT`` (MPICH) or ``timeout``.
+from here; the MPI watchdog (docs/mpi.md) aborts the job once a call has
+waited longer than the process-group timeout (``HWDIST_TEST_PG_TIMEOUT``,
+60 s). Bound the run with ``MPIEXEC_TIMEOUT`` (MPICH) or ``timeout`` too.
 """
 
 from __future__ import annotations

@@ -273,3 +273,69 @@ def test_mpi_backend_outside_mpiexec_is_a_clear_error():
 
     with pytest.raises(RankFailure, match="needs every rank started by one mpiexec"):
         run_distributed(os.getpid, 2, "mpi", timeout=60)
+
+
+# ------------------------------------------------------------------ the watchdog (hwdist/drivers/_mpi_watchdog.py)
+
+_FAULT_SCRIPT = """
+import sys, time
+import torch
+import hwdist
+
+mode, timeout = sys.argv[1], float(sys.argv[2])
+hwdist.init_dist("mpi", backend="mpi", timeout=timeout)
+rank = hwdist.get_rank()
+t = torch.ones(2)
+hwdist.all_reduce(t)
+if rank == 1:
+    if mode == "raise":
+        raise ValueError("boom on rank 1")
+    if mode == "exit":
+        sys.exit(0)
+    if mode == "stall":
+        time.sleep(120)
+print(f"rank {rank} entering all_reduce at {time.time():.3f}", flush=True)
+hwdist.all_reduce(t)
+print(f"rank {rank} left all_reduce with {t.tolist()}", flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(IN_SUITE, reason="already inside the MPI suite")
+@pytest.mark.parametrize(
+    "mode, timeout, message",
+    [
+        ("raise", 60, "hwdist: aborting the MPI job from rank 1: rank 1 raised ValueError: boom on rank 1"),
+        ("exit", 60, "rank 1 exited while rank {r} waits for it in MPI Allreduce"),
+        ("stall", 3, "s, more than the process-group timeout of 3 s (init_dist(timeout=...)): a rank of this group never joined it"),
+        ("normal", 60, ""),
+    ],
+)
+def test_watchdog_aborts_the_job_when_a_rank_leaves(tmp_path, mode, timeout, message):
+    """Rank 1 raises, exits or never joins while ranks 0 and 2 wait in all_reduce: the job ends within seconds."""
+    why = _mpi_missing()
+    if why:
+        pytest.skip(why)
+    import re
+    import time
+
+    script = tmp_path / "fault.py"
+    script.write_text(_FAULT_SCRIPT)
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "100", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        ["mpiexec", "-n", "3", sys.executable, str(script), mode, str(timeout)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
+    )
+    ended = time.time()
+    out = proc.stdout + proc.stderr
+    if mode == "normal":  # the control: nobody aborts a job whose ranks all finish
+        assert proc.returncode == 0, out[-3000:]
+        assert "aborting" not in out and out.count("left all_reduce with [9.0, 9.0]") == 3, out[-3000:]
+        return
+    assert proc.returncode != 0, out[-3000:]
+    entered = [float(x) for x in re.findall(r"entering all_reduce at ([0-9.]+)", out)]
+    assert len(entered) == 2 and "left all_reduce" not in out, out[-3000:]  # ranks 0 and 2 waited
+    assert any(message.format(r=r) in out for r in (0, 2)), out[-3000:]
+    waited = ended - max(entered)
+    print(f"{mode}: the job ended {waited:.1f} s after the last rank entered the all_reduce")
+    assert waited < timeout / 2 if mode != "stall" else waited < timeout + 7, waited
