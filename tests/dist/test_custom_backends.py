@@ -289,3 +289,28 @@ def test_broken_plan_names_the_driver_on_every_rank(world_size, tmp_path):
         assert "driver 'brokenplan' (BrokenPlanDriver): plan('broadcast', torch.int8, None) returned a malformed plan" in msg
         assert "native_op 'teleport' is not an op" in msg
         assert res["after"] == 2.0 * world_size
+
+
+# ------------------------------------------------------------------ verification mode through a custom driver
+
+def _rank_verification_through_tour_driver(store):
+    hwdist.register_backend("tourcl", TourDriver)
+    _init("tourcl", store)
+    rank = torch_dist.get_rank()
+    with hwdist.verification():
+        ok = torch.ones(2)
+        hwdist.all_reduce(ok)  # same call everywhere: passes
+        bad = torch.ones(2 + rank)  # a shape that differs on every rank but 0
+        err = capture_error(hwdist.all_reduce, bad)
+    hwdist.destroy()
+    return ok.tolist(), err
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_verification_mode_works_through_a_driver_without_uint8(world_size, tmp_path):
+    """The tour's table (fp32, int32) moves no uint8: the mode's own byte exchange rides in int32."""
+    results = run_distributed(_rank_verification_through_tour_driver, world_size, None, str(tmp_path / "s"), timeout=90)
+    for ok, err in results:
+        assert ok == [float(world_size)] * 2
+        assert err is not None and err[0] == "CollectiveMismatch", err
+        assert "float32[2]" in err[1] and "float32[3]" in err[1]
