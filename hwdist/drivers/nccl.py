@@ -18,10 +18,11 @@ class NcclDriver(AcceleratorDriver):
     device_type = "cuda"
     priority = 20
     description = "NVIDIA NCCL (CUDA GPUs; RCCL on ROCm)"
-    # torch's NCCL process group has gather/scatter since torch 1.11.
+    # torch's NCCL process group has gather/scatter since torch 1.11 (always, above hwdist's floor).
     native_ops = ALL_OPS if _compat.NCCL_HAS_GATHER else ALL_OPS - {"gather", "scatter"}
-    reduce_ops = frozenset({"sum", "product", "min", "max", "avg", "premul_sum"})
-    # NCCL has no int16 and no complex reductions of its own (torch views complex as real).
+    reduce_ops = frozenset({"sum", "product", "min", "max", "avg"} | ({"premul_sum"} if _compat.HAS_PREMUL_SUM else set()))
+    # NCCL has no int16, no uint16/32/64 (torch>=2.3 dtypes; carried as bytes) and no complex reductions
+    # of its own (torch views complex as real).
     dtypes = frozenset(
         {
             torch.float16,
