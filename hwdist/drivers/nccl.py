@@ -43,6 +43,9 @@ class NcclDriver(AcceleratorDriver):
         """Why the backend cannot run here, or None if it can."""
         import torch.distributed as dist
 
+        unsupported = _compat.unsupported_reason()
+        if unsupported is not None:
+            return unsupported
         if not dist.is_nccl_available():
             return "torch was built without NCCL (a CPU-only build?)"
         return super().unavailable_reason()
