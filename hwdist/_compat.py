@@ -79,9 +79,6 @@ WIDE_UNSIGNED_DTYPES: tuple[torch.dtype, ...] = tuple(
 # bfloat16: 2.1 raises "Invalid scalar type" on every op. Drop when torch>=2.2 is the floor.
 GLOO_HAS_BFLOAT16: bool = _version_at_least(2, 2)
 
-# ReduceOp.AVG: "Cannot use ReduceOp.AVG with Gloo" before 2.8. Drop when torch>=2.8 is the floor.
-GLOO_HAS_AVG: bool = _version_at_least(2, 8)
-
 # Flat all_gather into one tensor (all_gather_into_tensor / _all_gather_base): 2.1 raises "no support
 # for _allgather_base in Gloo process group". Drop when torch>=2.2 is the floor.
 GLOO_HAS_ALL_GATHER_INTO_TENSOR: bool = _version_at_least(2, 2)

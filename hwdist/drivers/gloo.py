@@ -34,8 +34,10 @@ class GlooDriver(Driver):
     description = "Gloo (CPU), bundled with torch"
     dtypes = _GLOO_DTYPES
     native_ops = frozenset(_GLOO_OPS)
-    # Native AVG from torch 2.8 (before: SUM then / n, exact); no PREMUL_SUM on any version.
-    reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"} | ({"avg"} if _compat.GLOO_HAS_AVG else set()))
+    # No native AVG: gloo has none before torch 2.8, and from 2.8 torch divides in place under autograd (a leaf
+    # that requires grad raises "a leaf Variable that requires grad is being used in an in-place operation").
+    # SUM then / n is exact and works on every version. No PREMUL_SUM on any version.
+    reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
     # The flat all_gather_into_tensor exists from torch 2.2.
     flat_ops = frozenset({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
     # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
