@@ -138,6 +138,15 @@ all_gather_into_tensor = _pick("all_gather_single", "all_gather_into_tensor", "_
 reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
 
 
+def all_gather_into_tensor_by_list(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
+    """``all_gather_into_tensor`` through the list form, for backends without the flat one (gloo on torch 2.1).
+
+    Drop when every backend hwdist drives has the flat form (gloo: torch>=2.2 as the floor).
+    """
+    world_size = output.numel() // max(input.numel(), 1)
+    return _dist.all_gather(list(output.view(world_size, -1).unbind(0)), input.reshape(-1), group)
+
+
 def register_torch_backend(name: str, factory: Callable[..., Any], devices: list[str]) -> None:
     """Register a process-group creator with torch (``devices=`` where supported)."""
     if REGISTER_BACKEND_HAS_DEVICES:
