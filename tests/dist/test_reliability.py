@@ -16,6 +16,7 @@ torch.distributed is never mocked.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ import torch
 import hwdist
 from hwdist import _compat, verify
 from hwdist.collectives import results as resmod
-from hwdist.testing import RankFailure, run_distributed
+from hwdist.testing import RankFailure, RankPool, run_distributed
 from hwdist.testing.pytest_plugin import backends
 
 # ---------------------------------------------------------------------------
@@ -201,20 +202,24 @@ PG_TIMEOUT = 1.0
 
 def _stall_rank1(outdir: str) -> Any:
     rank = hwdist.get_rank()
+    # The short timeout is this group's, not the pool's: a 1 s rendezvous fails where ranks start seconds apart
+    # (a CUDA build of torch imports in 10+ s on a loaded 2-core machine).
+    group = torch.distributed.new_group(timeout=datetime.timedelta(seconds=PG_TIMEOUT))
     if rank == 1:  # alive, but never joins (a rank stuck in its own code)
         time.sleep(PG_TIMEOUT + 2)
         return "stalled"
     start = time.monotonic()
     try:
-        hwdist.all_reduce(torch.ones(4))
+        hwdist.all_reduce(torch.ones(4), group=group)
     except Exception as exc:  # noqa: BLE001
         return [type(exc).__name__, str(exc), time.monotonic() - start]
     return ["no error", "", time.monotonic() - start]
 
 
 def test_a_stalled_rank_makes_the_others_time_out_not_hang():
-    start = time.monotonic()
-    res = run_distributed(_stall_rank1, 3, "gloo", "", pg_timeout=PG_TIMEOUT, timeout=60)
+    with RankPool(3, "gloo") as pool:
+        start = time.monotonic()
+        res = pool.run(_stall_rank1, "", timeout=60)
     assert res[1] == "stalled"
     for rank in (0, 2):
         kind, msg, waited = res[rank]
