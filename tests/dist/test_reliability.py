@@ -390,16 +390,18 @@ def _init_error_rank() -> list:
 
 def test_init_errors_are_clear_and_bounded():
     res = run_distributed(_init_error_rank, 3, None, timeout=60)
-    kinds = {0: ("DistNetworkError", "EADDRINUSE"), 1: ("DistNetworkError", "timed out"), 2: ("ValueError", "MASTER_ADDR")}
-    # torch's text, not hwdist's: before torch 2.8 the port-in-use error is a plain RuntimeError that need not name
-    # the port (2.1: "...failed to bind to 0.0.0.0:N (errno: 98 - Address already in use)"; 2.4: "...name: EADDRINUSE,
-    # message: address already in use").
+    kinds = {0: (("DistNetworkError",), "EADDRINUSE"), 1: (("DistNetworkError",), "timed out"), 2: (("ValueError",), "MASTER_ADDR")}
+    # torch's text, not hwdist's, differs before torch 2.8 (measured): the port-in-use error is a RuntimeError on 2.1
+    # and 2.4 (DistNetworkError on 2.2, 2.3), says "Address already in use" (2.1-2.3) or "address already in use"
+    # (2.4), and 2.4's does not name the port; 2.1's connect timeout is a TimeoutError.
     if _compat.TORCH_VERSION < (2, 8):
-        kinds[0] = ("RuntimeError", "ddress already in use")
+        kinds[0] = (("RuntimeError", "DistNetworkError"), "ddress already in use")
+    if _compat.TORCH_VERSION < (2, 2):
+        kinds[1] = (("TimeoutError",), "timed out")
     for rank, (kind, msg, what, waited) in enumerate(res):
         if rank == 0 and _compat.TORCH_VERSION < (2, 8):
             what = ""  # no port in 2.4's message
-        assert kind == kinds[rank][0] and kinds[rank][1] in msg and what in msg, (rank, kind, msg)
+        assert kind in kinds[rank][0] and kinds[rank][1] in msg and what in msg, (rank, kind, msg)
         assert waited < 4 * INIT_TIMEOUT + 5, (rank, waited)
 
 
