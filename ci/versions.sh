@@ -55,7 +55,7 @@ for combo in $COMBOS; do
     log="$CACHE/$name.log"
     start=$SECONDS
     echo "=== Python $py + torch $tv (venv $venv, log $log)"
-    row() { ROWS+=("$(printf '%-7s %-8s %-40s %-28s %5s' "$py" "$tv" "$1" "$2" "$(awk "BEGIN{printf \"%.1f\", ($SECONDS-$start)/60}")")"); }
+    row() { ROWS+=("$(printf '%-7s %-8s %-52s %-24s %5s' "$py" "$tv" "$1" "$2" "$(awk "BEGIN{printf \"%.1f\", ($SECONDS-$start)/60}")")"); }
     pybin=$(interpreter "$py")
     if [ -z "$pybin" ]; then
         row "SKIP: no python$py (pyenv install $py)" "-"; fail=1; continue
@@ -96,6 +96,6 @@ done
 
 echo
 echo "=== hwdist version matrix ($(uname -m), $(nproc) CPUs; logs in $CACHE)"
-printf '%-7s %-8s %-40s %-28s %5s\n' Python torch "unit + dist suites" "hwdist check -n 2" min
+printf '%-7s %-8s %-52s %-24s %5s\n' Python torch "unit + dist suites" "hwdist check -n 2" min
 printf '%s\n' "${ROWS[@]}"
 exit $fail
