@@ -89,8 +89,8 @@ GLOO_HAS_ALL_GATHER_INTO_TENSOR: bool = _version_at_least(2, 2)
 # claimed before 2.9: hwdist emulates reduce_scatter with all_reduce there. Drop when torch>=2.9 is the floor.
 GLOO_HAS_REDUCE_SCATTER: bool = _version_at_least(2, 9)
 
-# all_to_all, list form: "Backend gloo does not support alltoall" before 2.12 (all_to_all_single
-# works on every supported version). Drop when torch>=2.12 is the floor.
+# all_to_all, list form: "Backend gloo does not support alltoall" before 2.12 (measured: fails on 2.11.0,
+# works on 2.13.0; all_to_all_single works on every supported version). Drop when torch>=2.12 is the floor.
 GLOO_HAS_ALL_TO_ALL: bool = _version_at_least(2, 12)
 
 # Object collectives (all_gather_object, ...) appeared in 1.8. Drop when torch>=1.8 is the floor.
