@@ -1,7 +1,10 @@
 """Every torch-version difference hwdist cares about, feature-checked once.
 
 Each entry names the torch version from which it can be dropped. Nothing else
-in hwdist looks at ``torch.__version__`` or probes torch for features.
+in hwdist looks at ``torch.__version__`` or probes torch for features. Where a
+probe would need a device or a process group (what a backend library can do),
+the flag goes by version, with the reason and the measurement behind it
+(2-rank pure-torch probes of the PyPI wheels; docs/hardware.md, "Versions").
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as _dist
 
+#: The oldest torch hwdist supports (pyproject.toml says the same).
+TORCH_FLOOR = (2, 1)
+
 DIST_AVAILABLE: bool = _dist.is_available()
 
 
@@ -26,16 +32,70 @@ def _has_param(fn: Any, name: str) -> bool:
         return False
 
 
-def _version_at_least(major: int, minor: int) -> bool:
+def _torch_version() -> tuple[int, int]:
     parts = torch.__version__.split("+")[0].split(".")
     try:
-        return (int(parts[0]), int(parts[1])) >= (major, minor)
-    except (ValueError, IndexError):
-        return True
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):  # an unparsable (source) build: assume it is recent
+        return (99, 0)
 
 
-# torch's NCCL process group got gather/scatter in 1.11. Drop when torch>=1.11 is the floor.
+TORCH_VERSION: tuple[int, int] = _torch_version()
+
+
+def _version_at_least(major: int, minor: int) -> bool:
+    return TORCH_VERSION >= (major, minor)
+
+
+def unsupported_reason() -> Optional[str]:
+    """Why hwdist cannot run collectives with this torch (older than the floor, no distributed), or None."""
+    floor = ".".join(map(str, TORCH_FLOOR))
+    if not _version_at_least(*TORCH_FLOOR):
+        return (
+            f"torch {torch.__version__} is older than hwdist's floor (torch >= {floor});"
+            f" install torch>={floor} (e.g. pip install 'torch>={floor}')"
+        )
+    if not DIST_AVAILABLE:
+        return (
+            f"torch {torch.__version__} was built without torch.distributed (hwdist needs torch >= {floor}"
+            " with distributed support; the PyPI wheels for Linux, Windows and macOS have it)"
+        )
+    return None
+
+
+# torch's NCCL process group has gather/scatter since 1.11, before hwdist's floor (2.1): always
+# true for a supported torch. Drop when nothing older than 2.1 can import hwdist.
 NCCL_HAS_GATHER: bool = _version_at_least(1, 11)
+
+# ReduceOp.PREMUL_SUM (NCCL only; torch._make_nccl_premul_sum) since 1.13. Drop when torch>=1.13 is the floor.
+HAS_PREMUL_SUM: bool = DIST_AVAILABLE and hasattr(_dist.ReduceOp, "PREMUL_SUM")
+
+# torch.uint16/uint32/uint64 (torch>=2.3): no built-in backend moves or reduces them natively (gloo and
+# NCCL: "Invalid scalar type"); hwdist carries them as bytes. Drop when torch>=2.3 is the floor.
+WIDE_UNSIGNED_DTYPES: tuple[torch.dtype, ...] = tuple(
+    d for d in (getattr(torch, n, None) for n in ("uint16", "uint32", "uint64")) if isinstance(d, torch.dtype)
+)
+
+# --- Gloo (ProcessGroupGloo): what it does depends on the torch it ships with. Finding out needs a
+# process group, so these go by version; each was measured with 2-rank pure-torch probes on the PyPI
+# wheels of 2.1.2, 2.2.2, 2.3.1, 2.4.1, 2.8.0, 2.9.1, 2.11.0, 2.13.0 and 2.15.0.
+
+# bfloat16: 2.1 raises "Invalid scalar type" on every op. Drop when torch>=2.2 is the floor.
+GLOO_HAS_BFLOAT16: bool = _version_at_least(2, 2)
+
+# Flat all_gather into one tensor (all_gather_into_tensor / _all_gather_base): 2.1 raises "no support
+# for _allgather_base in Gloo process group". Drop when torch>=2.2 is the floor.
+GLOO_HAS_ALL_GATHER_INTO_TENSOR: bool = _version_at_least(2, 2)
+
+# reduce_scatter, list form: "ProcessGroupGloo does not support reduce_scatter" before 2.8, and on 2.8
+# it ignores the reduce op and always sums (wrong results; fixed in 2.9). The tensor form
+# (reduce_scatter_tensor) is missing on 2.1 and has the same always-sum bug on 2.2-2.8. Neither is
+# claimed before 2.9: hwdist emulates reduce_scatter with all_reduce there. Drop when torch>=2.9 is the floor.
+GLOO_HAS_REDUCE_SCATTER: bool = _version_at_least(2, 9)
+
+# all_to_all, list form: "Backend gloo does not support alltoall" before 2.12 (measured: fails on 2.11.0,
+# works on 2.13.0; all_to_all_single works on every supported version). Drop when torch>=2.12 is the floor.
+GLOO_HAS_ALL_TO_ALL: bool = _version_at_least(2, 12)
 
 # Object collectives (all_gather_object, ...) appeared in 1.8. Drop when torch>=1.8 is the floor.
 HAS_OBJECT_COLLECTIVES: bool = DIST_AVAILABLE and hasattr(_dist, "all_gather_object")
@@ -78,6 +138,14 @@ REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(
 HAS_POST_ACCUMULATE_GRAD_HOOK: bool = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
 
 
+# destroy_process_group() hangs intermittently on torch < 2.8: ProcessGroupGloo's destructor joins its
+# worker threads while holding the GIL, and a worker still freeing the last tensor of a finished collective
+# waits for the GIL (gdb on 2.1.2: main thread in ~ProcessGroupGloo -> std::thread::join, worker in
+# ~TensorImpl -> gil_scoped_acquire). Releasing the GIL for a moment first lets the worker finish: 40 of 40
+# re-initialisations passed with a 0.05 s pause where a few hung without it. Drop when torch>=2.8 is the floor.
+DESTROY_GIL_PAUSE_S: float = 0.0 if _version_at_least(2, 8) else 0.1
+
+
 def _pick(*names: str) -> Optional[Callable[..., Any]]:
     if not DIST_AVAILABLE:
         return None
@@ -102,6 +170,16 @@ reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor", 
 # torch.distributed.is_xccl_available (Intel XPU's oneCCL backend) exists from torch 2.7; XPU
 # wheels ship XCCL from 2.8. None before 2.7. Drop when torch>=2.7 is the floor.
 is_xccl_available = _pick("is_xccl_available")
+
+
+def all_gather_into_tensor_by_list(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
+    """``all_gather_into_tensor`` through the list form, for backends without the flat one (gloo on torch 2.1).
+
+    Drop when every backend hwdist drives has the flat form (gloo: torch>=2.2 as the floor).
+    """
+    world_size = output.numel() // max(input.numel(), 1)
+    return _dist.all_gather(list(output.view(world_size, -1).unbind(0)), input.reshape(-1), group)
+
 
 def register_torch_backend(name: str, factory: Callable[..., Any], devices: list[str]) -> None:
     """Register a process-group creator with torch (``devices=`` where supported)."""

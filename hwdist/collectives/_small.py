@@ -55,7 +55,10 @@ def all_reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, 
     local = _LOCAL.get(reduce_op) if limit else None
     if local is not None and buf.numel() * buf.element_size() * world_size <= limit:
         gathered = torch.empty(world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
-        _compat.all_gather_into_tensor(gathered, buf.reshape(-1), group)
+        if "all_gather" in driver.flat_ops:
+            _compat.all_gather_into_tensor(gathered, buf.reshape(-1), group)
+        else:  # no flat form on this backend/torch (gloo on torch 2.1)
+            _compat.all_gather_into_tensor_by_list(gathered, buf.reshape(-1), group)
         local(gathered.view(world_size, *buf.shape), buf)
     else:
         torch_dist.all_reduce(buf, _TORCH_OPS[reduce_op], group)

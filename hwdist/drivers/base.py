@@ -163,6 +163,9 @@ class Driver:
     # ---- capability table -------------------------------------------------
     #: Collective ops implemented natively (others are emulated or refused).
     native_ops: ClassVar[frozenset[str]] = ALL_OPS
+    #: Ops whose flat one-tensor form (torch's ``all_gather_into_tensor``, ``reduce_scatter_tensor``) the
+    #: backend implements; hwdist's own flat calls use the list form where it is missing.
+    flat_ops: ClassVar[frozenset[str]] = frozenset({"all_gather", "reduce_scatter"})
     #: Reduce ops implemented natively ('avg' is the native mean).
     reduce_ops: ClassVar[frozenset[str]] = frozenset(
         {"sum", "product", "min", "max", "band", "bor", "bxor"}
@@ -349,6 +352,7 @@ class Driver:
         return {
             "native_ops": sorted(self.native_ops),
             "reduce_ops": sorted(self.reduce_ops),
+            "flat_ops": sorted(self.flat_ops),
             "dtypes": None if self.dtypes is None else sorted(_dtname(d) for d in self.dtypes),
             "reduce_dtypes": None
             if self.reduce_dtypes is None

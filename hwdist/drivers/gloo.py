@@ -6,22 +6,22 @@ from typing import Optional
 
 import torch
 
-from .base import Driver
+from .. import _compat
+from .base import ALL_OPS, Driver
 
+# Gloo rejects int16 and the unsigned 16/32/64-bit types ("Invalid scalar type"), and bfloat16 before
+# torch 2.2. It has no complex type at all: torch views complex as real for some ops only (all_reduce and
+# all_gather always, broadcast and reduce from 2.9, all_to_all from 2.12, gather never), so hwdist
+# carries complex itself (as bytes to move, as real pairs to reduce) on every version.
 _GLOO_DTYPES = frozenset(
-    {
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-        torch.int8,
-        torch.uint8,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
+    {torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}
+    | ({torch.bfloat16} if _compat.GLOO_HAS_BFLOAT16 else set())
+)
+# Ops this torch's gloo lacks, or gets wrong (reduce_scatter ignores the op before 2.9): emulated.
+_GLOO_OPS = (
+    ALL_OPS
+    - (set() if _compat.GLOO_HAS_REDUCE_SCATTER else {"reduce_scatter"})
+    - (set() if _compat.GLOO_HAS_ALL_TO_ALL else {"all_to_all"})
 )
 
 
@@ -33,10 +33,14 @@ class GlooDriver(Driver):
     priority = 0
     description = "Gloo (CPU), bundled with torch"
     env_vars = ("GLOO_*", "TORCH_GLOO_*")
-    # Gloo rejects int16 and the unsigned 16/32/64-bit types ("Invalid scalar type").
     dtypes = _GLOO_DTYPES
-    # Native AVG exists on recent gloo only; SUM / n is exact and always there.
+    native_ops = frozenset(_GLOO_OPS)
+    # No native AVG: gloo has none before torch 2.8, and from 2.8 torch divides in place under autograd (a leaf
+    # that requires grad raises "a leaf Variable that requires grad is being used in an in-place operation").
+    # SUM then / n is exact and works on every version. No PREMUL_SUM on any version.
     reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
+    # The flat all_gather_into_tensor exists from torch 2.2.
+    flat_ops = frozenset({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
     # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
     pack_max_bytes = 1 << 20
     # Gloo's ring all_reduce pays 2(n-1) synchronised steps even for a few bytes; its all_gather pays n-1.
@@ -48,8 +52,9 @@ class GlooDriver(Driver):
         """Why the backend cannot run here, or None if it can."""
         import torch.distributed as dist
 
-        if not dist.is_available():
-            return "torch was built without torch.distributed"
+        unsupported = _compat.unsupported_reason()
+        if unsupported is not None:
+            return unsupported
         if not dist.is_gloo_available():
             return "torch was built without Gloo"
         return None

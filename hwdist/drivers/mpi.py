@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .. import _compat
 from ._common import vendor_missing
 from .base import ALL_OPS, Driver
 
@@ -34,7 +35,7 @@ MPI_REDUCE_DTYPES = frozenset(
         torch.int64,
         torch.bool,
     }
-    | {d for d in (getattr(torch, n, None) for n in ("uint16", "uint32", "uint64")) if d is not None}
+    | set(_compat.WIDE_UNSIGNED_DTYPES)
 )
 # What the mpi4py process group reduces: float16 too (natively or through float32).
 _PY_REDUCE_DTYPES = MPI_REDUCE_DTYPES | {torch.float16}

@@ -20,10 +20,11 @@ class NcclDriver(AcceleratorDriver):
     priority = 20
     description = "NVIDIA NCCL (CUDA GPUs; RCCL on ROCm)"
     env_vars = ("NCCL_*", "TORCH_NCCL_*", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "HIP_VISIBLE_DEVICES")
-    # torch's NCCL process group has gather/scatter since torch 1.11.
+    # torch's NCCL process group has gather/scatter since torch 1.11 (always, above hwdist's floor).
     native_ops = ALL_OPS if _compat.NCCL_HAS_GATHER else ALL_OPS - {"gather", "scatter"}
-    reduce_ops = frozenset({"sum", "product", "min", "max", "avg", "premul_sum"})
-    # NCCL has no int16 and no complex reductions of its own (torch views complex as real).
+    reduce_ops = frozenset({"sum", "product", "min", "max", "avg"} | ({"premul_sum"} if _compat.HAS_PREMUL_SUM else set()))
+    # NCCL has no int16, no uint16/32/64 (torch>=2.3 dtypes; carried as bytes) and no complex reductions
+    # of its own (torch views complex as real).
     dtypes = frozenset(
         {
             torch.float16,
@@ -44,6 +45,9 @@ class NcclDriver(AcceleratorDriver):
         """Why the backend cannot run here, or None if it can."""
         import torch.distributed as dist
 
+        unsupported = _compat.unsupported_reason()
+        if unsupported is not None:
+            return unsupported
         if not dist.is_nccl_available():
             return "torch was built without NCCL (a CPU-only build?)"
         return super().unavailable_reason()

@@ -15,6 +15,7 @@ import datetime
 import hashlib
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
@@ -100,6 +101,8 @@ def destroy() -> None:
     info._set_local_group(None)
     registry.clear_cache()
     if _compat.DIST_AVAILABLE and torch_dist.is_initialized():
+        if _compat.DESTROY_GIL_PAUSE_S:  # torch < 2.8: let gloo's workers finish first (see _compat)
+            time.sleep(_compat.DESTROY_GIL_PAUSE_S)
         torch_dist.destroy_process_group()
 
 

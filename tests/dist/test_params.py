@@ -155,7 +155,8 @@ class _CountAllReduce:
         from hwdist import _compat
 
         self.n = 0
-        self._real = tdist.all_reduce, _compat.all_gather_into_tensor
+        # gloo on torch 2.1 has no flat all_gather: hwdist's small reductions use the list form there
+        self._real = tdist.all_reduce, _compat.all_gather_into_tensor, _compat.all_gather_into_tensor_by_list
 
         def counting(fn):
             def call(*args, **kwargs):
@@ -166,6 +167,7 @@ class _CountAllReduce:
 
         tdist.all_reduce = counting(self._real[0])
         _compat.all_gather_into_tensor = counting(self._real[1])
+        _compat.all_gather_into_tensor_by_list = counting(self._real[2])
         return self
 
     def __exit__(self, *exc) -> None:
@@ -173,7 +175,7 @@ class _CountAllReduce:
 
         from hwdist import _compat
 
-        tdist.all_reduce, _compat.all_gather_into_tensor = self._real
+        tdist.all_reduce, _compat.all_gather_into_tensor, _compat.all_gather_into_tensor_by_list = self._real
 
 
 def _reduce_counted(d: dict, *args, **kwargs) -> int:

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as tdist
 
 import hwdist
+from hwdist import _compat
 from hwdist.collectives import tensor as T
 from hwdist.collectives.flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unflatten_tensors
 from hwdist.drivers.base import Post
@@ -41,7 +42,27 @@ def test_gloo_plans(gloo):
     assert (p.comm_dtype, p.view) == (torch.int32, False)
     p = gloo.plan("all_gather", torch.int16)  # moving needs no widening: a byte view
     assert p.view and p.comm_dtype == torch.uint8
-    assert gloo.plan("broadcast", torch.bfloat16).passthrough
+    assert gloo.plan("broadcast", torch.float16).passthrough
+
+
+def test_gloo_plans_follow_the_torch_version(gloo):
+    # Measured on torch's gloo (docs/hardware.md, "Versions"); the version, not the _compat flag, is the spec here.
+    version = _compat.TORCH_VERSION
+    bf = gloo.plan("broadcast", torch.bfloat16)
+    assert bf.passthrough if version >= (2, 2) else (bf.view and bf.comm_dtype == torch.uint8)
+    p = gloo.plan("all_reduce", torch.bfloat16, "sum")  # 2.1: widened to float32
+    assert p.comm_dtype == (torch.bfloat16 if version >= (2, 2) else torch.float32)
+    # reduce_scatter sums whatever the op before 2.9 (wrong values): emulated with all_reduce there
+    assert gloo.plan("reduce_scatter", torch.float32, "max").native_op == (
+        "reduce_scatter" if version >= (2, 9) else "all_reduce"
+    )
+    assert gloo.plan("all_to_all", torch.float32).native_op == ("all_to_all" if version >= (2, 12) else "all_gather")
+    assert ("all_gather" in gloo.flat_ops) == (version >= (2, 2))
+    # gloo has no complex type: hwdist moves bytes and reduces real pairs on every version
+    assert (gloo.plan("gather", torch.complex64).comm_dtype, gloo.plan("all_reduce", torch.complex64).comm_dtype) == (
+        torch.uint8,
+        torch.float32,
+    )
 
 
 def test_emulated_accelerator_plans(emu):
