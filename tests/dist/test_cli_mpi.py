@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hwdist.testing.mpi_suite import ENV_SUITE
+from hwdist.testing.mpi_suite import ENV_SUITE, MPI_AS_ROOT
 
 from ..unit.test_cli_io import SITE
 
@@ -47,7 +47,7 @@ def _needs_mpi() -> None:
 
 def run(cmd: list[str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HWDIST_", "PMI_", "OMPI_", "SLURM_"))}
-    env.update({"PYTHONPATH": str(ROOT), "MPIEXEC_TIMEOUT": "200", **(extra_env or {})})
+    env.update({"PYTHONPATH": str(ROOT), "MPIEXEC_TIMEOUT": "200", **MPI_AS_ROOT, **(extra_env or {})})
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 

@@ -321,7 +321,7 @@ def test_watchdog_aborts_the_job_when_a_rank_leaves(tmp_path, mode, timeout, mes
 
     script = tmp_path / "fault.py"
     script.write_text(_FAULT_SCRIPT)
-    env = {**os.environ, "MPIEXEC_TIMEOUT": "100", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "100", "PYTHONPATH": str(ROOT), **MPI_AS_ROOT}
     proc = subprocess.run(
         ["mpiexec", "-n", "3", sys.executable, str(script), mode, str(timeout)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
