@@ -46,7 +46,7 @@ def _needs_mpi() -> None:
 
 
 def run(cmd: list[str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWDIST_", "PMI_", "OMPI_", "SLURM_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWDIST_", "PMI_", "PMIX_", "OMPI_COMM_WORLD_", "SLURM_"))}
     env.update({"PYTHONPATH": str(ROOT), "MPIEXEC_TIMEOUT": "200", **MPI_AS_ROOT, **(extra_env or {})})
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
