@@ -42,6 +42,17 @@ def as_timedelta(timeout: Union[None, float, int, datetime.timedelta]) -> Option
     return datetime.timedelta(seconds=float(timeout))
 
 
+def _require_startable(driver: Any) -> None:
+    """Raise if ``driver`` cannot run here or torch cannot create its group (before any rendezvous)."""
+    why = driver.unavailable_reason()
+    if why is not None:
+        raise registry.BackendError(
+            f"backend {driver.name!r} is not available here: {why}."
+            f" Available: {', '.join(registry.available_backends())}"
+        )
+    registry.ensure_torch_backend(driver)
+
+
 def init_backend(
     backend: str,
     *,
@@ -72,13 +83,7 @@ def init_backend(
         hwdist.BackendError: unknown or unavailable backend (lists available ones).
     """
     driver = registry.get_driver(backend)
-    why = driver.unavailable_reason()
-    if why is not None:
-        raise registry.BackendError(
-            f"backend {driver.name!r} is not available here: {why}."
-            f" Available: {', '.join(registry.available_backends())}"
-        )
-    registry.ensure_torch_backend(driver)
+    _require_startable(driver)
     driver.set_device(local_rank)
     if _compat.INIT_HAS_DEVICE_ID and "device_id" not in kwargs:
         device_id = driver.device_id(local_rank)
@@ -379,13 +384,7 @@ def new_group(
     if not (_compat.DIST_AVAILABLE and torch_dist.is_initialized()):
         raise RuntimeError("new_group needs a process group: call hwdist.init_dist(...) first")
     driver = registry.resolve(None) if backend is None else registry.get_driver(backend)
-    why = driver.unavailable_reason()
-    if why is not None:
-        raise registry.BackendError(
-            f"backend {driver.name!r} is not available here: {why}."
-            f" Available: {', '.join(registry.available_backends())}"
-        )
-    registry.ensure_torch_backend(driver)
+    _require_startable(driver)
     td = as_timedelta(timeout)
     if td is not None:
         kwargs["timeout"] = td

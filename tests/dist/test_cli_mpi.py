@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hwdist.testing.mpi_suite import ENV_SUITE, MPI_AS_ROOT
+from tests.dist.test_mpi import _mpi_missing
 
 from ..unit.test_cli_io import SITE
 
@@ -26,16 +27,6 @@ pytestmark = [
     pytest.mark.mpi,
     pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="spawns its own MPI job; not inside the MPI suite"),
 ]
-
-
-def _mpi_missing() -> str:
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return "mpi4py is not installed (pip install mpi4py mpich)"
-    if shutil.which("mpiexec") is None:
-        return "mpiexec is not on PATH"
-    return ""
 
 
 @pytest.fixture(autouse=True)
