@@ -60,7 +60,7 @@ for combo in $COMBOS; do
     if [ -z "$pybin" ]; then
         row "SKIP: no python$py (pyenv install $py)" "-"; fail=1; continue
     fi
-    deps=("torch==$tv" "pytest>=7" "pytest-timeout>=2.1")
+    deps=("torch==$tv" "pytest>=7" "pytest-timeout>=2.1" "hypothesis>=6")
     case $tv in 2.1.*|2.2.*) deps+=("numpy<2");; *) deps+=("numpy");; esac
     if ! { [ -x "$venv/bin/python" ] || "$UV" venv -q -p "$pybin" "$venv"; } >"$log" 2>&1 \
         || ! "$UV" pip install -q -p "$venv/bin/python" "${FIND_LINKS[@]}" "${deps[@]}" >>"$log" 2>&1; then

@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.timeout(FUZZ_SECONDS + 180)
 def test_fuzzed_payloads_never_crash_run_code_or_change_globals(tmp_path):
+    pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (in the test extra)")
     marker, current = str(tmp_path / "pwned"), str(tmp_path / "current.bin")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.unit.restricted_fuzz", marker, str(FUZZ_SECONDS), current],
