@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import pickle
 import signal
+import sys
 import threading
 
 import numpy as np
@@ -24,6 +25,8 @@ from hwdist.collectives import serialization as ser
 from tests.unit.restricted_probe import R, attacks, legit_objects, run_child
 
 #: The message each payload must be refused with.
+# pickle names the builtin open 'io.open' before Python 3.12 and '_io.open' from 3.12.
+_OPEN = "_io.open" if sys.version_info >= (3, 12) else "io.open"
 EXPECTED = {
     # item 1: numpy's reconstructors
     "dtype_object_field": "dtype('O') is not a plain numeric dtype",
@@ -41,7 +44,7 @@ EXPECTED = {
     "list_of_range": "list: argument of type range is not accepted",
     "tensor_empty_buffer": "needs 1073741824 bytes, got 0",
     # code execution, and nesting CPython hashes or frees recursively in C
-    "open_marker": "refused global 'io.open': it is not on the allow-list",
+    "open_marker": f"refused global '{_OPEN}': it is not on the allow-list",
     "os_system": "system': it is not on the allow-list",
     "deep_tuple_hash": "tuples or frozensets nested deeper than 1000",
     "deep_deque": "a deque directly inside a deque",
@@ -222,7 +225,7 @@ def test_use_serializer_is_per_thread_and_restored_exactly(tmp_path):
     for t in threads:
         t.join(20)
     assert seen["a_serializer"] is restricted and seen["b_serializer_ok"] is True
-    assert "refused global 'io.open'" in str(seen["a_error"])
+    assert f"refused global '{_OPEN}'" in str(seen["a_error"])
     assert not marker.exists()
     assert hwdist.get_serializer() is before and ser.is_default_serializer(None)
     # a use_serializer block wins over the process default, and both are restored exactly
