@@ -34,6 +34,7 @@ from .registry import (
 )
 
 from .verify import CollectiveMismatch, set_verification, verification, verification_enabled
+from .errors import HwdistError
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "Driver",
     "Plan",
     "PlanError",
+    "HwdistError",
     "BackendError",
     "register_backend",
     "unregister_backend",

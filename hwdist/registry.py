@@ -61,8 +61,7 @@ _group_drivers: "weakref.WeakKeyDictionary[Any, Driver]" = weakref.WeakKeyDictio
 D = TypeVar("D", bound=Union[Driver, type])
 
 
-class BackendError(ValueError):
-    """An unknown, duplicate, malformed or unavailable backend."""
+from .errors import BackendError  # noqa: E402
 
 
 def _names() -> str:

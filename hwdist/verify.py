@@ -30,8 +30,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.distributed as torch_dist
 
-from .collectives import _small
-from .drivers.base import byte_carrier
+from .collectives import _transport
 
 __all__ = [
     "CollectiveMismatch",
@@ -78,12 +77,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _sequence: dict[int, tuple[Any, int]] = {}
 
 
-class CollectiveMismatch(RuntimeError, ValueError):
-    """Ranks called a collective with different arguments (verification mode).
-
-    Also a ``ValueError``, so code that catches the argument errors of a
-    collective (e.g. ``all_reduce_dict``'s own layout check) catches it too.
-    """
+from .errors import CollectiveMismatch  # noqa: E402
 
 
 def verification_enabled() -> bool:
@@ -209,32 +203,12 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
 
 def _digests_agree(words: list[int], group: Any, driver: Any, world: int) -> bool:
     """One small MAX of ``words`` and their negations: every rank agrees iff max == min."""
-    highest, lowest = _small.max_and_min(words, group, world, driver)
+    highest, lowest = _transport.max_and_min(words, group, world, driver)
     return highest == lowest
 
 
-def _all_gather_bytes(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any) -> None:
-    # Lengths are multiples of 8, so the bytes fit any integer carrier up to int64.
-    carrier = byte_carrier(driver, "all_gather")
-    out_v, in_v = out.view(carrier), inp.view(carrier)
-    chunks = list(out_v.chunk(torch_dist.get_world_size(group)))
-    torch_dist.all_gather(chunks, in_v, group=group)
-
-
 def _exchange_descriptions(text: str, group: Any, driver: Any, world: int) -> list[dict[str, Any]]:
-    data = text.encode()
-    # Pad to a multiple of 8 so any byte-view dtype fits; sizes first (as bytes too).
-    size = struct.pack("<q", len(data))
-    sizes = torch.empty(world * 8, dtype=torch.uint8, device=driver.comm_device())
-    _all_gather_bytes(sizes, torch.frombuffer(bytearray(size), dtype=torch.uint8).to(sizes.device), group, driver)
-    raw = sizes.cpu().numpy().tobytes()
-    lengths = [struct.unpack("<q", raw[i * 8:(i + 1) * 8])[0] for i in range(world)]
-    width = (max(lengths) + 7) // 8 * 8
-    padded = bytearray(data) + bytearray(width - len(data))
-    buf = torch.empty(world * width, dtype=torch.uint8, device=sizes.device)
-    _all_gather_bytes(buf, torch.frombuffer(padded, dtype=torch.uint8).to(sizes.device), group, driver)
-    host = buf.cpu().numpy().tobytes()
-    return [json.loads(host[i * width:i * width + lengths[i]]) for i in range(world)]
+    return [json.loads(raw) for raw in _transport.gather_bytes(text.encode(), group, driver)]
 
 
 _MISSING = "(missing)"

@@ -30,11 +30,7 @@ MAX_NESTING = 1000
 _MAX_DIMS = 32
 
 
-class UnpicklingRefused(pickle.UnpicklingError):
-    """The restricted unpickler refused a payload (a global off the allow-list, a bad description, ...).
-
-    Nothing the payload named was called, and no object outside the payload was changed.
-    """
+from ..errors import UnpicklingRefused  # noqa: E402
 
 
 def _refuse(msg: str) -> UnpicklingRefused:

@@ -104,28 +104,7 @@ __all__ = [
 # ---- errors --------------------------------------------------------------------------------
 
 
-class ObjectCollectiveError(RuntimeError):
-    """An object collective failed on one or more ranks; raised on every rank.
-
-    Attributes:
-        failures: ``{group rank: what went wrong there}``.
-    """
-
-    def __init__(self, message: str, failures: Optional[dict[int, str]] = None) -> None:
-        super().__init__(message)
-        self.failures = dict(failures or {})
-
-
-class SerializationError(ObjectCollectiveError):
-    """A rank could not serialize its object (e.g. it is not picklable)."""
-
-
-class CollectiveArgumentError(ObjectCollectiveError, TypeError, ValueError):
-    """A rank passed a bad argument, or ranks disagree on the call."""
-
-
-class PeerFailure(ObjectCollectiveError):
-    """Another rank left an object collective in the middle (died, or failed to communicate)."""
+from ..errors import CollectiveArgumentError, ObjectCollectiveError, PeerFailure, SerializationError  # noqa: E402
 
 
 

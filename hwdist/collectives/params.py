@@ -20,8 +20,8 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
-from . import _layouts, _small
-from ._threads import one_thread
+from . import _layouts, _transport
+from ._calls import collective
 from . import tensor as _t
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 
@@ -81,7 +81,7 @@ def _verify(
     if driver is None:
         driver = registry.resolve(group, None)
     f0, f1 = _layout_fingerprint(keys, data, op) if problem is None else (0, 0)
-    highest, lowest = _small.max_and_min([int(problem is not None), f0, f1], group, ws, driver)
+    highest, lowest = _transport.max_and_min([int(problem is not None), f0, f1], group, ws, driver)
     if highest[0] == 0 and highest[1:] == lowest[1:]:
         return
     text = ("ERROR " + problem) if problem is not None else repr([op, _describe(keys, data)])
@@ -139,7 +139,7 @@ def _verify_dict_call(data: Any, op: Any, group: Any) -> None:
     _verify_mode.check_call("all_reduce_dict", group, driver, data=fields, reduce_op=_t._op_field(op))
 
 
-@one_thread(2)  # one thread per group at a time (see _threads)
+@collective(2)
 def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
@@ -339,7 +339,7 @@ def _stacked_call(
             cdev = layout.driver.comm_device()
             if flat.device != cdev:
                 flat = flat.to(cdev)
-    _small.all_reduce_buffer(flat, layout.reduce_name, group, ws, layout.driver)
+    _transport.reduce_buffer(flat, layout.reduce_name, group, ws, layout.driver)
     if check and not flag.ok(_last_value(flat)):  # type: ignore[union-attr]
         return False
     if layout.divide:
@@ -423,7 +423,7 @@ def _pack(
 
 def _reduce(layout: _layouts.DictLayout, bufs: list[tuple[Tensor, Tensor]], group: Any, ws: int) -> None:
     for part, (_, wire) in zip(layout.parts, bufs):
-        _small.all_reduce_buffer(wire, part.plan.reduce_op or "sum", group, ws, layout.driver)
+        _transport.reduce_buffer(wire, part.plan.reduce_op or "sum", group, ws, layout.driver)
 
 
 def _finish(
@@ -475,7 +475,7 @@ def _mib(value: Any, argname: str, fn: str) -> int:
     return int(value * MiB) if value > 0 else -1
 
 
-@one_thread(4)  # one thread per group at a time (see _threads)
+@collective(4)
 def all_reduce_params(
     params: Iterable[Tensor],
     coalesce: bool = True,

@@ -36,7 +36,8 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from .. import verify as _verify
 from ..drivers.base import Driver, Plan, PlanError, Post
-from ._threads import one_thread
+from . import _transport
+from ._calls import collective
 
 __all__ = [
     "all_reduce",
@@ -393,7 +394,7 @@ def _done(async_op: bool, result: Any = None) -> Any:
 # ---------------------------------------------------------------------------
 # all_reduce / reduce
 # ---------------------------------------------------------------------------
-@one_thread(2)  # one thread per group at a time (see _threads)
+@collective(2)
 def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Reduce ``data`` across all ranks so that every rank gets the result, in place.
 
@@ -473,7 +474,7 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
     return _run(driver, async_op, issue, finish)
 
 
-@one_thread(3)  # one thread per group at a time (see _threads)
+@collective(3)
 def reduce(
     data: Tensor,
     dst: int = 0,
@@ -560,24 +561,11 @@ def _gather_even_raw(buf: Tensor, group: Any, ws: int) -> list[Tensor]:
     return outs
 
 
-def _all_gather_ints(values: list[int], group: Any, driver: Driver, ws: int) -> list[list[int]]:
-    """All-gather a same-length list of int64 values from every rank (one small collective)."""
-    plan = driver.plan("all_gather", torch.int64)
-    cdev = driver.comm_device()
-    t = torch.tensor(values, dtype=torch.int64, device=cdev)
-    buf, _ = _prepare(t, plan, None)
-    outs = _gather_even_raw(buf, group, ws)
-    stacked = torch.stack(outs)
-    if plan.view:
-        stacked = stacked.view(torch.int64)
-    return stacked.cpu().tolist()
-
-
 def _exchange_shapes(data: Tensor, group: Any, driver: Driver, ws: int, fn: str) -> list[torch.Size]:
     """Every rank's shape of ``data``; raises on every rank if the dtypes differ."""
     shape = list(data.shape)
     head = [_dtype_code(data.dtype), len(shape)] + (shape + [0] * _HEADER_DIMS)[:_HEADER_DIMS]
-    rows = _all_gather_ints(head, group, driver, ws)
+    rows = _transport.gather_ints(head, group, driver)
     codes = [r[0] for r in rows]
     if len(set(codes)) > 1:
         names = ", ".join(
@@ -586,7 +574,7 @@ def _exchange_shapes(data: Tensor, group: Any, driver: Driver, ws: int, fn: str)
         raise TypeError(f"{fn}: every rank must pass the same dtype; got {names}")
     max_ndim = max(r[1] for r in rows)
     if max_ndim > _HEADER_DIMS:  # rare: a second exchange with every dim
-        rows2 = _all_gather_ints((shape + [0] * max_ndim)[:max_ndim], group, driver, ws)
+        rows2 = _transport.gather_ints((shape + [0] * max_ndim)[:max_ndim], group, driver)
         return [torch.Size(rows2[i][: rows[i][1]]) for i in range(ws)]
     return [torch.Size(r[2 : 2 + r[1]]) for r in rows]
 
@@ -671,7 +659,7 @@ def _comm_numel_shape(shape: torch.Size, plan: Plan) -> int:
     return n
 
 
-@one_thread(1)  # one thread per group at a time (see _threads)
+@collective(1)
 def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
@@ -711,7 +699,7 @@ def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = 
     return _gather_common("all_gather", data, group, None, same_shape, async_op)
 
 
-@one_thread(2)  # one thread per group at a time (see _threads)
+@collective(2)
 def gather(
     data: Tensor,
     dst: int = 0,
@@ -796,7 +784,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
 # ---------------------------------------------------------------------------
 # broadcast / scatter
 # ---------------------------------------------------------------------------
-@one_thread(2)  # one thread per group at a time (see _threads)
+@collective(2)
 def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Broadcast ``data`` from rank ``src`` to every rank, in place.
 
@@ -847,7 +835,7 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
     return _run(driver, async_op, issue, finish)
 
 
-@one_thread(3)  # one thread per group at a time (see _threads)
+@collective(3)
 def scatter(
     data: Tensor,
     scatter_list: Optional[Sequence[Tensor]] = None,
@@ -950,7 +938,7 @@ def scatter(
 # ---------------------------------------------------------------------------
 # reduce_scatter / all_to_all
 # ---------------------------------------------------------------------------
-@one_thread(3)  # one thread per group at a time (see _threads)
+@collective(3)
 def reduce_scatter(
     output: Tensor,
     input_list: Union[Sequence[Tensor], Tensor],
@@ -1038,7 +1026,7 @@ def _split_input(value: Any, output: Tensor, ws: int, fn: str) -> list[Tensor]:
     return items
 
 
-@one_thread(2)  # one thread per group at a time (see _threads)
+@collective(2)
 def all_to_all(
     output_list: Sequence[Tensor],
     input_list: Sequence[Tensor],
@@ -1086,7 +1074,7 @@ def all_to_all(
         in_sizes = [_comm_numel(t, plan) for t in ins]
         out_sizes = [_comm_numel(t, plan) for t in outs]
         if _verify._enabled:  # the emulated path below always checks; the native one in this mode
-            bad = _piece_size_errors(_all_gather_ints(in_sizes + out_sizes, group, driver, ws), ws)
+            bad = _piece_size_errors(_transport.gather_ints(in_sizes + out_sizes, group, driver), ws)
             if bad:
                 raise _verify.CollectiveMismatch(
                     "collective mismatch in 'all_to_all' across ranks (verification mode): piece sizes do not"
@@ -1124,7 +1112,7 @@ def all_to_all(
     me = _group_index(group, torch_dist.get_rank())
     in_sizes = [_comm_numel(t, plan) for t in ins]
     out_sizes = [_comm_numel(t, plan) for t in outs]
-    table = _all_gather_ints(in_sizes + out_sizes, group, driver, ws)
+    table = _transport.gather_ints(in_sizes + out_sizes, group, driver)
     bad = _piece_size_errors(table, ws)
     if bad:
         raise ValueError("all_to_all: piece sizes do not match across ranks: " + "; ".join(bad[:4]))

@@ -83,8 +83,7 @@ _BOOL_OPS = {
 }
 
 
-class PlanError(TypeError):
-    """No correct plan exists for an op/dtype/reduce-op on a backend."""
+from ..errors import PlanError  # noqa: E402
 
 
 class Post(enum.Enum):

@@ -19,10 +19,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-import torch
 import torch.distributed as torch_dist
 
-from .. import _compat, info, registry
+from .. import _compat, _state, info, registry
+from ..collectives import _transport
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
 
@@ -105,6 +105,7 @@ def destroy() -> None:
     """Destroy every process group hwdist or torch created; safe to call twice."""
     info._set_local_group(None)
     registry.clear_cache()
+    _state.clear()
     if _compat.DIST_AVAILABLE and torch_dist.is_initialized():
         if _compat.DESTROY_GIL_PAUSE_S:  # torch < 2.8: let gloo's workers finish first (see _compat)
             time.sleep(_compat.DESTROY_GIL_PAUSE_S)
@@ -245,19 +246,6 @@ def init_dist(
 
 
 # --------------------------------------------------------------------------- local groups
-def _all_gather_ints(values: Sequence[int]) -> list[list[int]]:
-    """Every rank's ``values`` (same length everywhere), on the default group's driver."""
-    driver = registry.resolve(None)
-    plan = driver.plan("all_gather", torch.int64)
-    mine = torch.tensor(list(values), dtype=torch.int64)
-    wire = mine.view(plan.comm_dtype) if plan.view else mine.to(plan.comm_dtype)
-    wire = wire.to(driver.comm_device())
-    outs = [torch.empty_like(wire) for _ in range(torch_dist.get_world_size())]
-    torch_dist.all_gather(outs, wire)
-    back = [o.cpu() for o in outs]
-    return [(o.view(torch.int64) if plan.view else o.to(torch.int64)).tolist() for o in back]
-
-
 def _create_local_groups(nodes: Sequence[Sequence[int]]) -> Any:
     """Create one group per node, on EVERY rank and in the same order; keep this rank's."""
     rank = torch_dist.get_rank()
@@ -287,7 +275,7 @@ def _auto_local_group(launch: LaunchInfo) -> Any:
     if launch.world_size == 1:
         return _create_local_groups([[0]])
     key = launch.node_rank if launch.node_rank is not None else _host_key()
-    table = _all_gather_ints([key])
+    table = _transport.gather_ints([key])
     nodes: dict[int, list[int]] = {}
     for rank, (k,) in enumerate(table):
         nodes.setdefault(k, []).append(rank)
@@ -327,7 +315,7 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
     if not (_compat.DIST_AVAILABLE and torch_dist.is_initialized()):
         raise RuntimeError("init_local_group needs a process group: call hwdist.init_dist(...) first")
     world = torch_dist.get_world_size()
-    table = _all_gather_ints([node_rank, num_gpus_per_node])
+    table = _transport.gather_ints([node_rank, num_gpus_per_node])
     sizes = sorted({n for _, n in table})
     if len(sizes) != 1:
         raise ValueError(f"num_gpus_per_node must be the same on every rank, got {sizes}")

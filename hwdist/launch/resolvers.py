@@ -38,8 +38,7 @@ __all__ = [
 LAUNCHER_ENTRY_POINT_GROUP = "hwdist.launchers"
 
 
-class LauncherError(ValueError):
-    """A launcher environment that is missing, malformed or contradictory."""
+from ..errors import LauncherError  # noqa: E402
 
 
 @dataclass(frozen=True)

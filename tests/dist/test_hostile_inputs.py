@@ -351,7 +351,7 @@ def test_complex_gather_and_clear_errors(dist, combo):
 # item 17: one thread per group at a time (as torch); a second thread's call while one is in flight raises
 # ---------------------------------------------------------------------------
 def check_two_threads() -> dict:
-    from hwdist.collectives import _threads
+    from hwdist.collectives import _calls
 
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     out: dict = {}
@@ -367,7 +367,7 @@ def check_two_threads() -> dict:
         a = threading.Thread(target=slow_partner)
         a.start()
         deadline = time.monotonic() + 10
-        while 0 not in _threads._in_flight and time.monotonic() < deadline:
+        while 0 not in _calls._in_flight and time.monotonic() < deadline:
             time.sleep(0.005)  # until thread a's all_reduce is in flight (rank 1 joins late)
         for name, call in {
             "all_reduce": lambda: hwdist.all_reduce(torch.ones(1)),
@@ -393,7 +393,7 @@ def check_two_threads() -> dict:
     t.start()
     t.join(60)
     out["handover"] = (results.get("handover"), _healthy())
-    out["left_marked"] = dict(_threads._in_flight)
+    out["left_marked"] = dict(_calls._in_flight)
     torch_dist.destroy_process_group(own)
     return out
 

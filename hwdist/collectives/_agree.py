@@ -1,0 +1,106 @@
+"""The agreement primitive: every rank raises the same error together, or none does.
+
+A collective that checks its arguments on each rank alone would let one rank
+raise while the others wait forever in the collective it skipped.
+[`agree`][hwdist.collectives._agree.agree] runs on every rank before the real
+work: one small MAX/MIN exchange (through the transport) of
+
+- whether this rank's arguments were invalid (and the lowest rank that was),
+- a few integers every rank must hold the same (fingerprints of shapes, dtypes,
+  keys, configuration),
+- a flag whose maximum over the ranks the caller wants (e.g. "someone needs the
+  slow path").
+
+When some rank's arguments were invalid, every rank knows it from that one
+exchange; a second, small exchange (only on that error path) carries the failing
+rank's message, so every rank raises an error naming the rank and what was
+wrong there. The rank whose input was bad raises its own exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch.distributed as torch_dist
+
+from .. import registry
+from ..errors import CollectiveArgumentError
+from . import _transport
+
+__all__ = ["Agreement", "agree"]
+
+_BIG = (1 << 31) - 1
+_WORD = (1 << 31) - 1  # words travel as 31-bit ints (negations fit int32)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank learned from one [`agree`][hwdist.collectives._agree.agree] call.
+
+    Attributes:
+        flag: the maximum of ``flag`` over the ranks.
+        same: whether every rank gave the same ``words``.
+        highest: the element-wise maximum of ``words``.
+        lowest: the element-wise minimum of ``words``.
+    """
+
+    flag: int
+    same: bool
+    highest: tuple[int, ...]
+    lowest: tuple[int, ...]
+
+
+def agree(
+    fn: str,
+    group: Any,
+    *,
+    problem: Optional[BaseException] = None,
+    words: Sequence[int] = (),
+    flag: int = 0,
+    driver: Any = None,
+) -> Agreement:
+    """Run on every rank of ``group`` before a collective: raise together, or return what all agree on.
+
+    Args:
+        fn: the public op's name (starts every message).
+        group: the process group (None: the default group).
+        problem: this rank's argument error, if any (raised here, on this rank, after the exchange).
+        words: integers every rank should hold the same (reduced to 31 bits each).
+        flag: a small non-negative int; the result carries its maximum over the ranks.
+        driver: the group's driver when the caller already has it.
+
+    Returns:
+        An [`Agreement`][hwdist.collectives._agree.Agreement]; deciding what a difference in
+        ``words`` means is the caller's job.
+
+    Raises:
+        BaseException: ``problem`` itself, on the rank that gave it.
+        CollectiveArgumentError: on every other rank when some rank gave a ``problem``
+            (a ``TypeError`` and a ``ValueError``), naming that rank and its message.
+    """
+    me = torch_dist.get_rank(group)
+    bad = problem is not None
+    mine = [
+        int(bad),
+        -(me if bad else _BIG),  # MAX of -rank: the lowest rank that had a problem
+        int(flag),
+        *[0 if bad else (int(w) & _WORD) for w in words],
+    ]
+    driver = driver if driver is not None else registry.resolve(group)
+    highest, lowest = _transport.max_and_min(mine, group, torch_dist.get_world_size(group), driver)
+    if highest[0]:
+        first = -highest[1]
+        texts = _transport.gather_bytes(
+            f"{type(problem).__name__}: {problem}".encode() if bad else b"", group, driver
+        )
+        if problem is not None:
+            raise problem
+        raise CollectiveArgumentError(
+            f"{fn}: rank {first} was given invalid arguments ({texts[first].decode(errors='replace')});"
+            f" rank {me} raises too so that no rank waits forever",
+            {r: t.decode(errors="replace") for r, t in enumerate(texts) if t},
+        )
+    hi, lo = tuple(highest[3:]), tuple(lowest[3:])
+    return Agreement(flag=highest[2], same=hi == lo, highest=hi, lowest=lo)
+

@@ -1,0 +1,151 @@
+"""The one entry every public collective goes through: the one-thread guard and the call observers.
+
+Every public collective (tensor, object, results, dict/params, barrier, p2p)
+is decorated with [`collective`][hwdist.collectives._calls.collective]. The
+decorator does two things, and nothing else:
+
+1. **One thread per process group at a time.** torch.distributed pairs the
+   ranks' calls on a group by their order. Two threads issuing collectives on
+   one group make that order a race: the ranks can pair different calls and
+   return wrong values silently. A call from a second thread, while the first
+   thread's call on the same group is still in flight, raises
+   [`ConcurrentGroupUse`][hwdist.errors.ConcurrentGroupUse] at once. Detection,
+   not prevention: the check sees only calls that overlap in time on this rank.
+   The default group is tracked under ``group=None``; passing the default
+   group object explicitly is tracked apart from ``None``.
+2. **Observers.** Objects registered with
+   [`add_observer`][hwdist.collectives._calls.add_observer] see the outermost
+   public call of each thread: ``begin(op, group, args, kwargs)`` before it
+   runs, ``end(token, error)`` after it returned or raised (``error`` is None
+   on success). A collective built on another (``broadcast_object`` on
+   ``broadcast_object_list``, ...) is seen once, as the outer call. Observers
+   must never raise; one that does is removed and a warning printed. The flight
+   recorder and verification mode are observers.
+
+With no observer registered the cost is a dictionary look-up and a
+``try``/``finally`` per call (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from typing import Any, Callable, Optional, Protocol, TypeVar
+
+from ..errors import ConcurrentGroupUse
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_get_ident = threading.get_ident
+#: id(group) (0 for None: the default group) -> ident of the thread whose call on it is in flight
+_in_flight: dict[int, int] = {}
+_local = threading.local()
+
+
+class Observer(Protocol):
+    """What [`add_observer`][hwdist.collectives._calls.add_observer] accepts."""
+
+    def begin(self, op: str, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Called before the outermost public call runs; returns a token handed to ``end``."""
+
+    def end(self, token: Any, error: Optional[BaseException]) -> None:
+        """Called after the call returned (``error`` None) or raised."""
+
+
+#: The registered observers, in registration order (a tuple: replaced, never mutated, so reads need no lock).
+_observers: tuple[Observer, ...] = ()
+
+
+def add_observer(observer: Observer) -> None:
+    """Register ``observer`` for every outermost public collective call (idempotent)."""
+    global _observers
+    if observer not in _observers:
+        _observers = _observers + (observer,)
+
+
+def remove_observer(observer: Observer) -> None:
+    """Unregister ``observer`` (no error when it is not registered)."""
+    global _observers
+    _observers = tuple(o for o in _observers if o is not observer)
+
+
+def _refuse(fn: str, holder: int) -> None:
+    raise ConcurrentGroupUse(
+        f"{fn}: another thread (ident {holder}) has a collective in flight on this process group;"
+        f" this thread (ident {_get_ident()}) must not issue one on the same group at the same time:"
+        " the ranks pair calls by their order, so results would be silently wrong. Issue a group's"
+        " collectives from one thread (as torch.distributed requires), or give each thread its own"
+        " group (torch.distributed.new_group)"
+    )
+
+
+def _observed(name: str, fn: Callable[..., Any], group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``fn`` under the observers, unless an outer public call of this thread already is."""
+    if getattr(_local, "depth", 0):
+        return fn(*args, **kwargs)
+    tokens = []
+    for obs in _observers:
+        try:
+            tokens.append((obs, obs.begin(name, group, args, kwargs)))
+        except Exception as exc:  # an observer never breaks a collective
+            _drop(obs, exc)
+    _local.depth = 1
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        _local.depth = 0
+        _end(tokens, exc)
+        raise
+    _local.depth = 0
+    _end(tokens, None)
+    return result
+
+
+def _end(tokens: list[tuple[Observer, Any]], error: Optional[BaseException]) -> None:
+    for obs, token in tokens:
+        try:
+            obs.end(token, error)
+        except Exception as exc:
+            _drop(obs, exc)
+
+
+def _drop(obs: Observer, exc: Exception) -> None:
+    remove_observer(obs)
+    warnings.warn(f"hwdist: call observer {obs!r} raised {exc!r}; it was removed", RuntimeWarning, stacklevel=3)
+
+
+def collective(group_index: int, name: Optional[str] = None) -> Callable[[F], F]:
+    """Decorate a public collective whose ``group`` argument is positional ``group_index`` (or keyword ``group``).
+
+    Args:
+        group_index: position of the ``group`` parameter.
+        name: the op name observers see (default: the function's name).
+    """
+
+    def decorate(fn: F) -> F:
+        op = name or fn.__name__
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            group = args[group_index] if len(args) > group_index else kwargs.get("group")
+            key = 0 if group is None else id(group)
+            me = _get_ident()
+            holder = _in_flight.get(key)
+            if holder is None:
+                holder = _in_flight.setdefault(key, me)  # atomic: one thread wins a race
+                if holder != me:
+                    _refuse(op, holder)
+                try:
+                    if _observers:
+                        return _observed(op, fn, group, args, kwargs)
+                    return fn(*args, **kwargs)
+                finally:
+                    _in_flight.pop(key, None)
+            if holder != me:
+                _refuse(op, holder)
+            return fn(*args, **kwargs)  # nested (a collective built on another): the outer call owns the mark
+
+        return guarded  # type: ignore[return-value]
+
+    return decorate

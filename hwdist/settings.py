@@ -1,0 +1,177 @@
+"""Every ``HWDIST_*`` environment variable, read in one place by typed readers.
+
+Each variable is declared once in [`SETTINGS`][hwdist.settings.SETTINGS] with its
+kind, default and meaning; ``hwdist env`` lists them with their current values.
+A module that needs one asks this module (``settings.flag("HWDIST_DEBUG")``),
+never ``os.environ`` directly, so every variable is parsed the same way and a
+bad value gets the same clear message.
+
+Run-time switches with a get / set / context-manager triplet (verification mode,
+the object path) are [`Switch`][hwdist.settings.Switch] objects: the variable gives
+the initial value, ``set`` returns the previous one, ``override`` is the
+context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterator, Optional, TypeVar
+
+__all__ = ["Setting", "SETTINGS", "flag", "text", "integer", "number", "choice", "current", "Switch"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``HWDIST_*`` variable: its name, kind, default (as the text a user would set) and meaning."""
+
+    name: str
+    kind: str  # "flag", "text", "integer", "number", "choice"
+    default: str
+    doc: str
+    choices: tuple[str, ...] = ()
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("HWDIST_BACKEND", "text", "", "force this backend instead of auto-detection"),
+        Setting("HWDIST_DEVICE", "text", "", "force this device type instead of auto-detection"),
+        Setting("HWDIST_DEBUG", "flag", "0", "verification mode: check every collective's arguments across ranks"),
+        Setting(
+            "HWDIST_OBJECT_PATH", "choice", "portable", "object collectives: hwdist's portable path or torch's own",
+            ("portable", "native"),
+        ),
+        Setting("HWDIST_TEST_BACKENDS", "text", "gloo,emu", "pytest plugin: the backends the dist fixtures run on"),
+        Setting("HWDIST_TEST_WORLD_SIZES", "text", "1,2,3", "pytest plugin: the world sizes the dist fixtures run"),
+        Setting("HWDIST_TEST_MAX_POOLS", "integer", "6", "pytest plugin: rank pools kept alive at once"),
+        Setting("HWDIST_TEST_TIMEOUT", "number", "120", "testing harness: seconds one multi-rank call may take"),
+        Setting("HWDIST_TEST_PG_TIMEOUT", "number", "30", "testing harness: the process-group timeout, seconds"),
+        Setting("HWDIST_CHECK_INJECT", "text", "", "hwdist check: inject a wrong result (op:dtype:mode) to see it caught"),
+        Setting("HWDIST_BENCH_INJECT", "text", "", "hwdist bench: inject a wrong result into this op"),
+    )
+}
+"""Every ``HWDIST_*`` variable hwdist reads, by name."""
+
+_TRUE = ("true", "yes", "on")
+_FALSE = ("", "false", "no", "off")
+
+
+def _raw(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def _default(name: str) -> str:
+    setting = SETTINGS.get(name)
+    return setting.default if setting is not None else ""
+
+
+def text(name: str) -> Optional[str]:
+    """The variable's value stripped, or its declared default, or None when both are empty."""
+    return _raw(name) or _default(name) or None
+
+
+def flag(name: str) -> bool:
+    """Off for unset, empty, 0, false, no, off; on for 1, 2, ... (any integer >= 1), true, yes, on.
+
+    A value that is none of those words turns the flag on with a warning: asking
+    for a debugging aid and silently not getting it is the worse mistake.
+    """
+    raw = _raw(name)
+    value = raw.lower() or _default(name).lower()
+    if value.isascii() and value.isdigit():
+        return int(value) > 0
+    if value in _FALSE:
+        return False
+    if value not in _TRUE:
+        warnings.warn(
+            f"{name}={raw!r} is not one of 0/false/no/off (off) or 1/2/.../true/yes/on (on); taken as ON",
+            stacklevel=2,
+        )
+    return True
+
+
+def integer(name: str) -> Optional[int]:
+    """The variable as an int (or its declared default); ValueError naming it when it is not one."""
+    value = _raw(name) or _default(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def number(name: str) -> Optional[float]:
+    """The variable as a float (or its declared default); ValueError naming it when it is not one."""
+    value = _raw(name) or _default(name)
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be a number, got {value!r}") from None
+
+
+def choice(name: str) -> str:
+    """The variable lower-cased, one of its declared choices; ValueError listing them otherwise."""
+    setting = SETTINGS[name]
+    value = (_raw(name) or setting.default).lower()
+    if value not in setting.choices:
+        raise ValueError(f"environment variable {name} must be one of {', '.join(setting.choices)}, got {value!r}")
+    return value
+
+
+def current() -> list[tuple[Setting, Optional[str]]]:
+    """Every declared setting with the value set in the environment (None when unset), for ``hwdist env``."""
+    return [(s, os.environ.get(s.name)) for s in SETTINGS.values()]
+
+
+class Switch(Generic[T]):
+    """A process-wide run-time switch: initial value from the environment, ``get``/``set``/``override``.
+
+    Args:
+        initial: called once, on first use, for the initial value (reads the variable).
+        check: validates and normalises a value given to ``set`` (raises on a bad one).
+        on_change: called after every change (e.g. to reset state that depends on it).
+    """
+
+    def __init__(
+        self,
+        initial: Callable[[], T],
+        check: Callable[[Any], T],
+        on_change: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self._initial = initial
+        self._check = check
+        self._on_change = on_change
+        self._value: Optional[T] = None
+        self._loaded = False
+
+    def get(self) -> T:
+        """The current value."""
+        if not self._loaded:
+            self._value, self._loaded = self._initial(), True
+        return self._value  # type: ignore[return-value]
+
+    def set(self, value: Any) -> T:
+        """Set the value (validated); return the previous one."""
+        new = self._check(value)
+        old = self.get()
+        self._value = new
+        if self._on_change is not None:
+            self._on_change()
+        return old
+
+    @contextlib.contextmanager
+    def override(self, value: Any) -> Iterator[T]:
+        """Context manager: the value inside the block, the previous one restored after it."""
+        old = self.set(value)
+        try:
+            yield self.get()
+        finally:
+            self.set(old)
