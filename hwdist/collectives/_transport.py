@@ -128,6 +128,20 @@ def _gather_padded(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any
     torch_dist.all_gather(chunks, inp.view(carrier), group=group)
 
 
+def gather_equal(buf: Tensor, group: Any = None, driver: Any = None) -> Tensor:
+    """Every rank's ``buf`` (uint8, the same length on every rank, a multiple of 8): one all_gather.
+
+    No length exchange: the caller guarantees the length (e.g. a predicted size,
+    [`_sizes`][hwdist.collectives._sizes]). Returns a ``(world, len)`` uint8 tensor on CPU.
+    """
+    driver = driver if driver is not None else registry.resolve(group)
+    world = _world(group)
+    dev = driver.comm_device()
+    out = torch.empty(world * buf.numel(), dtype=torch.uint8, device=dev)
+    _gather_padded(out, buf.reshape(-1).to(dev), group, driver)
+    return out.cpu().view(world, buf.numel())
+
+
 def gather_bytes(data: bytes, group: Any = None, driver: Any = None) -> list[bytes]:
     """Every rank's ``data`` (any lengths): the lengths first, then one padded all_gather.
 
