@@ -30,10 +30,14 @@ The rules (the per-key [`SizeHistory`][hwdist.collectives._sizes.SizeHistory]):
 - *Memory.* The capacity is at most 2x the size the history predicts for this
   call, so padding is at most 2x the largest true size unless the sizes shrank
   more than 2x since the history's last matching call; then the very next call
-  predicts the smaller size. Above ``limit`` bytes (``PREDICT_MAX_BYTES`` by
-  default) no prediction is made: the explicit exchange is a small fraction of
-  such a transfer, the payload is not copied into a staging buffer, and nothing
-  is ever padded there.
+  predicts the smaller size. Above ``limit`` bytes (the driver's gather cliff;
+  ``PREDICT_MAX_BYTES`` by default) no prediction is made: the sizes are
+  exchanged first (under 1 % of such a transfer), nothing is padded, and the
+  data can take another route (one broadcast per rank on gloo).
+- *Where the header travels* ([`route`][hwdist.collectives._sizes.route]): in
+  band up to ``IN_BAND_MAX_BYTES`` (one collective; copying the payload behind
+  the header is free there), beside the data above it (the header's small
+  all_gather issued together with the data's, ``async_op=True``: no copy).
 - *Adaptation.* Two misses in a row switch the key to the explicit exchange for
   ``backoff`` calls (4, doubling to 64 while it keeps missing; reset by a hit).
   A miss costs two collectives (the predicted one and the redo of the bytes over
@@ -67,6 +71,7 @@ from . import _transport
 __all__ = [
     "HEADER_BYTES",
     "HEADER_DIMS",
+    "IN_BAND_MAX_BYTES",
     "PREDICT_MAX_BYTES",
     "Header",
     "Outcome",
@@ -81,6 +86,7 @@ __all__ = [
     "unpack",
     "verdict",
     "history",
+    "route",
     "agreement_slots",
     "slot_bits",
     "slots_agree",
@@ -93,7 +99,8 @@ HEADER_DIMS = 8  #: dims carried in the header; a longer shape makes the call re
 HEADER_WORDS = 16
 HEADER_BYTES = 8 * HEADER_WORDS  #: 128: keeps every payload slot 64-byte aligned
 GRANULE = 64  #: capacities are multiples of this (any dtype's view stays aligned)
-PREDICT_MAX_BYTES = 2 << 20  #: no prediction above this capacity (docs/benchmarks.md: staging stops paying)
+PREDICT_MAX_BYTES = 8 << 20  #: default ``limit``: gloo's all_gather cliff on one host (docs/benchmarks.md)
+IN_BAND_MAX_BYTES = 64 << 10  #: header in band up to this capacity, beside the data above it
 HISTORY_LEN = 8
 BACKOFF_START = 4
 BACKOFF_MAX = 64
@@ -423,6 +430,19 @@ def history(group: Any, op: str, key: tuple[Any, ...] = ()) -> SizeHistory:
     if hist is None:
         hist = table[full] = SizeHistory()
     return hist
+
+
+def route(capacity: Optional[int], in_band_max: int = IN_BAND_MAX_BYTES) -> str:
+    """How a call with this predicted ``capacity`` moves its header (the same answer on every rank).
+
+    Returns:
+        ``'explicit'`` (no prediction: headers first, then exactly the data), ``'in_band'``
+        (header and payload in one slot, one collective) or ``'beside'`` (the header's own small
+        collective issued together with the data's, no staging copy).
+    """
+    if capacity is None:
+        return "explicit"
+    return "in_band" if capacity <= in_band_max else "beside"
 
 
 # ---------------------------------------------------------------------------

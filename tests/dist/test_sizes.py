@@ -22,7 +22,7 @@ PATTERNS = {
     "growing": lambda call, rank: (10 + 7 * call + rank, 3),
     "shrinking": lambda call, rank: (max(400 - 37 * call - rank, 0), 2),
     "alternating": lambda call, rank: ((2000 + rank,) if call % 2 else (5, rank + 1)),
-    "big_and_small": lambda call, rank: ((300_000 if call % 3 == 0 else 17) + rank,),
+    "big_and_small": lambda call, rank: ((300_000 if call % 3 == 0 else 17) + rank,),  # 1.2 MB
 }
 CALLS = 9
 

@@ -191,9 +191,15 @@ def test_two_misses_in_a_row_back_off_doubling():
 
 
 def test_sizes_above_the_limit_are_never_predicted():
-    hist, log = _run([[8 << 20] * 2] * 5)
+    hist, log = _run([[16 << 20] * 2] * 5)
     assert all(cap is None for _, cap, _ in log)
-    assert hist.predict(limit=16 << 20) == _sizes.capacity_for(8 << 20)
+    assert hist.predict(limit=32 << 20) == _sizes.capacity_for(16 << 20)
+
+
+def test_route_by_capacity():
+    assert _sizes.route(None) == "explicit"
+    assert _sizes.route(_sizes.IN_BAND_MAX_BYTES) == "in_band"
+    assert _sizes.route(_sizes.IN_BAND_MAX_BYTES + 64) == "beside"
 
 
 def test_errors_leave_the_history_alone():
