@@ -24,6 +24,8 @@ Cases:
 Usage::
 
     python -m benchmarks.bench_sizes [--quick] [--json PATH] [--world-sizes 2,3] [--sizes 4K,1M,32M,64M]
+
+The quick mode (what ``python -m benchmarks.run --quick`` runs) takes 2 ranks and 4 KiB, 1 MiB, 32 MiB.
 """
 
 from __future__ import annotations
@@ -186,9 +188,11 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples")
     ap.add_argument("--json", help="also write the rows to this JSON file")
-    ap.add_argument("--world-sizes", default="2,3")
-    ap.add_argument("--sizes", default="4K,1M,32M,64M", help="bytes per rank, e.g. 4K,1M,32M")
+    ap.add_argument("--world-sizes", default=None, help="default 2,3 (--quick: 2)")
+    ap.add_argument("--sizes", default=None, help="per rank (default 4K,1M,32M,64M; --quick: 4K,1M,32M)")
     args = ap.parse_args(argv)
+    args.world_sizes = args.world_sizes or ("2" if args.quick else "2,3")
+    args.sizes = args.sizes or ("4K,1M,32M" if args.quick else "4K,1M,32M,64M")
     sizes = [_parse_size(s) for s in args.sizes.split(",")]
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
