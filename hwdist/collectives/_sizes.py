@@ -32,7 +32,7 @@ The rules (the per-key [`SizeHistory`][hwdist.collectives._sizes.SizeHistory]):
   more than 2x since the history's last matching call; then the very next call
   predicts the smaller size. Above ``limit`` bytes (the driver's gather cliff;
   ``PREDICT_MAX_BYTES`` by default) no prediction is made: the sizes are
-  exchanged first (under 1 % of such a transfer), nothing is padded, and the
+  exchanged first (a few % of such a transfer), nothing is padded, and the
   data can take another route (one broadcast per rank on gloo).
 - *Where the header travels* ([`route`][hwdist.collectives._sizes.route]): in
   band up to ``IN_BAND_MAX_BYTES`` (one collective; copying the payload behind
