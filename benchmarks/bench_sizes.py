@@ -197,8 +197,8 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for ws in (int(x) for x in args.world_sizes.split(",")):
-        with RankPool(ws, "gloo", timeout=900, env=ENV) as pool:
-            rows += pool.run(bench_rank, args.quick, sizes, timeout=900)[0]
+        with RankPool(ws, "gloo", timeout=1800, env=ENV) as pool:
+            rows += pool.run(bench_rank, args.quick, sizes, timeout=1800)[0]
     print(f"torch {torch.__version__}, gloo, ranks on one host; {time.perf_counter() - start:.0f}s\n")
     print(format_table(rows))
     if args.json:
