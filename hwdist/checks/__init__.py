@@ -112,7 +112,8 @@ class Row:
     Attributes:
         name: the check (a hwdist function, or a group such as 'dist_info').
         dtype: the dtype checked, or '-'.
-        status: 'pass', 'FAIL' or [`REFUSED`][hwdist.checks.REFUSED] (every case refused as the table declares).
+        status: 'pass', 'FAIL' or [`REFUSED`][hwdist.checks.REFUSED] (every case refused as the
+            table declares).
         seconds: slowest rank's time for the check body (None when not run).
         detail: what was covered, what was refused as declared, or what failed.
     """
@@ -205,15 +206,18 @@ def _cross_rank(name: str, results: list[dict[str, Any]], backend: str) -> list[
                     f" expected {r}/{n}"
                 )
             if v["driver"] != backend:
-                problems.append(f"rank {r}: the default group resolves to driver {v['driver']!r}, expected {backend!r}")
+                problems.append(
+                    f"rank {r}: the default group resolves to driver {v['driver']!r}, expected {backend!r}"
+                )
             if not isinstance(v["backend"], str) or not v["backend"]:
                 problems.append(f"rank {r}: get_backend() gave {v['backend']!r}")
     if name == "sync_random_seed":
         seeds = [res["values"].get("seed") for res in results]
         if len(set(map(repr, seeds))) != 1:
             problems.append(f"seeds differ across ranks: {seeds}")
+    first = (results[0]["covered"], results[0]["refused"])
     for r, res in enumerate(results[1:], 1):
-        if (res["covered"], res["refused"]) != (results[0]["covered"], results[0]["refused"]) and not res["problems"]:
+        if (res["covered"], res["refused"]) != first and not res["problems"]:
             problems.append(
                 f"rank {r} covered {res['covered']} and refused {res['refused']},"
                 f" rank 0 covered {results[0]['covered']} and refused {results[0]['refused']}"
@@ -222,7 +226,7 @@ def _cross_rank(name: str, results: list[dict[str, Any]], backend: str) -> list[
 
 
 def judge(name: str, dtype: Optional[str], results: list[dict[str, Any]], backend: str) -> Row:
-    """The table row for check ``name`` on ``dtype`` from every rank's [`run_check`][hwdist.checks.run_check] result.
+    """The table row for check ``name`` on ``dtype``, from what every rank's check body found.
 
     Args:
         name: the check.

@@ -62,7 +62,9 @@ class Context:
         src = (values != 0) if dt == torch.bool else values.to(dt)
         return src.to(self.device)
 
-    def refusal(self, op: str, reduce_op: Optional[str] = None, dtype: Optional[torch.dtype] = None) -> Optional[str]:
+    def refusal(
+        self, op: str, reduce_op: Optional[str] = None, dtype: Optional[torch.dtype] = None
+    ) -> Optional[str]:
         """The group's driver's reason why ``op`` cannot run on ``dtype``, or None if it declares a plan.
 
         The one place the checks ask the capability table (a backend's declared limits).
@@ -109,7 +111,9 @@ class Context:
             self.why.append(str(exc))
             return
         if why is not None and self.world > 1:
-            self.problems.append(f"rank {self.rank}: {label}: the driver declares no plan ({why}) but the call returned")
+            self.problems.append(
+                f"rank {self.rank}: {label}: the driver declares no plan ({why}) but the call returned"
+            )
             return
         # (One rank with no plan: hwdist moves nothing, so there is nothing to refuse; check the result.)
         before = len(self.problems)

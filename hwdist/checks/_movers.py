@@ -98,7 +98,7 @@ def _pad_case(ctx: Context) -> None:
 
 
 def check_gather(ctx: Context) -> None:
-    """To the last rank (the others get ``[]``): equal shapes, uneven shapes, async; same_shape=True to rank 0."""
+    """To the last rank (the others get ``[]``): equal and uneven shapes, async; same_shape=True to rank 0."""
     last = ctx.world - 1
     _gather_case(ctx, f"dst={last}", last, lambda r: (2, 3), {})
     _gather_case(ctx, "uneven shapes", last, lambda r: (r + 1,), {})
@@ -139,7 +139,9 @@ def check_broadcast(ctx: Context) -> None:
     ctx.case("non-contiguous", lambda: hwdist.broadcast(view, src=src), verify, op="broadcast")
 
 
-def _broadcast_case(ctx: Context, label: str, src: int, shape: tuple[int, ...], kwargs: dict[str, Any]) -> None:
+def _broadcast_case(
+    ctx: Context, label: str, src: int, shape: tuple[int, ...], kwargs: dict[str, Any]
+) -> None:
     data = _mine(ctx, ctx.rank, shape)
     want = _want(ctx, src, shape)
     ctx.case(
@@ -234,7 +236,9 @@ def check_send_recv(ctx: Context) -> None:
     _ring_case(ctx, "irecv any source", any_source, src)
 
 
-def _ring_case(ctx: Context, label: str, run: Callable[[torch.Tensor, torch.Tensor], Any], sender: Any) -> None:
+def _ring_case(
+    ctx: Context, label: str, run: Callable[[torch.Tensor, torch.Tensor], Any], sender: Any
+) -> None:
     """One ring exchange; ``sender`` is what the receive must report (None: not checked)."""
     n, r = ctx.world, ctx.rank
     data = _mine(ctx, r)

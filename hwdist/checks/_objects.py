@@ -68,7 +68,9 @@ def check_all_reduce_dict(ctx: Context) -> None:
     for rop in ("sum", "mean") if dt.is_floating_point else ("sum", "max"):
         # Keys deliberately not sorted: every rank must pair the same keys.
         shapes = {"zeta": (2,), "alpha": (3, 1), "mid": ()}
-        data = {k: ctx.tensor(contribution(ctx.rank + i, rop, dt, s)) for i, (k, s) in enumerate(shapes.items())}
+        data = {
+            k: ctx.tensor(contribution(ctx.rank + i, rop, dt, s)) for i, (k, s) in enumerate(shapes.items())
+        }
         want = {
             k: combine([contribution(q + i, rop, dt, s) for q in range(ctx.world)], rop, dt)
             for i, (k, s) in enumerate(shapes.items())
@@ -87,9 +89,10 @@ def check_all_reduce_dict(ctx: Context) -> None:
         _dict_case(ctx, "mixed float32+int64", mixed, want_mixed, "sum", dtype=torch.int64)
 
 
-def _dict_case(
-    ctx: Context, label: str, data: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rop: str, **kw: Any
-) -> None:
+Tensors = dict[str, torch.Tensor]
+
+
+def _dict_case(ctx: Context, label: str, data: Tensors, want: Tensors, rop: str, **kw: Any) -> None:
     ctx.case(
         label,
         lambda: hwdist.all_reduce_dict(data, op=rop),
@@ -118,7 +121,10 @@ def _params_case(ctx: Context, label: str, kwargs: dict[str, Any]) -> None:
         torch.nn.Parameter(ctx.tensor(contribution(ctx.rank + i, rop, dt, s)), requires_grad=False)
         for i, s in enumerate(shapes)
     ]
-    want = [combine([contribution(q + i, rop, dt, s) for q in range(ctx.world)], rop, dt) for i, s in enumerate(shapes)]
+    want = [
+        combine([contribution(q + i, rop, dt, s) for q in range(ctx.world)], rop, dt)
+        for i, s in enumerate(shapes)
+    ]
     ctx.case(
         label,
         lambda: hwdist.all_reduce_params((p for p in params), **kwargs),

@@ -35,7 +35,9 @@ def _reduced(ctx: Context, rop: str, shape: tuple[int, ...] = (2, 3)) -> tuple[t
     return data, want
 
 
-def _in_place(ctx: Context, label: str, data: torch.Tensor, want: torch.Tensor, rop: str, **kwargs: Any) -> None:
+def _in_place(
+    ctx: Context, label: str, data: torch.Tensor, want: torch.Tensor, rop: str, **kwargs: Any
+) -> None:
     """One all_reduce sub-case: ``data`` reduced in place with ``rop`` must equal ``want``."""
 
     def call() -> Any:

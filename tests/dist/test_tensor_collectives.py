@@ -25,7 +25,9 @@ from hwdist import checks
 from hwdist.testing.pytest_plugin import capture_error as _catch
 
 
-def run_bodies(dist: Callable[..., list[Any]], ws: int, backend: str, name: str, placement: str = "comm") -> list[Any]:
+def run_bodies(
+    dist: Callable[..., list[Any]], ws: int, backend: str, name: str, placement: str = "comm"
+) -> list[tuple[checks.Row, dict[str, Any]]]:
     """Run check ``name`` on every dtype of its row; assert each row passes (or is refused as declared).
 
     Returns:
@@ -35,7 +37,8 @@ def run_bodies(dist: Callable[..., list[Any]], ws: int, backend: str, name: str,
     for dtype in checks.dtypes_of(name):
         results = dist(checks.run_check, ws, backend, name, dtype, "", placement)
         row = checks.judge(name, dtype, results, backend)
-        assert row.status in ("pass", checks.REFUSED), f"{name} {row.dtype}, {ws} rank(s) of {backend}: {row.detail}"
+        where = f"{name} {row.dtype}, {ws} rank(s) of {backend}"
+        assert row.status in ("pass", checks.REFUSED), f"{where}: {row.detail}"
         found.append((row, results[0]))
     return found
 
@@ -56,8 +59,10 @@ def test_check_body(dist, combo, name):
         if backend != "emu":
             continue
         for label, why in zip(found["refused"], found["why"]):  # nothing else is refused
-            assert ("int64" in why and "lossless" in why) or (label in _BITWISE and "not supported" in why), (label, why)
-        if row.dtype == "int64" and name in _EMU_INT64 and (ws > 1 or name != "all_reduce_dict"):  # (1 rank: no call)
+            int64 = "int64" in why and "lossless" in why
+            assert int64 or (label in _BITWISE and "not supported" in why), (label, why)
+        # (all_reduce_dict on one rank makes no call, so there is nothing to refuse)
+        if row.dtype == "int64" and name in _EMU_INT64 and (ws > 1 or name != "all_reduce_dict"):
             assert row.status == checks.REFUSED, row.detail
         if name == "all_reduce" and row.dtype in ("int32", "int8"):
             assert found["refused"] == list(_BITWISE), row.detail
@@ -66,10 +71,10 @@ def test_check_body(dist, combo, name):
 # ---------------------------------------------------------------------------
 # bad input: a clear error on every rank, and the group still works afterwards
 # ---------------------------------------------------------------------------
-def check_bad_inputs() -> dict:
+def check_bad_inputs() -> dict[str, Any]:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     t = torch.ones(2)
-    cases = {
+    cases: dict[str, Any] = {
         "op": _catch(hwdist.all_reduce, t, "average"),
         "op_obj": _catch(hwdist.all_reduce, t, 3.5),
         "dict_op": _catch(hwdist.all_reduce_dict, {"a": t}, "nope"),
@@ -89,7 +94,8 @@ def check_bad_inputs() -> dict:
     bad = [torch.zeros(3, dtype=torch.int64)] * ws if r == src else None
     cases["scatter_bad"] = _catch(hwdist.scatter, torch.zeros(2, dtype=torch.int64), bad, src)
     if ws > 1:  # a dtype mismatch is found by the shape exchange and raised on every rank
-        cases["dtype_mismatch"] = _catch(hwdist.all_gather, torch.ones(2, dtype=torch.float64 if r == 1 else torch.float32))
+        mixed = torch.ones(2, dtype=torch.float64 if r == 1 else torch.float32)
+        cases["dtype_mismatch"] = _catch(hwdist.all_gather, mixed)
     healthy = torch.tensor([1.0])
     hwdist.all_reduce(healthy)
     cases["healthy"] = healthy.item()
@@ -102,21 +108,25 @@ def test_bad_input_raises_on_every_rank(dist, combo):
     for r, got in enumerate(dist(check_bad_inputs, ws, backend)):
         kind, msg = got["scatter_bad"]
         assert kind == "ValueError"
-        assert ("scatter_list[0] has shape (3,)" in msg) if r == src else (f"src rank {src} was invalid" in msg)
+        want = "scatter_list[0] has shape (3,)" if r == src else f"src rank {src} was invalid"
+        assert want in msg, msg
         if ws > 1:
             kind, msg = got["dtype_mismatch"]
             assert kind == "TypeError" and "rank 1: float64" in msg and "rank 0: float32" in msg
-        assert got["op"][0] == "ValueError" and "op must be one of 'sum', 'mean'" in got["op"][1] and "'average'" in got["op"][1]
+        assert got["op"][0] == "ValueError" and "op must be one of 'sum', 'mean'" in got["op"][1]
+        assert "'average'" in got["op"][1]
         assert got["op_obj"][0] == "ValueError" and "3.5" in got["op_obj"][1]
         assert got["dict_op"][0] == "ValueError"
         assert got["data"] == ("TypeError", "all_reduce: data must be a torch.Tensor, got list: [1.0, 2.0]")
         assert got["gather_data"][0] == "TypeError" and "got str" in got["gather_data"][1]
-        assert got["src"] == ("ValueError", f"broadcast: src must be a rank in 0..{ws - 1} (world size {ws}), got {ws}")
+        want = f"broadcast: src must be a rank in 0..{ws - 1} (world size {ws}), got {ws}"
+        assert got["src"] == ("ValueError", want)
         assert got["src_type"][0] == "TypeError" and "src must be an int rank" in got["src_type"][1]
         assert got["dst"][0] == "ValueError" and "dst must be a rank" in got["dst"][1]
         assert got["reduce_dst"][0] == "ValueError" and "reduce: dst" in got["reduce_dst"][1]
         assert got["scatter_src"][0] == "ValueError" and "scatter: src" in got["scatter_src"][1]
-        assert got["rs_len"] == ("ValueError", f"reduce_scatter: input_list must hold {ws} tensors (one per rank), got {ws + 1}")
+        want = f"reduce_scatter: input_list must hold {ws} tensors (one per rank), got {ws + 1}"
+        assert got["rs_len"] == ("ValueError", want)
         assert got["rs_numel"][0] == "ValueError" and f"{ws} * 2 elements" in got["rs_numel"][1]
         assert got["a2a_len"][0] == "ValueError" and "input_list must hold" in got["a2a_len"][1]
         assert got["send_self"][0] == "ValueError" and "another rank" in got["send_self"][1]
