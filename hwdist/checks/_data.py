@@ -63,7 +63,7 @@ def reduce_ops(dtype: torch.dtype) -> tuple[str, ...]:
         return ("sum", "mean")  # the only reductions defined on complex numbers
     if dtype.is_floating_point:
         return _ARITH
-    return _ARITH + BITWISE
+    return ("sum", "product", "min", "max") + BITWISE + ("mean",)  # an integer mean: the floor
 
 
 def _numel(shape: tuple[int, ...]) -> int:
