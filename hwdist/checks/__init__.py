@@ -6,11 +6,11 @@ on every rank, builds each rank's input from its rank number, calls
 ``hwdist.<name>`` in several forms and compares each result with a value
 computed independently from the rank numbers (never with what another hwdist
 function returns). Where the group's driver declares that no correct plan
-exists (the driver's ``plan`` raises [`hwdist.PlanError`][hwdist.errors.PlanError], e.g. int64
+exists (the driver's ``plan`` raises [`hwdist.PlanError`][hwdist.drivers.base.PlanError], e.g. int64
 reductions on the emulated accelerator), the check expects hwdist to refuse
-the call with [`hwdist.PlanError`][hwdist.errors.PlanError] on every rank, and counts that as
+the call with [`hwdist.PlanError`][hwdist.drivers.base.PlanError] on every rank, and counts that as
 honoured. A check with no op to ask the driver about (object collectives)
-counts a [`hwdist.PlanError`][hwdist.errors.PlanError] from the call as the table's refusal. A row
+counts a [`hwdist.PlanError`][hwdist.drivers.base.PlanError] from the call as the table's refusal. A row
 whose every case was refused that way is ``refused (as declared)``; ``FAIL``
 is only for a wrong result or an unexpected error.
 

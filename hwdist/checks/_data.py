@@ -52,6 +52,7 @@ NUMERIC = ("float32", "float16", "bfloat16", "int32", "int64")
 FLOAT = ("float32", "float16", "bfloat16")
 
 _ARITH = ("sum", "mean", "product", "min", "max")
+_BIG = 2**40  # added to int64 data
 BITWISE = ("band", "bor", "bxor")
 
 
@@ -80,7 +81,7 @@ def contribution(rank: int, rop: str, dtype: torch.dtype, shape: tuple[int, ...]
 
     Products use 1s and 2s (exact in every dtype); bitwise ops distinct bits per rank;
     an integer mean mixes negative values (floor, not truncation) with values whose sum
-    overflows int8 (the reduction must widen).
+    overflows int8 (the reduction must widen); int64 values lie beyond int32's range.
     """
     k = torch.arange(_numel(shape)).reshape(shape)
     if dtype == torch.bool:
@@ -94,6 +95,8 @@ def contribution(rank: int, rop: str, dtype: torch.dtype, shape: tuple[int, ...]
         out = torch.where(k % 2 == 1, -base, base + 90).long()
     else:
         out = (k % 3 + rank + 1).double()
+    if dtype == torch.int64 and rop != "product":
+        out = out.long() + _BIG  # beyond int32: a lossy cast would show
     return _as_complex(out) if dtype.is_complex else out
 
 
@@ -130,6 +133,8 @@ def moved(rank: int, dtype: torch.dtype, shape: tuple[int, ...] = (2, 3)) -> tor
     if dtype == torch.bool:
         return ((k + rank) % 2).long()
     out = (k + 10 * rank).double()
+    if dtype == torch.int64:
+        return out.long() + _BIG
     return _as_complex(out) if dtype.is_complex else out
 
 

@@ -55,12 +55,12 @@ def check_all_reduce(ctx: Context) -> None:
         data, want = _reduced(ctx, rop)
         _in_place(ctx, rop, data, want, rop)
     _spellings(ctx, ops)
-    data, want = _reduced(ctx, "sum", ())
-    _in_place(ctx, "0-d", data, want, "sum")
+    rop = "mean" if "mean" in ops else "sum"
+    data, want = _reduced(ctx, rop, ())
+    _in_place(ctx, f"0-d {rop}", data, want, rop)
     data, want = _reduced(ctx, "sum")
     _in_place(ctx, "async", data, want, "sum", async_op=True)
     _non_contiguous(ctx)
-    rop = "mean" if "mean" in ops else "sum"
     data, want = _reduced(ctx, rop, (2,))
     grad = ctx.dtype.is_floating_point or ctx.dtype.is_complex
     _in_place(ctx, f"Parameter {rop}", torch.nn.Parameter(data, requires_grad=grad), want, rop)
