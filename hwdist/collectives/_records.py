@@ -126,7 +126,7 @@ def make_record(
     n = 0 if inline is None else int(inline.size)
     head = np.array([_MAGIC, status, total, nchunks, root, opcode, token, n], dtype="<i8")
     rec[: 8 * _HEAD] = head.view(np.uint8)
-    if n:
+    if inline is not None and n:
         rec[8 * _HEAD : 8 * _HEAD + n] = inline
     return rec
 

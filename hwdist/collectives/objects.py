@@ -42,7 +42,7 @@ Outside a process group every function behaves as mmengine's does.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, cast
 
 import numpy as np
 import torch.distributed as torch_dist
@@ -527,7 +527,7 @@ def scatter_object_list(
         root = check_root(comm, src, "src")
         if _native(comm.driver, map_location, serializer):
             torch_dist.scatter_object_list(
-                scatter_object_output_list, scatter_object_input_list, src=src, group=group
+                scatter_object_output_list, cast(Any, scatter_object_input_list), src=src, group=group
             )
             return
         if comm.rank == root:
@@ -553,7 +553,8 @@ def scatter_object_list(
     if comm.rank == root:
         try:
             frames = [
-                serialize(item, serializer, f"scatter_object_input_list[{i}]") for i, item in enumerate(inp)
+                serialize(item, serializer, f"scatter_object_input_list[{i}]")
+                for i, item in enumerate(cast(Sequence[Any], scatter_object_input_list))
             ]
             sizes = np.array([f.nbytes for f in frames], dtype="<i8").view(np.uint8)
             inline = sizes if table <= INLINE_BYTES else None

@@ -214,7 +214,7 @@ def _write_part(path: str, frames: list[Frame]) -> None:
     try:
         with open(tmp, "wb") as fh:
             for f in frames:
-                fh.write(memoryview(f.to_numpy()))
+                fh.write(f.to_numpy().data)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -458,7 +458,7 @@ def collect_results_gpu(
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
 ) -> Optional[list[Any]]:
-    """[`collect_results`][hwdist.collectives.results.collect_results] over communication (mmengine's gpu mode).
+    """[`collect_results`][hwdist.collectives.results.collect_results] over communication (mmengine's gpu).
 
     The bytes travel on the backend's communication device.
 
