@@ -11,7 +11,7 @@ one of two paths, the same on every rank:
   next collective. ``broadcast_object_list`` instead broadcasts ``src``'s
   record alone (only ``src`` can fail there; see its docstring), one collective
   for a small object where torch uses two; ``scatter_object_list`` agrees on
-  its arguments first ([`agree`][hwdist.collectives._agree.agree]), then
+  its arguments first (the agreement primitive, ``_agree.agree``), then
   broadcasts ``src``'s record. Larger payloads then move as exact-size bytes
   (broadcast per rank, point-to-point to a gather root, or a padded all_gather
   when that is cheaper) through hwdist's internal transport (`_objwire`,
@@ -262,10 +262,10 @@ def all_gather_object(
     records = comm.exchange(rec, "all_gather_object", op)
     results: list[Any] = [None] * world
     big = [r for r in records if r.inline is None]
-    decode = Decoder(serializer, map_location, comm)  # a failure is raised after this rank's last broadcast
+    decoder = Decoder(serializer, map_location, comm)  # a failure is raised after this rank's last broadcast
     for r in records:
         if r.inline is not None:
-            results[r.rank] = decode(r.rank, r.inline.copy())
+            results[r.rank] = decoder(r.rank, r.inline.copy())
     if big:
         largest = max(r.total for r in big)
         if largest * world <= PADDED_ALL_GATHER_LIMIT and len(big) > 1:
@@ -274,13 +274,13 @@ def all_gather_object(
                 slot[: own.size] = own
             rows = comm.all_gather(slot)
             for r in big:
-                results[r.rank] = decode(r.rank, rows[r.rank, : r.total])
+                results[r.rank] = decoder(r.rank, rows[r.rank, : r.total])
         else:
             for r in big:
                 buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
-                results[r.rank] = decode(r.rank, buf)
-    if decode.error is not None:
-        raise decode.error
+                results[r.rank] = decoder(r.rank, buf)
+    if decoder.error is not None:
+        raise decoder.error
     return results
 
 
@@ -338,25 +338,25 @@ def gather_object(
     root = records[0].root
     p2p = comm.has("send") and comm.has("recv")
     results: Optional[list[Any]] = [None] * world if comm.rank == root else None
-    decode = Decoder(serializer, map_location, comm)
+    decoder = Decoder(serializer, map_location, comm)
     for r in records:
         if r.inline is not None:
             if results is not None:
-                results[r.rank] = decode(r.rank, r.inline.copy())
+                results[r.rank] = decoder(r.rank, r.inline.copy())
             continue
         if r.rank == root:
             if results is not None:
-                results[r.rank] = decode(r.rank, own)  # type: ignore[arg-type]
+                results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
         elif p2p:
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]
             elif results is not None:
-                results[r.rank] = decode(r.rank, comm.recv(r.total, r.rank))
+                results[r.rank] = decoder(r.rank, comm.recv(r.total, r.rank))
         else:  # no point to point on this backend: broadcast, non-roots drop it
             buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
             if results is not None:
-                results[r.rank] = decode(r.rank, buf)
-    closing_status(comm, records, root, decode, "gather_object", op)
+                results[r.rank] = decoder(r.rank, buf)
+    closing_status(comm, records, root, decoder, "gather_object", op)
     return results
 
 

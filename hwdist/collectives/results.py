@@ -156,11 +156,11 @@ def _collect_comm(
     p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
-    decode = Decoder(serializer, map_location, comm)  # a refused chunk: keep receiving, report at the end
+    decoder = Decoder(serializer, map_location, comm)  # a refused chunk: keep receiving, report at the end
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
-                parts[r.rank] = decode(r.rank, r.inline.copy()) or []
+                parts[r.rank] = decoder(r.rank, r.inline.copy()) or []
             continue
         nbytes = 8 * r.nchunks
         if p2p:
@@ -171,7 +171,7 @@ def _collect_comm(
             elif me == 0:
                 table = comm.recv(nbytes, r.rank).view("<i8").tolist()
                 for n in table:
-                    parts[r.rank].extend(decode(r.rank, comm.recv(int(n), r.rank)) or [])
+                    parts[r.rank].extend(decoder(r.rank, comm.recv(int(n), r.rank)) or [])
         else:  # no point to point: broadcast chunk by chunk, only rank 0 keeps them
             table = (
                 comm.broadcast(_chunk_table(frames) if me == r.rank else None, nbytes, r.rank)
@@ -181,8 +181,8 @@ def _collect_comm(
             for k, n in enumerate(table):
                 buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
                 if me == 0:
-                    parts[r.rank].extend(decode(r.rank, buf) or [])
-    closing_status(comm, records, 0, decode, what, op)
+                    parts[r.rank].extend(decoder(r.rank, buf) or [])
+    closing_status(comm, records, 0, decoder, what, op)
     if me != 0:
         return None
     return _interleave(parts, int(size))
