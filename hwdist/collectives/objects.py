@@ -47,9 +47,8 @@ from typing import Any, Iterator, Optional, Sequence, cast
 import numpy as np
 import torch.distributed as torch_dist
 
-from .. import _compat, settings
+from .. import _compat, settings, verify
 from ..errors import CollectiveArgumentError, ObjectCollectiveError, PeerFailure, SerializationError
-from ..verify import check_call, rank_field, verification_enabled
 from . import serialization as _ser
 from ._agree import agree
 from ._calls import collective
@@ -247,8 +246,8 @@ def all_gather_object(
         root = torch_dist.get_global_rank(group, 0) if group is not None else 0
         return gather_object(data, root, group, map_location=map_location, serializer=serializer)
     comm = Link(group)
-    if verification_enabled():
-        check_call("all_gather_object", comm.group, comm.driver)
+    if verify.verification_enabled():
+        verify.check_call("all_gather_object", comm.group, comm.driver)
     op = OPS["all_gather_object"]
     if _native(comm.driver, map_location, serializer):
         out: list[Any] = [None] * world
@@ -319,8 +318,8 @@ def gather_object(
     if world == 1:
         return [data]
     comm = Link(group)
-    if verification_enabled():
-        check_call("gather_object", comm.group, comm.driver, dst=rank_field(dst))
+    if verify.verification_enabled():
+        verify.check_call("gather_object", comm.group, comm.driver, dst=verify.rank_field(dst))
     op = OPS["gather_object"]
     own = None
     try:
@@ -405,9 +404,9 @@ def broadcast_object_list(
     if world_size(group) == 1:
         return
     comm = Link(group)
-    if verification_enabled():
-        check_call(
-            "broadcast_object_list", comm.group, comm.driver, src=rank_field(src), data_is_list=not bad
+    if verify.verification_enabled():
+        verify.check_call(
+            "broadcast_object_list", comm.group, comm.driver, src=verify.rank_field(src), data_is_list=not bad
         )
     op = OPS["broadcast_object_list"]
     try:
@@ -516,8 +515,8 @@ def scatter_object_list(
         scatter_object_output_list[0] = scatter_object_input_list[0]
         return
     comm = Link(group)
-    if verification_enabled():
-        check_call("scatter_object_list", comm.group, comm.driver, src=rank_field(src))
+    if verify.verification_enabled():
+        verify.check_call("scatter_object_list", comm.group, comm.driver, src=verify.rank_field(src))
     op = OPS["scatter_object_list"]
     problem: Optional[CollectiveArgumentError] = None
     root = -1

@@ -31,8 +31,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .. import verify
 from ..errors import CollectiveArgumentError, ObjectCollectiveError
-from ..verify import check_call, verification_enabled
 from . import serialization as _ser
 from ._calls import collective
 from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, describe, may_refuse, world_size
@@ -135,8 +135,8 @@ def _collect_comm(
     bad: str = "",
 ) -> Optional[list[Any]]:
     comm = Link(group)
-    if verification_enabled():
-        check_call(what, group, comm.driver, size=repr(size), transport="communication")
+    if verify.verification_enabled():
+        verify.check_call(what, group, comm.driver, size=repr(size), transport="communication")
     op = OPS["collect_results"]
     frames: list[Frame] = []
     part: list[Any] = []
@@ -265,8 +265,8 @@ def _collect_files(
     comm = Link(group)
     op = OPS["collect_results(tmpdir)"]
     what = "collect_results(device='cpu', tmpdir=...)"
-    if verification_enabled():
-        check_call("collect_results", group, comm.driver, size=repr(size), transport="tmpdir")
+    if verify.verification_enabled():
+        verify.check_call("collect_results", group, comm.driver, size=repr(size), transport="tmpdir")
     me = comm.rank
     frames: list[Frame] = []
     part: list[Any] = []
@@ -502,8 +502,8 @@ def create_tmpdir(
         os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
         return os.fspath(tmpdir)
     comm = Link(group)
-    if verification_enabled():
-        check_call("create_tmpdir", group, comm.driver, tmpdir_given=tmpdir is not None)
+    if verify.verification_enabled():
+        verify.check_call("create_tmpdir", group, comm.driver, tmpdir_given=tmpdir is not None)
     op = OPS["create_tmpdir"]
     what = "create_tmpdir"
     probe: Optional[str] = None
