@@ -333,7 +333,9 @@ class _Calls:
         self.ops.append((token, error is None))
 
 
-def _observed_calls(tmp: str) -> list:
+def _observed_calls() -> list:
+    import shutil
+
     from hwdist.collectives import _calls
 
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
@@ -347,21 +349,24 @@ def _observed_calls(tmp: str) -> list:
         hwdist.broadcast_object(rank)  # built on broadcast_object_list: seen once
         hwdist.scatter_object_list([None], list(range(world)) if rank == 0 else None)
         hwdist.collect_results([rank], world)
+        tmp = hwdist.create_tmpdir()  # shared by every rank (rank 0 makes it; the ranks may have their own tmp_path)
         hwdist.collect_results_cpu([rank], world, tmp)
         hwdist.collect_results_gpu([rank], world)
-        hwdist.create_tmpdir(tmpdir=tmp)
     finally:
         _calls.remove_observer(seen)
+    hwdist.barrier()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
     return seen.ops
 
 
 @pytest.mark.parametrize("backend", backends())
-def test_every_object_collective_is_one_observed_call(dist, backend, tmp_path):
+def test_every_object_collective_is_one_observed_call(dist, backend):
     expected = [
         "all_gather_object", "all_gather_object", "gather_object", "broadcast_object_list", "broadcast_object",
-        "scatter_object_list", "collect_results", "collect_results_cpu", "collect_results_gpu", "create_tmpdir",
+        "scatter_object_list", "collect_results", "create_tmpdir", "collect_results_cpu", "collect_results_gpu",
     ]
-    for ops in dist(_observed_calls, 2, backend, str(tmp_path)):
+    for ops in dist(_observed_calls, 2, backend):
         assert ops == [(name, True) for name in expected]
 
 
