@@ -104,14 +104,14 @@ __all__ = [
 # ---- errors --------------------------------------------------------------------------------
 
 
-from ..errors import CollectiveArgumentError, ObjectCollectiveError, PeerFailure, SerializationError  # noqa: E402
+from ..errors import ArgumentAssertionError, CollectiveArgumentError, ObjectCollectiveError, PeerFailure, SerializationError  # noqa: E402,E501
 
 
 
 _OK, _SERIALIZE, _ARGUMENT, _IO, _OTHER = 0, 1, 2, 3, 4
 _ERRORS: dict[int, type[ObjectCollectiveError]] = {
     _SERIALIZE: SerializationError,
-    _ARGUMENT: CollectiveArgumentError,
+    _ARGUMENT: ArgumentAssertionError,
     _IO: ObjectCollectiveError,
     _OTHER: ObjectCollectiveError,
 }
@@ -752,7 +752,7 @@ def broadcast_object_list(
     if not isinstance(data, list):
         bad = f"broadcast_object_list: data must be a list, got {type(data).__name__}"
         if _world(group) == 1:
-            raise CollectiveArgumentError(bad)
+            raise ArgumentAssertionError(bad)
     else:
         bad = ""
     if _world(group) == 1:
@@ -794,7 +794,7 @@ def broadcast_object_list(
     _raise_failures([source], "broadcast_object_list", op, root)
     buf = source.inline if source.inline is not None else comm.broadcast(None, source.total, root)
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
-        raise CollectiveArgumentError(bad)
+        raise ArgumentAssertionError(bad)
     data[:] = _decode(buf.copy() if source.inline is not None else buf, serializer, map_location)
 
 
