@@ -36,7 +36,13 @@ def _err(fn, *args, **kwargs):
         fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the test compares type and text
         took = time.monotonic() - start
-        return type(exc).__name__, isinstance(exc, RuntimeError), isinstance(exc, AssertionError), str(exc), took
+        return (
+            type(exc).__name__,
+            isinstance(exc, RuntimeError),
+            isinstance(exc, AssertionError),
+            str(exc),
+            took,
+        )
     return None
 
 
@@ -162,9 +168,13 @@ def rank_legacy_errors(case: str) -> dict:
         "gather_dst_missing": lambda: (
             dist.gather(t, gather_list=[torch.zeros(1) for _ in range(ws)]) if r == 0 else dist.gather(t)
         ),
-        "gather_unexpected_kwarg": lambda: dist.gather(t, dst=0, gather_list=None, root=0)
-        if r == ws - 1
-        else dist.gather(t, dst=0, gather_list=[torch.zeros(1) for _ in range(ws)] if r == 0 else None),
+        "gather_unexpected_kwarg": lambda: (
+            dist.gather(t, dst=0, gather_list=None, root=0)
+            if r == ws - 1
+            else dist.gather(
+                t, dst=0, gather_list=[torch.zeros(1) for _ in range(ws)] if r == 0 else None
+            )
+        ),
         "scatter_list_on_non_root": lambda: dist.scatter(
             t, src=0, scatter_list=[torch.zeros(1)] * ws if r in (0, ws - 1) else None
         ),
@@ -198,7 +208,9 @@ def test_legacy_bad_lists_raise_runtime_error_on_every_rank(dist_pool, world_siz
         assert ERROR_CASES[case] in text, (r, text)
         assert took < 10, f"rank {r} took {took:.1f} s to fail"
     # the pool is still usable afterwards: nobody is left inside a collective
-    assert [res["rank"] for res in dist_pool(rank_legacy_ops, world_size, backend)] == list(range(world_size))
+    assert [res["rank"] for res in dist_pool(rank_legacy_ops, world_size, backend)] == list(
+        range(world_size)
+    )
 
 
 def rank_legacy_one_rank_errors() -> dict:
@@ -234,9 +246,13 @@ def rank_legacy_init(store: str, backend_arg, second: str) -> dict:
     out["tcp"] = _err(dist.init_process_group, "tcp", world_size=ws, rank=rank)
     out["tcp_id"] = _err(dist.init_process_group, dist.dist_backend.TCP, world_size=ws, rank=rank)
     out["still_none"] = hwdist.is_distributed()
-    dist.init_process_group(backend_arg, init_method=f"file://{store}-1", world_size=ws, rank=rank, group_name="")
+    dist.init_process_group(
+        backend_arg, init_method=f"file://{store}-1", world_size=ws, rank=rank, group_name=""
+    )
     out["after"] = (dist.is_initialized(), dist.get_rank(), dist.get_world_size(), hwdist.get_backend())
-    out["twice"] = _err(dist.init_process_group, "gloo", init_method=f"file://{store}-x", world_size=ws, rank=rank)
+    out["twice"] = _err(
+        dist.init_process_group, "gloo", init_method=f"file://{store}-x", world_size=ws, rank=rank
+    )
     t = torch.tensor([rank + 1.0])
     dist.all_reduce(t)
     out["sum"] = t.item()
@@ -255,7 +271,13 @@ def rank_legacy_init(store: str, backend_arg, second: str) -> dict:
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_legacy_init_process_group(world_size, tmp_path):
     results = run_distributed(
-        rank_legacy_init, world_size, None, str(tmp_path / "store"), dist.dist_backend.GLOO, "emu", timeout=90
+        rank_legacy_init,
+        world_size,
+        None,
+        str(tmp_path / "store"),
+        dist.dist_backend.GLOO,
+        "emu",
+        timeout=90,
     )
     for r, res in enumerate(results):
         initialised, rank_err, size_err = res["before"]
