@@ -109,9 +109,11 @@ from ..errors import ArgumentAssertionError, CollectiveArgumentError, ObjectColl
 
 
 _OK, _SERIALIZE, _ARGUMENT, _IO, _OTHER = 0, 1, 2, 3, 4
+_ASSERTED = 5  # an argument mmengine checks with assert: an ArgumentAssertionError on every rank
 _ERRORS: dict[int, type[ObjectCollectiveError]] = {
     _SERIALIZE: SerializationError,
-    _ARGUMENT: ArgumentAssertionError,
+    _ARGUMENT: CollectiveArgumentError,
+    _ASSERTED: ArgumentAssertionError,
     _IO: ObjectCollectiveError,
     _OTHER: ObjectCollectiveError,
 }
@@ -775,7 +777,7 @@ def broadcast_object_list(
         own = None
         try:
             if bad:
-                raise _arg_error(f"data must be a list, got {type(data).__name__}")
+                raise _LocalFailure(_ASSERTED, f"data must be a list, got {type(data).__name__}")
             rec, own = _payload_record(op, _serialize(data, serializer, "data"), root=root)
         except _LocalFailure as fail:
             rec = _failure_record(op, fail, root=root)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 import hwdist
 
 from ..collectives._agree import agree
+from ..drivers.nccl import NcclDriver
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
 
 __all__ = [
@@ -56,8 +57,8 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: vis4d's default ``device`` of ``obj2tensor``; when it is left as is, the driver's device is used.
-_DEFAULT_DEVICE = torch.device("cuda")
+#: vis4d's default ``device`` of ``obj2tensor`` (NCCL's device); left as is, the driver's device is used.
+_DEFAULT_DEVICE = torch.device(NcclDriver.device_type)
 
 
 def _env_int(name: str) -> Optional[int]:

@@ -288,8 +288,17 @@ def get_launcher(name: str) -> Launcher:
     return found
 
 
-#: mmengine's ``infer_launcher`` rules, in its order: the first variable set names the launcher.
-_MMENGINE_RULES = (("WORLD_SIZE", "pytorch"), ("SLURM_NTASKS", "slurm"), ("OMPI_COMM_WORLD_LOCAL_RANK", "mpi"))
+def _mmengine_rules() -> list[tuple[str, str]]:
+    """mmengine's ``infer_launcher`` rules, in its order: the first variable set names the launcher."""
+    from .mpi import MpiLauncher
+    from .slurm import SlurmLauncher
+    from .torchrun import TorchrunLauncher
+
+    return [
+        ("WORLD_SIZE", TorchrunLauncher.name),
+        ("SLURM_NTASKS", SlurmLauncher.name),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", MpiLauncher.name),
+    ]
 
 
 def infer_launcher(env: Optional[Mapping[str, str]] = None) -> str:
@@ -321,8 +330,9 @@ def infer_launcher(env: Optional[Mapping[str, str]] = None) -> str:
     import os
 
     env = os.environ if env is None else env
-    answer = next((name for var, name in _MMENGINE_RULES if var in env), None)
-    builtin = {name for _, name in _MMENGINE_RULES}
+    rules = _mmengine_rules()
+    answer = next((name for var, name in rules if var in env), None)
+    builtin = {name for _, name in rules}
     for name in list_launchers():
         if name == answer:
             return name
