@@ -12,6 +12,7 @@ collective.
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -265,7 +266,17 @@ def rank_legacy_init(store: str, backend_arg, second: str) -> dict:
     dist.all_reduce(t, dist.reduce_op.MAX)
     out["second"] = (hwdist.get_driver().name, t.item())
     dist.destroy_process_group()
+    # the defaults: init_method='env://', world size and rank from the environment (RANK, WORLD_SIZE)
+    dist.init_process_group("gloo")
+    out["env"] = (dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()
     return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -278,6 +289,7 @@ def test_legacy_init_process_group(world_size, tmp_path):
         dist.dist_backend.GLOO,
         "emu",
         timeout=90,
+        env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())},
     )
     for r, res in enumerate(results):
         initialised, rank_err, size_err = res["before"]
@@ -295,3 +307,4 @@ def test_legacy_init_process_group(world_size, tmp_path):
         assert res["sum"] == world_size * (world_size + 1) / 2
         assert res["destroyed"] is False
         assert res["second"] == ("emu", float(world_size))
+        assert res["env"] == (r, world_size)
