@@ -18,6 +18,7 @@ backward ends).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
@@ -28,7 +29,8 @@ from torch import Tensor
 
 import hwdist
 
-from ..errors import ArgumentAssertionError
+from ..collectives._agree import agree
+from ..errors import ArgumentAssertionError, CollectiveArgumentError
 
 __all__ = [
     "WORLD",
@@ -168,12 +170,32 @@ def pack_allreduce_split(
     Returns:
         The reduced tensors, one per shape (new tensors).
 
+    Raises:
+        ValueError: the tensors do not fit ``shapes``, or the ranks' buffers differ (every rank, before
+            any rank waits in the all-reduce).
+
     Examples:
         >>> helper.pack_allreduce_split([torch.tensor([rank + 1.0])], [(1,)], None, "mean")
         # rank 0: [tensor([1.5000])]   rank 1: [tensor([1.5000])]
     """
     offsets_val = get_offsets(shapes)
-    packed = param_pack_concat(pack_list, torch.tensor(offsets_val), offsets_val)
+    problem: Optional[Exception] = None
+    packed = torch.zeros(0)
+    try:
+        packed = param_pack_concat(pack_list, torch.tensor(offsets_val), offsets_val)
+    except (TypeError, ValueError) as exc:
+        problem = exc
+    if hwdist.is_distributed() and hwdist.get_world_size(group) > 1:
+        layout = f"{offsets_val[-1] if offsets_val else 0}:{packed.dtype}"
+        digest = int.from_bytes(hashlib.blake2b(layout.encode(), digest_size=4).digest(), "big") & 0x7FFFFFFF
+        got = agree("pack_allreduce_split", group, problem=problem, words=[digest])
+        if not got.same:
+            raise CollectiveArgumentError(
+                "pack_allreduce_split: the ranks' packed buffers differ in size or dtype; every rank must"
+                " pass tensors of the same shapes and dtype"
+            )
+    elif problem is not None:
+        raise problem
     hwdist.all_reduce(packed, "sum", group)
     if reduce_method == "mean":
         packed = packed / hwdist.get_world_size(group)

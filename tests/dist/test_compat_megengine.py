@@ -14,6 +14,8 @@ data (a local reference), never by a collective.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -212,3 +214,31 @@ def rank_callback_outside_backward() -> str:
 def test_callback_outside_backward_asserts(dist, backend):
     (text,) = dist(rank_callback_outside_backward, 1, backend)
     assert "call it during backward" in text
+
+
+def rank_pack_mismatch(case: str) -> tuple:
+    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    last = r == ws - 1
+    if case == "bad_offsets":  # the last rank's tensor does not fit its shape: it raises, the others too
+        args = ([torch.ones(3 if last else 2)], [(2,)], None, "sum")
+    else:  # the ranks pack different sizes: an all-reduce of them would not match
+        args = ([torch.ones(3 if last else 2)], [(3,) if last else (2,)], None, "sum")
+    start = time.monotonic()
+    try:
+        helper.pack_allreduce_split(*args)
+    except ValueError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return None, "", 0.0
+
+
+@pytest.mark.parametrize("case", ["bad_offsets", "different_sizes"])
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
+def test_pack_allreduce_split_bad_input_raises_on_every_rank(dist, world_size, backend, case):
+    for r, (name, text, took) in enumerate(dist(rank_pack_mismatch, world_size, backend, case)):
+        assert name is not None, f"rank {r} did not raise"
+        assert took < 10
+        if case == "bad_offsets":
+            assert "input 0 has 3 elements but its range [0, 2) holds 2" in text, (r, text)
+        else:
+            assert "packed buffers differ in size or dtype" in text, (r, text)
