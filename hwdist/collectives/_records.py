@@ -20,13 +20,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import CollectiveArgumentError, ObjectCollectiveError, SerializationError
+from ..errors import ArgumentAssertionError, CollectiveArgumentError, ObjectCollectiveError, SerializationError
 from .serialization import Frame
 
 __all__ = [
     "OK",
     "SERIALIZE",
     "ARGUMENT",
+    "ASSERTED",
     "IO",
     "OTHER",
     "LocalFailure",
@@ -46,9 +47,11 @@ __all__ = [
 
 #: Statuses: fine, could not serialize, invalid arguments, filesystem, anything else.
 OK, SERIALIZE, ARGUMENT, IO, OTHER = 0, 1, 2, 3, 4
+ASSERTED = 5  # an argument mmengine checks with assert: an ArgumentAssertionError on every rank
 ERRORS: dict[int, type[ObjectCollectiveError]] = {
     SERIALIZE: SerializationError,
     ARGUMENT: CollectiveArgumentError,
+    ASSERTED: ArgumentAssertionError,
     IO: ObjectCollectiveError,
     OTHER: ObjectCollectiveError,
 }

@@ -48,7 +48,13 @@ import numpy as np
 import torch.distributed as torch_dist
 
 from .. import _compat, settings, verify
-from ..errors import CollectiveArgumentError, ObjectCollectiveError, PeerFailure, SerializationError
+from ..errors import (
+    ArgumentAssertionError,
+    CollectiveArgumentError,
+    ObjectCollectiveError,
+    PeerFailure,
+    SerializationError,
+)
 from . import serialization as _ser
 from ._agree import agree
 from ._calls import collective
@@ -64,6 +70,7 @@ from ._objwire import (
     world_size,
 )
 from ._records import (
+    ASSERTED,
     INLINE_BYTES,
     OK,
     OP_NAMES,
@@ -398,7 +405,7 @@ def broadcast_object_list(
     if not isinstance(data, list):
         bad = f"broadcast_object_list: data must be a list, got {type(data).__name__}"
         if world_size(group) == 1:
-            raise CollectiveArgumentError(bad)
+            raise ArgumentAssertionError(bad)
     else:
         bad = ""
     if world_size(group) == 1:
@@ -423,7 +430,7 @@ def broadcast_object_list(
         own = None
         try:
             if bad:
-                raise arg_error(f"data must be a list, got {type(data).__name__}")
+                raise LocalFailure(ASSERTED, f"data must be a list, got {type(data).__name__}")
             rec, own = payload_record(op, serialize(data, serializer, "data"), root=root)
         except LocalFailure as fail:
             rec = failure_record(op, fail, root=root)
@@ -443,7 +450,7 @@ def broadcast_object_list(
     raise_failures([source], "broadcast_object_list", op, root)
     buf = source.inline if source.inline is not None else comm.broadcast(None, source.total, root)
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
-        raise CollectiveArgumentError(bad)
+        raise ArgumentAssertionError(bad)
     data[:] = decode(buf.copy() if source.inline is not None else buf, serializer, map_location)
 
 
