@@ -315,7 +315,10 @@ def test_accumulation_and_misuse(dist, combo):
         if r == 0:
             assert res["bad_item"] == ("TypeError", "GradientSynchronizer: params[1] must be a torch.Tensor, got str")
         else:
-            assert res["bad_item"][0] == "TypeError" and "another rank were invalid" in res["bad_item"][1]
+            # the other ranks raise CollectiveArgumentError (a TypeError and a ValueError) naming rank 0 and its error
+            kind, msg = res["bad_item"]
+            assert kind == "CollectiveArgumentError" and "GradientSynchronizer: rank 0 was given invalid arguments" in msg
+            assert "params[1] must be a torch.Tensor, got str" in msg
         assert res["bad_src"][0] == "ValueError" and f"broadcast_from must be a rank in 0..{ws - 1}" in res["bad_src"][1]
         if ws > 1:
             kind, msg = res["mismatch"]
@@ -396,11 +399,11 @@ def test_broadcast_tensors_bcast_list_and_sync_buffer(dist, combo):
             kind, msg = res["shape_mismatch"]
             assert kind == "ValueError" and "bcast_list_: every rank must pass tensors of the same shapes" in msg
             kind, msg = res["bad_item"]
-            assert kind == "TypeError"
             if r == ws - 1:
-                assert msg == "bcast_list_: tensors[1] must be a torch.Tensor, got int"
-            else:
-                assert "another rank were invalid" in msg
+                assert (kind, msg) == ("TypeError", "bcast_list_: tensors[1] must be a torch.Tensor, got int")
+            else:  # a TypeError and a ValueError, naming the bad rank and its error
+                assert kind == "CollectiveArgumentError" and f"rank {ws - 1} was given invalid arguments" in msg
+                assert "tensors[1] must be a torch.Tensor, got int" in msg
             kind, msg = res["buffer_mismatch"]
             assert kind == "ValueError" and "sync_buffer: every rank must pass the same number" in msg
         else:
