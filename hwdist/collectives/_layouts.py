@@ -129,7 +129,10 @@ Buffers = tuple[list[tuple[Tensor, Tensor]], bool]
 class DictLayout:
     """Everything ``all_reduce_dict`` needs to move one signature's values (built once per group, reused)."""
 
-    __slots__ = ("sig", "driver", "device_type", "ws", "parts", "stack", "flag", "words", "_rows", "cdev")
+    __slots__ = (
+        "sig", "driver", "device_type", "ws", "parts", "stack", "flag", "words", "_rows", "cdev", "cpu",
+        "keys", "dtypes", "shapes",
+    )  # fmt: skip
 
     def __init__(
         self, sig: Signature, driver: Any, device_type: str, plans: dict[torch.dtype, Plan], ws: int
@@ -140,7 +143,11 @@ class DictLayout:
         self.device_type = device_type
         self.ws = ws
         self.cdev = driver.comm_device()
+        #: the driver communicates on the CPU (then CPU values need no device comparison)
+        self.cpu = self.cdev.type == "cpu"
         op, keys, shapes, dtypes = sig
+        # what try_pack compares (lists: a list compares to a list faster than a tuple is built)
+        self.keys, self.dtypes, self.shapes = list(keys), list(dtypes), list(shapes)
         groups: dict[tuple[str, ...], list[int]] = {}
         for i, dt in enumerate(dtypes):
             p = plans[dt]
@@ -175,10 +182,11 @@ class DictLayout:
         self.flag = None if first is None else flag_code(first.reduce_op or "sum", first.comm_dtype, ws)
         #: the fingerprint every rank compares on a checked call
         self.words = fingerprint(op, describe(keys, shapes, dtypes))
-        self._rows: dict[tuple[torch.device, int], Tensor] = {}
+        self._rows: dict[tuple[Optional[torch.device], int], Tensor] = {}
 
-    def _row(self, device: torch.device, value: int) -> Tensor:
-        """A value-shaped tensor filled with ``value`` (the stacked layout's flag row)."""
+    def _row(self, first: Tensor, value: int) -> Tensor:
+        """A value-shaped tensor filled with ``value`` on ``first``'s device (the stacked flag row)."""
+        device = None if first.is_cpu else first.device
         t = self._rows.get((device, value))
         if t is None:
             t = self._rows[(device, value)] = torch.full(
@@ -195,7 +203,7 @@ class DictLayout:
         cdev = self.cdev
         if self.stack and values is not None:
             try:
-                flat = torch.stack([*values, self._row(values[0].device, flag)])
+                flat = torch.stack([*values, self._row(values[0], flag)])
             except RuntimeError:  # values on several devices: pack them one by one below
                 pass
             else:
@@ -203,7 +211,7 @@ class DictLayout:
                     raise TypeError("a value is not a dense tensor with data")
                 if flat.requires_grad:
                     flat = flat.detach()
-                if flat.device != cdev:
+                if not (self.cpu and flat.is_cpu) and flat.device != cdev:
                     flat = flat.to(cdev)
                 return [(flat, flat)], True
         bufs = []
@@ -229,6 +237,35 @@ class DictLayout:
                 bufs.append((flat, wire))
         return bufs, False
 
+    def try_pack(self, op: str, keys: Sequence[Any], values: Sequence[Any], flag: int) -> Optional[Buffers]:
+        """The buffers of ``values`` when this call fits the layout, else None.
+
+        Fits: the same op, keys, dtypes, shapes and device type, dense tensors with data. Cheaper than
+        building and comparing the call's signature (the fast path of every steady-state call).
+        """
+        if op != self.sig[0] or keys != self.keys:
+            return None
+        try:
+            if [v.dtype for v in values] != self.dtypes:
+                return None  # (torch.stack would promote a stray int silently)
+            first = values[0]
+            if not (first.is_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
+                return None
+            if self.stack:
+                flat = torch.stack([*values, self._row(first, flag)])
+                if flat.shape[1:] != self.shapes[0] or flat.layout is not torch.strided or flat.is_meta:
+                    return None
+                if flat.requires_grad:
+                    flat = flat.detach()
+                if not (self.cpu and flat.is_cpu) and flat.device != self.cdev:
+                    flat = flat.to(self.cdev)
+                return [(flat, flat)], True
+            if [v.shape for v in values] != self.shapes:
+                return None
+            return self.pack(values, flag)
+        except (AttributeError, IndexError, RuntimeError, NotImplementedError, TypeError):
+            return None  # not tensors, several devices, sparse or meta: the check names it
+
     def reduce(self, bufs: Buffers, group: Any) -> None:
         """Reduce every buffer across the ranks, in place."""
         for part, (_, wire) in zip(self.parts, bufs[0]):
@@ -247,7 +284,7 @@ class DictLayout:
                 _t._divide(wire, self.ws)
         if bufs[1]:
             flat = bufs[0][0][0]
-            if flat.device != values[0].device:
+            if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
                 flat = flat.to(values[0].device)
             for k, piece in zip(keys, flat.unbind(0)):  # the last row (the flag) has no key
                 data[k] = piece
@@ -292,7 +329,7 @@ class DictCall:
         kind: the exception type of a problem found later (no plan for a dtype and the op).
     """
 
-    __slots__ = ("fn", "op", "keys", "values", "data", "problem", "kind", "sig")
+    __slots__ = ("fn", "op", "keys", "values", "data", "problem", "kind", "sig", "_checked")
 
     def __init__(
         self,
@@ -311,7 +348,33 @@ class DictCall:
         self.data = data
         self.problem = problem
         self.kind = kind
-        self.sig = None if problem is not None else signature(op, keys, values)
+        self.sig: Optional[Signature] = None
+        self._checked = False
+
+    def check(self) -> None:
+        """Find a bad value (not a tensor, sparse, meta) and the signature, once (not on the fast paths)."""
+        if self._checked:
+            return
+        self._checked = True
+        if self.problem is None:
+            text = value_problem(self.keys, self.values)
+            if text is not None:
+                self.problem = self.kind(text)
+        if self.problem is None:
+            self.sig = signature(self.op, self.keys, self.values)
+
+
+def value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
+    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+        if v.layout is not torch.strided:
+            layout = str(v.layout).replace("torch.", "")
+            return f"data[{k!r}] must be a dense (strided) tensor, got a {layout} tensor"
+        if v.is_meta:
+            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
+    return None
 
 
 class LayoutAgreement:
@@ -335,6 +398,8 @@ class LayoutAgreement:
         self.predicted: Optional[DictLayout] = None
         self.follows: dict[Signature, DictLayout] = {}
         self.built: dict[tuple[Signature, str], DictLayout] = {}
+        #: this rank's last ``verify=False`` layout (local only: it never decides what is sent)
+        self.unchecked: Optional[DictLayout] = None
 
     def reduce(self, call: DictCall, checked: bool = True) -> None:
         """Reduce ``call``'s values into its dict; with ``checked``, every rank raises together on a mismatch.
@@ -342,11 +407,21 @@ class LayoutAgreement:
         Unchecked, a problem raises on this rank only, before it communicates.
         """
         if not checked:
+            recent = self.unchecked
+            if recent is not None and call.problem is None:
+                bufs = recent.try_pack(
+                    call.op, call.keys, call.values, recent.flag.match if recent.flag is not None else 0
+                )
+                if bufs is not None:
+                    recent.reduce(bufs, self.group)
+                    recent.unpack(bufs, call.keys, call.values, call.data)
+                    return
             layout = self.layout_for(call)
             if call.problem is not None:
                 raise type(call.problem)(f"{call.fn}: {call.problem}")
             if layout is not None:
                 layout.move(call.keys, call.values, call.data, self.group)
+                self.unchecked = layout
             return
         layout = self.settle(call)
         if layout is not None and layout.parts:
@@ -361,11 +436,8 @@ class LayoutAgreement:
         predicted = self.predicted
         if predicted is not None and predicted.flag is not None:  # the same branch on every rank
             bufs = None
-            if call.sig == predicted.sig and call.values[0].device.type == predicted.device_type:
-                try:
-                    bufs = predicted.pack(call.values, predicted.flag.match)
-                except (RuntimeError, NotImplementedError, TypeError):  # sparse or meta: the check names it
-                    bufs = None
+            if call.problem is None:
+                bufs = predicted.try_pack(call.op, call.keys, call.values, predicted.flag.match)
             if bufs is None:
                 bufs = predicted.pack(None, predicted.flag.mismatch)
             predicted.reduce(bufs, self.group)
@@ -388,6 +460,7 @@ class LayoutAgreement:
         None for an empty dict or a bad call; no plan for a value's dtype and the op becomes
         ``call.problem``.
         """
+        call.check()
         if call.problem is not None or call.sig is None or not call.values:
             return None
         dtype = call.values[0].device.type

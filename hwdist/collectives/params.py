@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 import torch.distributed as torch_dist
 
-from .. import _state, registry
+from .. import _compat, _state, registry
 from .. import verify as _verify_mode
 from . import _layouts, _transport
 from . import tensor as _t
@@ -193,13 +193,22 @@ def all_reduce_dict(
     except ValueError as exc:
         problem = alone = exc
         rop = "sum"
-    if problem is None and not isinstance(data, MutableMapping):
+    if problem is None and type(data) is not dict and not isinstance(data, MutableMapping):
         problem = TypeError(f"data must be a dict of tensors, got {type(data).__name__}")
         alone = TypeError(f"all_reduce_dict: {problem}")
-    ws = torch_dist.get_world_size(group) if torch_dist.is_initialized() else 1
+    ws = 1
+    agreement: Optional[_layouts.LayoutAgreement] = None
+    if torch_dist.is_initialized():
+        # kept by the group object (not None): a default group made by a new init gets a new history
+        state = _state.of(group if group is not None else _compat.default_group())
+        agreement = getattr(state, "all_reduce_dict", None)
+        if agreement is None:
+            agreement = _layouts.LayoutAgreement(group, torch_dist.get_world_size(group), check_same_dicts)
+            setattr(state, "all_reduce_dict", agreement)  # noqa: B010 (GroupState is a namespace)
+        ws = agreement.ws
     if alone is not None and (not checked or ws == 1):
         raise alone
-    if ws == 1:
+    if ws == 1 or agreement is None:
         return
     keys: list[Any] = []
     values: list[Any] = []
@@ -211,29 +220,8 @@ def all_reduce_dict(
             keys = sorted(data)
         except TypeError:  # keys of mixed types: still one order on every rank
             keys = sorted(data, key=_key_order)
-        values = [data[k] for k in keys]
-        text = _value_problem(keys, values)  # every value checked before any communication
-        if text is not None:
-            problem = kind(text)
-    state = _state.of(group)
-    agreement = getattr(state, "all_reduce_dict", None)
-    if agreement is None:
-        agreement = _layouts.LayoutAgreement(group, ws, check_same_dicts)
-        setattr(state, "all_reduce_dict", agreement)  # noqa: B010 (GroupState is a namespace)
+        values = [data[k] for k in keys]  # every value is checked before any communication (DictCall.check)
     agreement.reduce(_layouts.DictCall("all_reduce_dict", rop, keys, values, data, problem, kind), checked)
-
-
-def _value_problem(keys: list[Any], values: list[Any]) -> Optional[str]:
-    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
-    for k, v in zip(keys, values):
-        if not isinstance(v, torch.Tensor):
-            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
-        if v.layout is not torch.strided:
-            layout = str(v.layout).replace("torch.", "")
-            return f"data[{k!r}] must be a dense (strided) tensor, got a {layout} tensor"
-        if v.is_meta:
-            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
-    return None
 
 
 MiB = 1024 * 1024
