@@ -48,7 +48,7 @@ def check_same_dicts(
 ) -> None:
     """Every rank raises together unless every rank holds the same keys, shapes and dtypes (and ``op``).
 
-    One small exchange ([`agree`][hwdist.collectives._agree.agree]) of a fingerprint and of
+    One small exchange (``collectives._agree.agree``) of a fingerprint and of
     ``problem`` (this rank's bad argument, found before any communication). When some rank's
     argument was bad, every rank raises the same message (``problem``'s type where it was this
     rank's, else ValueError); when the layouts differ, the descriptions are exchanged (error path

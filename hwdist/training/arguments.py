@@ -38,11 +38,11 @@ def check_same_tensors(
 ) -> int:
     """Check that every rank holds the same number, shapes and dtypes of ``tensors`` (and ``config``).
 
-    One [`agree`][hwdist.collectives._agree.agree] exchange of the count, a
+    One ``collectives._agree.agree`` exchange of the count, a
     62-bit fingerprint of shapes and dtypes, a 31-bit one of ``config``
     (arguments that decide the collectives, e.g. the bucket sizes) and
     ``flag``. When a rank's input was invalid (``problem``: raised there; a
-    [`CollectiveArgumentError`][hwdist.errors.CollectiveArgumentError] naming
+    [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] naming
     that rank on the others) or the layouts differ, every rank raises.
     Returns the MAX of ``flag`` over the ranks. Needs an initialised process group.
     """
