@@ -20,7 +20,7 @@ wrong there. The rank whose input was bad raises its own exception.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch.distributed as torch_dist
 
@@ -28,7 +28,11 @@ from .. import registry
 from ..errors import CollectiveArgumentError
 from . import _transport
 
-__all__ = ["Agreement", "agree"]
+__all__ = ["Agreement", "agree", "Raiser"]
+
+#: What ``agree(raise_as=...)`` calls on every rank on the error path: ``(this rank's own problem or
+#: None, {rank: (exception type name, message)} of every rank that gave one)`` -> the exception to raise.
+Raiser = Callable[[Optional[BaseException], "dict[int, tuple[str, str]]"], BaseException]
 
 _BIG = (1 << 31) - 1
 _WORD = (1 << 31) - 1  # words travel as 31-bit ints (negations fit int32)
@@ -59,6 +63,7 @@ def agree(
     words: Sequence[int] = (),
     flag: int = 0,
     driver: Any = None,
+    raise_as: Optional[Raiser] = None,
 ) -> Agreement:
     """Run on every rank of ``group`` before a collective: raise together, or return what all agree on.
 
@@ -69,6 +74,9 @@ def agree(
         words: integers every rank should hold the same (reduced to 31 bits each).
         flag: a small non-negative int; the result carries its maximum over the ranks.
         driver: the group's driver when the caller already has it.
+        raise_as: on the error path, every rank (the ones that gave a ``problem`` too) raises
+            ``raise_as(problem, failures)`` instead of the default below; for ops whose errors
+            keep an older form (``all_reduce_dict``: the same message on every rank).
 
     Returns:
         An [`Agreement`][hwdist.collectives._agree.Agreement]; deciding what a difference in
@@ -94,6 +102,9 @@ def agree(
         texts = _transport.gather_bytes(
             f"{type(problem).__name__}: {problem}".encode() if bad else b"", group, driver
         )
+        if raise_as is not None:
+            failures = {r: t.decode(errors="replace").partition(": ") for r, t in enumerate(texts) if t}
+            raise raise_as(problem, {r: (kind, msg) for r, (kind, _, msg) in failures.items()})
         if problem is not None:
             raise problem
         raise CollectiveArgumentError(

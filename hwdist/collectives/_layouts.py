@@ -1,46 +1,56 @@
-"""How ``all_reduce_dict`` checks the ranks' layouts without an extra collective.
+"""How ``all_reduce_dict`` makes every rank agree on a dict's layout, and how it moves the values.
 
-A *layout* is what decides the bytes on the wire: the reduce op, the sorted
-keys, each value's shape and dtype, and the driver. The first call with a
-layout is checked with one small reduction before the data moves (a wrong
-length would crash or hang the data collective itself). Once every rank has
-agreed on a layout, every rank holds the same history of agreed layouts, so
-every rank makes the same *prediction* of the next call's layout:
+A *layout* ([`DictLayout`][hwdist.collectives._layouts.DictLayout]) is what decides
+the bytes on the wire: the reduce op, the sorted keys, each value's shape and
+dtype, and the driver. It packs the values into one flat buffer per
+communication dtype, with one *flag* element at the end of the first buffer,
+reduces them and writes the results back.
 
-* the layout that followed the previous one last time, else the previous one
-  (a loop that reduces one metrics dict per step, or alternates between a
-  loss dict and a metrics dict, is predicted every time).
+[`LayoutAgreement`][hwdist.collectives._layouts.LayoutAgreement] is one process
+group's protocol, with one entry point, ``reduce(call)``. Before the data of a
+checked call moves, every rank must hold the same layout (a wrong buffer length
+would crash or hang the data collective). ``settle`` is that step:
 
-The next call then runs one collective with the predicted buffers plus one
-*flag* element: 1 where this rank's dict matches the prediction, 0 where not,
-encoded so the reduced flag says whether *every* rank matched (SUM == world
-size, MIN == 1, MAX == 0, ...). All ranks send buffers of the predicted
-length, so the collective is safe even when a rank's dict changed; a rank
-whose dict does not match sends zeros. If the reduced flag says some rank
-did not match, every rank sees it, drops the result and takes the checked
-path (small check, then data), which raises the same error on every rank
-when the dicts really differ.
+* once every rank agreed on a layout, every rank holds the same history of
+  agreed layouts and makes the same *prediction* of the next one (the layout
+  that followed the previous one last time, else the previous one);
+* the predicted call moves the data in the predicted layout with the flag
+  "my dict is the predicted one" (encoded so that the reduced flag says
+  whether *every* rank matched: SUM == world size, MIN == 1, MAX == 0, ...);
+  a rank whose dict differs sends zeros of the predicted length, so the
+  collective is always well formed;
+* otherwise (no prediction, no exact flag for the op, or some rank did not
+  match) one small [`agree`][hwdist.collectives._agree.agree] exchange of a
+  fingerprint checks the layouts first, and every rank raises together when
+  they differ.
 
-Cost: one collective per call in the steady state (the flag rides in the data
-buffer), three on the call where the layout changes to one not predicted.
-The history is per process group and changes only after a call that every
-rank completed, so it stays the same on every rank.
+Cost: one collective per call in the steady state, check + data on a new
+layout, three on a change after a predicted layout. The history changes only
+after a call every rank completed, so it stays the same on every rank.
+``settle`` is the one method to swap for another agreement (issue 17's
+general size agreement).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from .. import registry
 from ..drivers.base import Plan, Post
+from . import _transport
+from . import tensor as _t
 from .flat import FlatLayout
 
 Tensor = torch.Tensor
 #: (op, sorted keys, shapes, dtypes): everything of a call that decides the wire format.
 Signature = tuple[str, tuple[Any, ...], tuple[torch.Size, ...], tuple[torch.dtype, ...]]
+#: Raises on every rank together when the ranks' dicts differ or some rank's arguments are bad
+#: (``params.check_same_dicts``).
+Check = Callable[..., None]
 
 
 def signature(op: str, keys: Sequence[Any], values: Sequence[Any]) -> Optional[Signature]:
@@ -51,19 +61,19 @@ def signature(op: str, keys: Sequence[Any], values: Sequence[Any]) -> Optional[S
         return None
 
 
-class Part:
-    """One flat buffer of a layout: which values, packed in which dtype, reduced how."""
+def describe(
+    keys: Sequence[Any], shapes: Sequence[Sequence[int]], dtypes: Sequence[torch.dtype]
+) -> list[tuple[str, tuple[int, ...], str]]:
+    """(repr of key, shape, dtype name) of each value: what the ranks compare and what errors show."""
+    return [(repr(k), tuple(s), str(d).replace("torch.", "")) for k, s, d in zip(keys, shapes, dtypes)]
 
-    __slots__ = ("idx", "plan", "layout", "pack_dtype", "extra")
 
-    def __init__(self, idx: tuple[int, ...], plan: Plan, layout: FlatLayout, extra: int) -> None:
-        self.idx = idx
-        self.plan = plan
-        self.layout = layout
-        #: the buffer's dtype before any view (the values' dtype for view plans, else the comm dtype)
-        self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
-        #: trailing elements (of pack_dtype) that hold the flag: 0 or enough for one wire element
-        self.extra = extra
+def fingerprint(op: Optional[str], desc: list[tuple[str, tuple[int, ...], str]]) -> tuple[int, int]:
+    """Two 31-bit words of a hash of ``desc`` (and ``op``): what the ranks compare."""
+    digest = hashlib.blake2b(
+        repr(desc if op is None else [("op", (), op), *desc]).encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
 
 
 class FlagCode:
@@ -84,60 +94,83 @@ def flag_code(reduce_op: str, wire_dtype: torch.dtype, ws: int) -> Optional[Flag
     if reduce_op in ("min", "product", "band"):
         return FlagCode(1, 0, lambda v: v == 1)
     if wire_dtype.is_floating_point:
-        exact = 2.0 / torch.finfo(wire_dtype).eps  # every integer up to here is exact
-        if reduce_op == "sum" and ws <= exact:
+        eps = torch.finfo(wire_dtype).eps
+        if reduce_op == "sum" and ws <= 2.0 / eps:  # every integer up to 2/eps is exact
             return FlagCode(1, 0, lambda v: v == ws)
-        if reduce_op == "avg" and 8 * torch.finfo(wire_dtype).eps < 0.5 / ws:
+        if reduce_op == "avg" and 8 * eps < 0.5 / ws:
             # all ones average to 1 (up to rounding); one zero gives at most 1 - 1/ws
             return FlagCode(1, 0, lambda v: v > 1.0 - 0.5 / ws)
         return None
-    if reduce_op == "sum" and wire_dtype != torch.bool and not wire_dtype.is_complex and ws <= torch.iinfo(wire_dtype).max:
+    exact_sum = wire_dtype != torch.bool and not wire_dtype.is_complex and ws <= torch.iinfo(wire_dtype).max
+    if reduce_op == "sum" and exact_sum:
         return FlagCode(1, 0, lambda v: v == ws)
     return None  # bxor, or a sum that could overflow the flag
 
 
+class Part:
+    """One flat buffer of a layout: which values, packed in which dtype, reduced how."""
+
+    __slots__ = ("idx", "plan", "layout", "pack_dtype", "extra")
+
+    def __init__(self, idx: tuple[int, ...], plan: Plan, layout: FlatLayout, extra: int) -> None:
+        self.idx = idx
+        self.plan = plan
+        self.layout = layout
+        #: the buffer's dtype before any view (the values' dtype for view plans, else the comm dtype)
+        self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
+        #: trailing elements (of pack_dtype) that hold the flag: enough for one wire element
+        self.extra = extra
+
+
+#: One call's buffers: ``[(flat, wire)]`` per part, and whether the values were stacked.
+Buffers = tuple[list[tuple[Tensor, Tensor]], bool]
+
+
 class DictLayout:
-    """Everything ``all_reduce_dict`` needs to move one signature's values (built once, reused)."""
+    """Everything ``all_reduce_dict`` needs to move one signature's values (built once per group, reused)."""
 
     __slots__ = (
-        "sig", "_hash", "driver", "device_type", "parts", "stack", "flag", "_flag_tensors", "__weakref__",
-        "keys", "dtypes", "dtype", "shape", "scalar", "reduce_name", "divide", "cpu", "row_value", "cpu_row",
-    )
+        "sig", "driver", "device_type", "ws", "parts", "stack", "flag", "words", "_rows", "cdev", "cpu",
+        "keys", "dtypes", "shapes",
+    )  # fmt: skip
 
-    def __init__(self, sig: Signature, driver: Any, device_type: str, plans: dict[torch.dtype, Plan], ws: int) -> None:
+    def __init__(
+        self, sig: Signature, driver: Any, device_type: str, plans: dict[torch.dtype, Plan], ws: int
+    ) -> None:
         self.sig = sig
-        self._hash = hash(sig)
         self.driver = driver
         #: the device type of the first value when the layout was built (it chose the driver)
         self.device_type = device_type
-        _, keys, shapes, dtypes = sig
+        self.ws = ws
+        self.cdev = driver.comm_device()
+        #: the driver communicates on the CPU (then CPU values need no device comparison)
+        self.cpu = self.cdev.type == "cpu"
+        op, keys, shapes, dtypes = sig
+        # what try_pack compares (lists: a list compares to a list faster than a tuple is built)
+        self.keys, self.dtypes, self.shapes = list(keys), list(dtypes), list(shapes)
         groups: dict[tuple[str, ...], list[int]] = {}
         for i, dt in enumerate(dtypes):
             p = plans[dt]
-            gk = (str(p.comm_dtype), p.reduce_op or "", p.post.value, str(p.dtype) if p.view else "")
+            view = str(p.dtype) if p.view else ""
+            gk: tuple[str, ...] = (str(p.comm_dtype), p.reduce_op or "", p.post.value, view)
             groups.setdefault(gk if len(plans) > 1 else ("",), []).append(i)
         parts = []
-        for n, gk in enumerate(sorted(groups)):
-            idx = tuple(groups[gk])
+        for n, key in enumerate(sorted(groups)):
+            idx = tuple(groups[key])
             plan = plans[dtypes[idx[0]]]
-            offsets, numels, pos = [], [], 0
-            for i in idx:
-                offsets.append(pos)
-                numels.append(math.prod(shapes[i]))
-                pos += numels[-1]
-            flat = FlatLayout(tuple(shapes[i] for i in idx), tuple(dtypes[i] for i in idx), tuple(offsets), tuple(numels))
+            numels = tuple(math.prod(shapes[i]) for i in idx)
+            offsets = tuple(sum(numels[:j]) for j in range(len(idx)))
+            flat = FlatLayout(tuple(shapes[i] for i in idx), tuple(dtypes[i] for i in idx), offsets, numels)
             extra = 0
             if n == 0:  # the flag rides at the end of the first buffer
                 wire_size = torch.empty((), dtype=plan.comm_dtype).element_size()
                 pack_size = torch.empty((), dtype=plan.dtype if plan.view else plan.comm_dtype).element_size()
                 extra = max(1, -(-wire_size // pack_size))
             parts.append(Part(idx, plan, flat, extra))
-        first = parts[0].plan if parts else None
         # the cheap case: one buffer in the values' own dtype, every value of one non-empty shape;
-        # the flag is then one more value-shaped row (so the buffer length is the same either way)
+        # the flag is then one more value-shaped row (torch.stack packs, unbind unpacks)
         self.stack = bool(
             len(parts) == 1
-            and len(set(dtypes)) == 1
             and len(set(shapes)) == 1
             and not parts[0].plan.cast
             and parts[0].layout.numels[0] > 0
@@ -145,103 +178,317 @@ class DictLayout:
         if self.stack:
             parts[0].extra = parts[0].layout.numels[0]
         self.parts = parts
+        first = parts[0].plan if parts else None
         self.flag = None if first is None else flag_code(first.reduce_op or "sum", first.comm_dtype, ws)
-        self._flag_tensors: dict[tuple[torch.device, int], Tensor] = {}
-        # what the stacked fast path compares and issues (see params._stacked_call)
-        self.keys = list(keys)
-        self.dtypes = set(dtypes)
-        self.dtype = dtypes[0] if dtypes else None
-        self.shape = shapes[0] if shapes else None
-        self.reduce_name = (first.reduce_op or "sum") if first is not None else "sum"
-        self.divide = first is not None and first.post is Post.DIVIDE
-        self.scalar = self.shape is not None and len(self.shape) == 0
-        #: the driver communicates on the CPU (then no device check is needed for CPU values)
-        self.cpu = driver.comm_device().type == "cpu"
-        #: the stacked layout's flag row when this rank matches (the one value a matching rank sends)
-        self.row_value = self.flag.match if self.flag is not None else 0
-        self.cpu_row = self.flag_tensor(torch.device("cpu"), self.row_value) if self.stack else None
+        #: the fingerprint every rank compares on a checked call
+        self.words = fingerprint(op, describe(keys, shapes, dtypes))
+        self._rows: dict[tuple[Optional[torch.device], int], Tensor] = {}
 
-    # equal when the signatures are (histories compare layouts by what they describe, not by object)
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, DictLayout) and self.sig == other.sig)
-
-    def flag_tensor(self, device: torch.device, value: int) -> Tensor:
-        """A value-shaped tensor filled with ``value`` (the stacked layout's last row)."""
-        key = (device, value)
-        t = self._flag_tensors.get(key)
+    def _row(self, first: Tensor, value: int) -> Tensor:
+        """A value-shaped tensor filled with ``value`` on ``first``'s device (the stacked flag row)."""
+        device = None if first.is_cpu else first.device
+        t = self._rows.get((device, value))
         if t is None:
-            shape = self.sig[2][0]
-            t = self._flag_tensors[key] = torch.full(shape, value, dtype=self.sig[3][0], device=device)
+            t = self._rows[(device, value)] = torch.full(
+                self.sig[2][0], value, dtype=self.sig[3][0], device=device
+            )
         return t
 
+    def pack(self, values: Optional[Sequence[Tensor]], flag: int) -> Buffers:
+        """The buffers holding ``values`` (zeros if None) and ``flag``.
 
-class History:
-    """One process group's agreed layouts: the last one, and what followed each (same on every rank)."""
+        Raises:
+            RuntimeError, NotImplementedError, TypeError: a value that cannot be packed (sparse, meta).
+        """
+        cdev = self.cdev
+        if self.stack and values is not None:
+            try:
+                flat = torch.stack([*values, self._row(values[0], flag)])
+            except RuntimeError:  # values on several devices: pack them one by one below
+                pass
+            else:
+                if flat.layout is not torch.strided or flat.is_meta:
+                    raise TypeError("a value is not a dense tensor with data")
+                if flat.requires_grad:
+                    flat = flat.detach()
+                if not (self.cpu and flat.is_cpu) and flat.device != cdev:
+                    flat = flat.to(cdev)
+                return [(flat, flat)], True
+        bufs = []
+        with torch.no_grad():
+            for part in self.parts:
+                fl = part.layout
+                if values is None:
+                    flat = torch.zeros(fl.total + part.extra, dtype=part.pack_dtype, device=cdev)
+                else:
+                    flat = torch.empty(fl.total + part.extra, dtype=part.pack_dtype, device=cdev)
+                    body = flat[: fl.total]
+                    members = [values[i] for i in part.idx]
+                    if all(m.device == cdev for m in members):
+                        torch.cat([m.reshape(-1) for m in members], out=body)  # casts into pack_dtype
+                    else:
+                        for m, off, n in zip(members, fl.offsets, fl.numels):
+                            body[off : off + n].copy_(m.reshape(-1))
+                    if part.extra:
+                        flat[fl.total :].zero_()
+                wire = flat.view(part.plan.comm_dtype) if part.plan.view else flat
+                if part.extra:
+                    wire[-1] = flag
+                bufs.append((flat, wire))
+        return bufs, False
 
-    __slots__ = ("ws", "last", "predicted", "follows", "unchecked")
+    def try_pack(self, op: str, keys: Sequence[Any], values: Sequence[Any], flag: int) -> Optional[Buffers]:
+        """The buffers of ``values`` when this call fits the layout, else None.
+
+        Fits: the same op, keys, dtypes, shapes and device type, dense tensors with data. Cheaper than
+        building and comparing the call's signature (the fast path of every steady-state call).
+        """
+        if op != self.sig[0] or keys != self.keys:
+            return None
+        try:
+            if [v.dtype for v in values] != self.dtypes:
+                return None  # (torch.stack would promote a stray int silently)
+            first = values[0]
+            if not (first.is_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
+                return None
+            if self.stack:
+                flat = torch.stack([*values, self._row(first, flag)])
+                if flat.shape[1:] != self.shapes[0] or flat.layout is not torch.strided or flat.is_meta:
+                    return None
+                if flat.requires_grad:
+                    flat = flat.detach()
+                if not (self.cpu and flat.is_cpu) and flat.device != self.cdev:
+                    flat = flat.to(self.cdev)
+                return [(flat, flat)], True
+            if [v.shape for v in values] != self.shapes:
+                return None
+            return self.pack(values, flag)
+        except (AttributeError, IndexError, RuntimeError, NotImplementedError, TypeError):
+            return None  # not tensors, several devices, sparse or meta: the check names it
+
+    def reduce(self, bufs: Buffers, group: Any) -> None:
+        """Reduce every buffer across the ranks, in place."""
+        for part, (_, wire) in zip(self.parts, bufs[0]):
+            _transport.reduce_buffer(wire, part.plan.reduce_op or "sum", group, self.ws, self.driver)
+
+    def all_matched(self, bufs: Buffers) -> bool:
+        """Whether the reduced flag says that every rank sent this layout."""
+        assert self.flag is not None
+        wire = bufs[0][0][1]
+        return bool(self.flag.ok((wire[-1] if wire.dim() == 1 else wire.reshape(-1)[-1]).item()))
+
+    def unpack(self, bufs: Buffers, keys: Sequence[Any], values: Sequence[Tensor], data: Any) -> None:
+        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
+        for part, (_, wire) in zip(self.parts, bufs[0]):
+            if part.plan.post is Post.DIVIDE:
+                _t._divide(wire, self.ws)
+        if bufs[1]:
+            flat = bufs[0][0][0]
+            if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
+                flat = flat.to(values[0].device)
+            for k, piece in zip(keys, flat.unbind(0)):  # the last row (the flag) has no key
+                data[k] = piece
+            return
+        for part, (flat, _) in zip(self.parts, bufs[0]):
+            fl = part.layout
+            body = flat[: fl.total] if part.extra else flat
+            members = [values[i] for i in part.idx]
+            fd, fdev = body.dtype, body.device
+            same = all(m.dtype == fd and m.device == fdev for m in members)
+            if same and all(len(sh) == 0 for sh in fl.shapes):  # scalar metrics: one call makes every view
+                pieces: Any = body.unbind(0)
+            else:
+                pieces = [piece.view(sh) for piece, sh in zip(body.split(fl.numels), fl.shapes)]
+            for i, orig, piece in zip(part.idx, members, pieces):
+                if not same:
+                    if piece.dtype != orig.dtype:
+                        piece = piece.to(orig.dtype)
+                    if piece.device != orig.device:
+                        piece = piece.to(orig.device)
+                data[keys[i]] = piece
+
+    def move(self, keys: Sequence[Any], values: Sequence[Tensor], data: Any, group: Any) -> None:
+        """Pack, reduce and unpack ``values`` in this layout (the ranks agreed on it, or did not check)."""
+        if self.parts:
+            bufs = self.pack(values, self.flag.match if self.flag is not None else 0)
+            self.reduce(bufs, group)
+            self.unpack(bufs, keys, values, data)
+
+
+class DictCall:
+    """One ``all_reduce_dict`` call as the protocol sees it.
+
+    Args:
+        fn: the public op's name (starts every message).
+        op: the reduce op's hwdist name.
+        keys: the dict's keys, sorted.
+        values: their values, in that order.
+        data: the dict (updated in place).
+        problem: this rank's bad argument, found before any communication (its message without
+            ``fn``; raised on every rank together when checked).
+        kind: the exception type of a problem found later (no plan for a dtype and the op).
+    """
+
+    __slots__ = ("fn", "op", "keys", "values", "data", "problem", "kind", "sig", "_checked")
+
+    def __init__(
+        self,
+        fn: str,
+        op: str,
+        keys: list[Any],
+        values: list[Any],
+        data: Any,
+        problem: Optional[Exception],
+        kind: type[Exception],
+    ) -> None:
+        self.fn = fn
+        self.op = op
+        self.keys = keys
+        self.values = values
+        self.data = data
+        self.problem = problem
+        self.kind = kind
+        self.sig: Optional[Signature] = None
+        self._checked = False
+
+    def check(self) -> None:
+        """Find a bad value (not a tensor, sparse, meta) and the signature, once (not on the fast paths)."""
+        if self._checked:
+            return
+        self._checked = True
+        if self.problem is None:
+            text = value_problem(self.keys, self.values)
+            if text is not None:
+                self.problem = self.kind(text)
+        if self.problem is None:
+            self.sig = signature(self.op, self.keys, self.values)
+
+
+def value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
+    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+        if v.layout is not torch.strided:
+            layout = str(v.layout).replace("torch.", "")
+            return f"data[{k!r}] must be a dense (strided) tensor, got a {layout} tensor"
+        if v.is_meta:
+            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
+    return None
+
+
+class LayoutAgreement:
+    """One process group's ``all_reduce_dict`` protocol; the one entry point is ``reduce``.
+
+    Args:
+        group: the process group (None: the default group).
+        ws: its size.
+        check: raises on every rank together unless every rank holds the same layout (and no rank's
+            arguments were bad): ``check(fn, keys, values, problem, group, op=, driver=, words=)``.
+    """
 
     LIMIT = 64
 
-    def __init__(self, ws: int) -> None:
+    def __init__(self, group: Any, ws: int, check: Check) -> None:
+        self.group = group
         self.ws = ws
+        self.check = check
         self.last: Optional[DictLayout] = None
         #: the layout every rank expects next, or None before the first agreed call
         self.predicted: Optional[DictLayout] = None
-        self.follows: dict[DictLayout, DictLayout] = {}
+        self.follows: dict[Signature, DictLayout] = {}
+        self.built: dict[tuple[Signature, str], DictLayout] = {}
         #: this rank's last ``verify=False`` layout (local only: it never decides what is sent)
         self.unchecked: Optional[DictLayout] = None
+
+    def reduce(self, call: DictCall, checked: bool = True) -> None:
+        """Reduce ``call``'s values into its dict; with ``checked``, every rank raises together on a mismatch.
+
+        Unchecked, a problem raises on this rank only, before it communicates.
+        """
+        if not checked:
+            recent = self.unchecked
+            if recent is not None and call.problem is None:
+                bufs = recent.try_pack(
+                    call.op, call.keys, call.values, recent.flag.match if recent.flag is not None else 0
+                )
+                if bufs is not None:
+                    recent.reduce(bufs, self.group)
+                    recent.unpack(bufs, call.keys, call.values, call.data)
+                    return
+            layout = self.layout_for(call)
+            if call.problem is not None:
+                raise type(call.problem)(f"{call.fn}: {call.problem}")
+            if layout is not None:
+                layout.move(call.keys, call.values, call.data, self.group)
+                self.unchecked = layout
+            return
+        layout = self.settle(call)
+        if layout is not None and layout.parts:
+            layout.move(call.keys, call.values, call.data, self.group)
+            self.agreed(layout)
+
+    def settle(self, call: DictCall) -> Optional[DictLayout]:
+        """Make every rank agree on the layout: the agreed layout, or None when the prediction moved the data.
+
+        Raises together (through ``check``) when the layouts differ or some rank's arguments are bad.
+        """
+        predicted = self.predicted
+        if predicted is not None and predicted.flag is not None:  # the same branch on every rank
+            bufs = None
+            if call.problem is None:
+                bufs = predicted.try_pack(call.op, call.keys, call.values, predicted.flag.match)
+            if bufs is None:
+                bufs = predicted.pack(None, predicted.flag.mismatch)
+            predicted.reduce(bufs, self.group)
+            if predicted.all_matched(bufs):
+                predicted.unpack(bufs, call.keys, call.values, call.data)
+                self.agreed(predicted)
+                return None
+            # some rank's dict is not the predicted one: every rank saw the same flag; check properly
+        layout = self.layout_for(call)
+        driver = layout.driver if layout is not None else None
+        words = layout.words if layout is not None else None
+        self.check(
+            call.fn, call.keys, call.values, call.problem, self.group, op=call.op, driver=driver, words=words
+        )
+        return layout
+
+    def layout_for(self, call: DictCall) -> Optional[DictLayout]:
+        """This rank's layout of ``call`` (built once per signature and device type).
+
+        None for an empty dict or a bad call; no plan for a value's dtype and the op becomes
+        ``call.problem``.
+        """
+        call.check()
+        if call.problem is not None or call.sig is None or not call.values:
+            return None
+        dtype = call.values[0].device.type
+        driver = registry.resolve(self.group, dtype)
+        found = self.built.get((call.sig, dtype))
+        if found is not None and found.driver is driver:
+            return found
+        plans: dict[torch.dtype, Plan] = {}
+        try:
+            for v in call.values:
+                if v.dtype not in plans:
+                    plans[v.dtype] = driver.plan("all_reduce", v.dtype, call.op)
+        except (TypeError, ValueError) as exc:  # PlanError is a TypeError
+            call.problem = call.kind(f"{type(exc).__name__}: {exc}")
+            return None
+        if len(self.built) >= 256:
+            self.built.clear()  # a local cache: clearing it changes nothing on the wire
+        found = self.built[(call.sig, dtype)] = DictLayout(call.sig, driver, dtype, plans, self.ws)
+        return found
 
     def agreed(self, layout: DictLayout) -> None:
         """Record a layout every rank used (called on every rank after the same successful call)."""
         last = self.last
         if layout is last and layout is self.predicted:
-            return  # the steady state: nothing would change (a missing "follows itself" entry predicts the same)
-        if last is not None and self.follows.get(last) is not layout:
-            if len(self.follows) >= self.LIMIT and last not in self.follows:
+            return  # the steady state: nothing would change
+        if last is not None and self.follows.get(last.sig) is not layout:
+            if len(self.follows) >= self.LIMIT and last.sig not in self.follows:
                 self.follows.clear()  # the same on every rank: the histories are equal
-            self.follows[last] = layout
+            self.follows[last.sig] = layout
         self.last = layout
-        self.predicted = self.follows.get(layout, layout)
-
-
-_histories: dict[int, tuple[Callable[[], Any], History]] = {}
-
-
-def history(group: Any) -> History:
-    """The layout history of ``group`` (a process group object, not None).
-
-    Kept by ``id(group)`` with a weak reference (a strong one for group objects
-    that allow none) to tell a new group at a reused address from the old one.
-    """
-    hit = _histories.get(id(group))
-    if hit is not None and hit[0]() is group:
-        return hit[1]
-    for key in [k for k, (ref, _) in _histories.items() if ref() is None]:
-        del _histories[key]  # groups that are gone
-    try:
-        ref: Callable[[], Any] = weakref.ref(group)
-    except TypeError:
-        ref = lambda: group  # noqa: E731
-    found = History(torch.distributed.get_world_size(group))
-    _histories[id(group)] = (ref, found)
-    return found
-
-
-_layouts: dict[tuple[Signature, int, str, int], DictLayout] = {}
-
-
-def cached(sig: Signature, driver: Any, device_type: str, ws: int) -> Optional[DictLayout]:
-    """A layout built earlier on this rank for ``sig`` on ``driver``, if any (a local cache)."""
-    found = _layouts.get((sig, id(driver), device_type, ws))
-    return found if found is not None and found.driver is driver else None
-
-
-def build(sig: Signature, driver: Any, device_type: str, plans: dict[torch.dtype, Plan], ws: int) -> DictLayout:
-    """Build (and cache on this rank) the layout of ``sig``; ``plans`` holds one plan per dtype."""
-    if len(_layouts) >= 256:
-        _layouts.clear()
-    found = _layouts[(sig, id(driver), device_type, ws)] = DictLayout(sig, driver, device_type, plans, ws)
-    return found
+        self.predicted = self.follows.get(layout.sig, layout)

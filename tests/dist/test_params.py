@@ -5,15 +5,13 @@ from __future__ import annotations
 import functools
 import math
 import operator
+from typing import Any
 
 import pytest
 import torch
 
 import hwdist
 from hwdist.testing.pytest_plugin import capture_error as _catch
-
-
-
 
 
 def check_dict(backend: str) -> dict:
@@ -41,14 +39,18 @@ def check_dict(backend: str) -> dict:
     out["empty"] = _catch(hwdist.all_reduce_dict, {})
     out["not_dict"] = _catch(hwdist.all_reduce_dict, [torch.ones(1)])
     if backend == "emu":  # int64 cannot travel reduced on emu: every rank raises, nothing is sent
-        out["i64"] = _catch(hwdist.all_reduce_dict, {"a": torch.ones(1), "b": torch.ones(1, dtype=torch.int64)})
+        out["i64"] = _catch(
+            hwdist.all_reduce_dict, {"a": torch.ones(1), "b": torch.ones(1, dtype=torch.int64)}
+        )
     if ws > 1:
         extra = {"a": torch.ones(2), "b": torch.ones(1)}
         if r == 1:
             extra["c"] = torch.ones(1)
         out["extra_key"] = _catch(hwdist.all_reduce_dict, extra)
         out["shape"] = _catch(hwdist.all_reduce_dict, {"a": torch.ones(3 if r == 1 else 2)})
-        out["dtype"] = _catch(hwdist.all_reduce_dict, {"a": torch.ones(2, dtype=torch.float64 if r == 1 else torch.float32)})
+        out["dtype"] = _catch(
+            hwdist.all_reduce_dict, {"a": torch.ones(2, dtype=torch.float64 if r == 1 else torch.float32)}
+        )
         out["value"] = _catch(hwdist.all_reduce_dict, {"a": 1.5 if r == 1 else torch.ones(1)})
     ok = {"a": torch.tensor([1.0])}
     hwdist.all_reduce_dict(ok)
@@ -60,7 +62,7 @@ def test_all_reduce_dict(dist, combo):
     ws, backend = combo
     counter_dtype = "torch.int32" if backend == "emu" else "torch.int64"
     big = 0 if backend == "emu" else 2**40
-    for r, got in enumerate(dist(check_dict, ws, backend, backend)):
+    for got in dist(check_dict, ws, backend, backend):
         s = got["sum"]
         assert s["loss"] == (float(sum(i + 1 for i in range(ws))), "torch.float32", ())
         assert s["acc"] == ([sum(i * 0.5 for i in range(ws)), float(ws)], "torch.float64", (2,))
@@ -68,8 +70,15 @@ def test_all_reduce_dict(dist, combo):
         assert s["half"] == ([float(sum(i + 1 for i in range(ws)))], "torch.bfloat16", (1,))
         assert s["flag"] == ([True], "torch.bool", (1,))
         assert s["z"] == ([complex(sum(range(ws)), ws)], "torch.complex64", (1,))
-        assert s["grid"] == ((torch.arange(6.0).reshape(2, 3) * ws + sum(range(ws))).tolist(), "torch.float32", (2, 3))
-        assert got["mean"] == {"loss": sum(i + 1 for i in range(ws)) / ws, "n": [sum(-i - 1 for i in range(ws)) // ws]}
+        assert s["grid"] == (
+            (torch.arange(6.0).reshape(2, 3) * ws + sum(range(ws))).tolist(),
+            "torch.float32",
+            (2, 3),
+        )
+        assert got["mean"] == {
+            "loss": sum(i + 1 for i in range(ws)) / ws,
+            "n": [sum(-i - 1 for i in range(ws)) // ws],
+        }
         assert got["empty"] is None
         assert got["not_dict"] == ("ArgumentAssertionError", "all_reduce_dict: data must be a dict of tensors, got list")
         if backend == "emu" and ws > 1:
@@ -96,15 +105,16 @@ def _params(r: int, backend: str) -> list[torch.Tensor]:
 
 
 def check_params(backend: str) -> dict:
-    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    r = hwdist.get_rank()
     out: dict = {}
-    for name, kwargs in {
+    cases: dict[str, dict[str, Any]] = {
         "coalesced": {},
         "bucketed": {"bucket_size_mb": 0.00002},
         "one_by_one": {"coalesce": False},
         "mean": {"op": "mean"},
         "max_bucketed": {"op": "MAX", "bucket_size_mb": 1},
-    }.items():
+    }
+    for name, kwargs in cases.items():
         ps = _params(r, backend)
         hwdist.all_reduce_params((p for p in ps), **kwargs)
         out[name] = [(p.detach().reshape(-1)[:3].tolist(), str(p.dtype), tuple(p.shape)) for p in ps]
@@ -219,18 +229,33 @@ def check_dict_history(backend: str) -> dict:
     out["empty_after_agreement"] = _catch(hwdist.all_reduce_dict, {}, group=group)  # a no-op, as before
     out["ops"] = []
     for name, op in [
-        ("A", "mean"), ("A", "max"), ("A", "min"), ("A", "product"), ("grid", "sum"), ("grid", "mean"),
-        ("mixed", "sum"), ("mixed", "max"), ("ints", "mean"), ("big", "sum"), ("big", "max"),
-        *([] if backend == "emu" else [("ints", "band"), ("ints", "bor"), ("ints", "bxor")]),  # emu: no bitwise ops
+        ("A", "mean"),
+        ("A", "max"),
+        ("A", "min"),
+        ("A", "product"),
+        ("grid", "sum"),
+        ("grid", "mean"),
+        ("mixed", "sum"),
+        ("mixed", "max"),
+        ("ints", "mean"),
+        ("big", "sum"),
+        ("big", "max"),
+        *(
+            [] if backend == "emu" else [("ints", "band"), ("ints", "bor"), ("ints", "bxor")]
+        ),  # emu: no bitwise ops
     ]:
         for _ in range(3):  # the first call checks; the next ones take the predicted path (bxor has no flag)
             d = make[name]()
             n = _reduce_counted(d, op, group)
-            out["ops"].append((name, op, n, {k: (v.tolist(), str(v.dtype), tuple(v.shape)) for k, v in d.items()}))
+            out["ops"].append(
+                (name, op, n, {k: (v.tolist(), str(v.dtype), tuple(v.shape)) for k, v in d.items()})
+            )
     out["unchecked"] = []
     for _ in range(3):
         d = make["A"]()
-        out["unchecked"].append((_reduce_counted(d, group=group, verify=False), {k: v.tolist() for k, v in d.items()}))
+        out["unchecked"].append(
+            (_reduce_counted(d, group=group, verify=False), {k: v.tolist() for k, v in d.items()})
+        )
     if ws > 1:
         last = ws - 1
         bad = {
@@ -238,7 +263,9 @@ def check_dict_history(backend: str) -> dict:
             "renamed": lambda d: d.update(zz=d.pop("lr")),
             "shape": lambda d: d.update(lr=torch.ones(2)),
             "float64": lambda d: d.update(lr=d["lr"].double()),
-            "int_in_floats": lambda d: d.update(lr=torch.tensor(3, dtype=ints)),  # stack would promote it silently
+            "int_in_floats": lambda d: d.update(
+                lr=torch.tensor(3, dtype=ints)
+            ),  # stack would promote it silently
             "not_tensor": lambda d: d.update(lr=0.5),
         }
         out["errors"] = {}
@@ -253,7 +280,11 @@ def check_dict_history(backend: str) -> dict:
             out["errors"][case] = (err, c.n, all(d[k] is before[k] for k in before))
         _reduce_counted(make["A"](), group=group)
         d = make["A"]()
-        out["errors"]["op"] = (_catch(hwdist.all_reduce_dict, d, "max" if r == last else "sum", group), None, True)
+        out["errors"]["op"] = (
+            _catch(hwdist.all_reduce_dict, d, "max" if r == last else "sum", group),
+            None,
+            True,
+        )
     d = make["A"]()
     out["healthy"] = (_reduce_counted(d, group=group), d["loss"].item())
     return out
@@ -277,7 +308,7 @@ def test_all_reduce_dict_history(dist, combo):
         assert got["empty_after_agreement"] is None
         # first call: check + data; same again: 1; an unpredicted change: 3; learned alternation: 1
         assert [s[1] for s in got["steps"]] == ([2, 1, 1, 3, 1, 3, 1, 1, 1] if many else [0] * 9)
-        for name, op, n, result in got["ops"]:
+        for name, op, _n, result in got["ops"]:
             ranks = range(ws)
             if name == "A":
                 per_key = [[r + 1.0 + i for r in ranks] for i in range(3)]
@@ -315,7 +346,7 @@ def test_all_reduce_dict_history(dist, combo):
                     assert result[k][0] == want and result[k][1] in ("torch.int32", "torch.int64")
         counts = [(name, op, n) for name, op, n, _ in got["ops"]]
         if many:
-            for name, op, n in counts:
+            for _name, _op, n in counts:
                 assert n >= 1
             by_op: dict = {}
             for name, op, n in counts:
@@ -342,7 +373,10 @@ def test_all_reduce_dict_history(dist, combo):
             assert f"key 'lr' has shape () on rank 0 but (2,) on rank {last}" in errs["shape"][0][1]
             assert f"key 'lr' has dtype float32 on rank 0 but float64 on rank {last}" in errs["float64"][0][1]
             int_name = "int32" if backend == "emu" else "int64"
-            assert f"key 'lr' has dtype float32 on rank 0 but {int_name} on rank {last}" in errs["int_in_floats"][0][1]
+            assert (
+                f"key 'lr' has dtype float32 on rank 0 but {int_name} on rank {last}"
+                in errs["int_in_floats"][0][1]
+            )
             assert f"rank {last}: data['lr'] must be a torch.Tensor, got float" in errs["not_tensor"][0][1]
             assert f"op is 'sum' on rank 0 but 'max' on rank {last}" in errs["op"][0][1]
         n, loss = got["healthy"]

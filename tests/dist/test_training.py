@@ -9,6 +9,7 @@ data from its seed), and expected reductions come from rank numbers.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import pytest
 import torch
@@ -17,9 +18,6 @@ import torch.nn.functional as F
 import hwdist
 from hwdist import _compat
 from hwdist.testing.pytest_plugin import capture_error as _catch
-
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -78,9 +76,11 @@ def check_train(mode: str) -> dict:
             loss.backward()
             hwdist.sync_grad(model.parameters())
         elif mode == "context":
+            assert sync is not None
             with sync:
                 loss.backward()
         else:
+            assert sync is not None
             loss.backward()
             sync.wait()
         opt.step()
@@ -114,7 +114,7 @@ def check_overlap() -> dict:
     r = hwdist.get_rank()
     model = _model(depth=4)
     sync = hwdist.GradientSynchronizer(model.parameters(), bucket_size_mb=1e-4)
-    first_weight = model[0].weight  # its gradient is among the last to arrive
+    first_weight = model[0].weight  # type: ignore[index]  # (a Sequential) its gradient is among the last to arrive
     seen: list[int] = []
     first_weight.register_post_accumulate_grad_hook(lambda p: seen.append(sync.launched))
     out: dict = {"buckets": len(sync.buckets)}
@@ -138,7 +138,9 @@ def check_overlap() -> dict:
     return out
 
 
-@pytest.mark.skipif(not _compat.HAS_POST_ACCUMULATE_GRAD_HOOK, reason="torch without post-accumulate-grad hooks")
+@pytest.mark.skipif(
+    not _compat.HAS_POST_ACCUMULATE_GRAD_HOOK, reason="torch without post-accumulate-grad hooks"
+)
 def test_buckets_launch_during_backward(dist, combo):
     ws, backend = combo
     if ws == 1:
@@ -160,7 +162,7 @@ def test_buckets_launch_during_backward(dist, combo):
 # dtypes, unused parameters, accumulation, misuse
 # ---------------------------------------------------------------------------
 class Mixed(torch.nn.Module):
-    """float32 layers, float64/bfloat16/float16 scales, big tensors, params used on rank 0 only, one never used."""
+    """float32 layers, float64/bf16/fp16 scales, big tensors, params used on rank 0 only, one unused."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -211,13 +213,15 @@ def check_mixed(how: str) -> dict:
         got = {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
         # expected: every rank's local gradient (zeros where a rank had none), averaged in float64
         local = [_local_grads(q, step, ws) for q in range(ws)]
-        want = {}
+        want: dict[str, Optional[torch.Tensor]] = {}
         for n, p in model.named_parameters():
             if all(n not in g for g in local):
                 want[n] = None
                 continue
-            acc = sum(g[n].double() if n in g else torch.zeros_like(p, dtype=torch.float64) for g in local)
-            want[n] = (acc / ws).to(p.dtype)
+            acc = torch.stack(
+                [g[n].double() if n in g else torch.zeros_like(p, dtype=torch.float64) for g in local]
+            )
+            want[n] = (acc.sum(0) / ws).to(p.dtype)
         out[step] = (got, want)
     out["dtypes"] = {n: str(p.grad.dtype) for n, p in model.named_parameters() if p.grad is not None}
     return out
@@ -269,7 +273,9 @@ def check_accumulate_and_misuse() -> dict:
     out["launched_in_no_sync"] = sync.launched
     F.mse_loss(model(xb), yb).backward()
     sync.wait()
-    got = [p.grad.clone() for p in model.parameters()]
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    got = [g.clone() for g in grads if g is not None]
     want = [torch.zeros_like(p) for p in model.parameters()]
     for q in range(ws):  # independently: each rank's accumulated gradients, averaged
         m = _model()
@@ -277,6 +283,7 @@ def check_accumulate_and_misuse() -> dict:
             x, y = _batch(q, s)
             F.mse_loss(m(x), y).backward()
         for w, p in zip(want, m.parameters()):
+            assert p.grad is not None
             w += p.grad / ws
     out["accumulated"] = (got, want)
     # a second backward before wait() without no_sync is refused on every rank
@@ -285,12 +292,17 @@ def check_accumulate_and_misuse() -> dict:
     out["twice"] = _catch(lambda: F.mse_loss(model(xb), yb).backward())
     sync.wait()  # drains what the first backward launched; every rank does the same
     # bad arguments raise on every rank (only rank 0 passes a bad one)
-    out["bad_item"] = _catch(hwdist.GradientSynchronizer, [torch.nn.Parameter(torch.ones(1)), "w" if r == 0 else torch.nn.Parameter(torch.ones(1))])
+    out["bad_item"] = _catch(
+        hwdist.GradientSynchronizer,
+        [torch.nn.Parameter(torch.ones(1)), "w" if r == 0 else torch.nn.Parameter(torch.ones(1))],
+    )
     out["bad_op"] = _catch(hwdist.GradientSynchronizer, model.parameters(), "max")
     out["bad_src"] = _catch(hwdist.GradientSynchronizer, model.parameters(), broadcast_from=ws)
     extra = [torch.nn.Parameter(torch.ones(2))] if r == ws - 1 else []
     out["mismatch"] = _catch(hwdist.GradientSynchronizer, [*model.parameters(), *extra])
-    out["shape_mismatch"] = _catch(hwdist.GradientSynchronizer, [torch.nn.Parameter(torch.ones(2 if r == 0 else 3))])
+    out["shape_mismatch"] = _catch(
+        hwdist.GradientSynchronizer, [torch.nn.Parameter(torch.ones(2 if r == 0 else 3))]
+    )
     out["grad_op_bad"] = _catch(hwdist.sync_grad, model.parameters(), "min")
     # healthy afterwards
     model.zero_grad(set_to_none=True)
@@ -310,13 +322,31 @@ def test_accumulation_and_misuse(dist, combo):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
         kind, msg = res["twice"]
         assert kind == "RuntimeError" and "arrived twice before wait()" in msg and "no_sync" in msg
-        assert res["bad_op"] == ("ValueError", "GradientSynchronizer: op must be 'mean' or 'sum' for gradients, got 'max'")
-        assert res["grad_op_bad"] == ("ValueError", "sync_grad: op must be 'mean' or 'sum' for gradients, got 'min'")
+        assert res["bad_op"] == (
+            "ValueError",
+            "GradientSynchronizer: op must be 'mean' or 'sum' for gradients, got 'max'",
+        )
+        assert res["grad_op_bad"] == (
+            "ValueError",
+            "sync_grad: op must be 'mean' or 'sum' for gradients, got 'min'",
+        )
         if r == 0:
-            assert res["bad_item"] == ("TypeError", "GradientSynchronizer: params[1] must be a torch.Tensor, got str")
+            assert res["bad_item"] == (
+                "TypeError",
+                "GradientSynchronizer: params[1] must be a torch.Tensor, got str",
+            )
         else:
-            assert res["bad_item"][0] == "TypeError" and "another rank were invalid" in res["bad_item"][1]
-        assert res["bad_src"][0] == "ValueError" and f"broadcast_from must be a rank in 0..{ws - 1}" in res["bad_src"][1]
+            # the other ranks raise CollectiveArgumentError (a TypeError and a ValueError) naming rank 0
+            kind, msg = res["bad_item"]
+            assert (
+                kind == "CollectiveArgumentError"
+                and "GradientSynchronizer: rank 0 was given invalid arguments" in msg
+            )
+            assert "params[1] must be a torch.Tensor, got str" in msg
+        assert (
+            res["bad_src"][0] == "ValueError"
+            and f"broadcast_from must be a rank in 0..{ws - 1}" in res["bad_src"][1]
+        )
         if ws > 1:
             kind, msg = res["mismatch"]
             assert kind == "ValueError" and "every rank must pass the same number of tensors" in msg
@@ -348,9 +378,19 @@ def check_broadcasts(backend: str) -> dict:
     out["broadcast_tensors"] = [t.tolist() for t in ts]
     # bcast_list_: every dtype, a big tensor (>= 1 MiB goes as it is on CPU drivers), a generator
     big = torch.full((300_000,), float(r))
-    ts2 = [torch.tensor([r, r + 1], dtype=torch.int64), torch.tensor([r == 0]), big, torch.full((2, 2), r * 1.0)[:, 0]]
+    ts2 = [
+        torch.tensor([r, r + 1], dtype=torch.int64),
+        torch.tensor([r == 0]),
+        big,
+        torch.full((2, 2), r * 1.0)[:, 0],
+    ]
     hwdist.bcast_list_((t for t in ts2), src=0)
-    out["bcast_list_"] = [ts2[0].tolist(), ts2[1].tolist(), (big.min().item(), big.max().item()), ts2[3].tolist()]
+    out["bcast_list_"] = [
+        ts2[0].tolist(),
+        ts2[1].tolist(),
+        (big.min().item(), big.max().item()),
+        ts2[3].tolist(),
+    ]
     # mismatches raise on every rank, before any data moves
     mine = [torch.ones(2)] * (3 if r == ws - 1 else 2) + [torch.tensor([1])]  # the int tensor is not counted
     out["count_mismatch"] = _catch(hwdist.broadcast_tensors, mine)
@@ -363,16 +403,18 @@ def check_broadcasts(backend: str) -> dict:
     out["healthy"] = ok[0].item()
     # sync_buffer: average vs broadcast; int buffers untouched
     bn = torch.nn.BatchNorm1d(2)
+    mean, var, tracked = bn.running_mean, bn.running_var, bn.num_batches_tracked
+    assert mean is not None and var is not None and tracked is not None
     with torch.no_grad():
-        bn.running_mean.fill_(r + 1.0)
-        bn.running_var.fill_(2.0 * r)
-        bn.num_batches_tracked.fill_(10 + r)
+        mean.fill_(r + 1.0)
+        var.fill_(2.0 * r)
+        tracked.fill_(10 + r)
     hwdist.sync_buffer(bn.buffers())
-    out["avg"] = (bn.running_mean.tolist(), bn.running_var.tolist(), bn.num_batches_tracked.item())
+    out["avg"] = (mean.tolist(), var.tolist(), tracked.item())
     with torch.no_grad():
-        bn.running_mean.fill_(r + 1.0)
+        mean.fill_(r + 1.0)
     hwdist.sync_buffer(bn.buffers(), average=False, src=src)
-    out["bcast"] = (bn.running_mean.tolist(), bn.num_batches_tracked.item())
+    out["bcast"] = (mean.tolist(), tracked.item())
     out["buffer_mismatch"] = _catch(hwdist.sync_buffer, [torch.ones(1)] * (1 + (r == 0)))
     return out
 
@@ -391,23 +433,37 @@ def test_broadcast_tensors_bcast_list_and_sync_buffer(dist, combo):
         assert res["bcast_list_"] == [[0, 1], [True], (0.0, 0.0), [0.0, 0.0]]
         if ws > 1:
             kind, msg = res["count_mismatch"]
-            assert kind == "ValueError" and "broadcast_tensors: every rank must pass the same number of tensors" in msg
+            assert (
+                kind == "ValueError"
+                and "broadcast_tensors: every rank must pass the same number of tensors" in msg
+            )
             assert f"rank {r} passed {3 if r == ws - 1 else 2}" in msg
             kind, msg = res["shape_mismatch"]
-            assert kind == "ValueError" and "bcast_list_: every rank must pass tensors of the same shapes" in msg
+            assert (
+                kind == "ValueError" and "bcast_list_: every rank must pass tensors of the same shapes" in msg
+            )
             kind, msg = res["bad_item"]
-            assert kind == "TypeError"
             if r == ws - 1:
-                assert msg == "bcast_list_: tensors[1] must be a torch.Tensor, got int"
-            else:
-                assert "another rank were invalid" in msg
+                assert (kind, msg) == ("TypeError", "bcast_list_: tensors[1] must be a torch.Tensor, got int")
+            else:  # a TypeError and a ValueError, naming the bad rank and its error
+                assert (
+                    kind == "CollectiveArgumentError" and f"rank {ws - 1} was given invalid arguments" in msg
+                )
+                assert "tensors[1] must be a torch.Tensor, got int" in msg
             kind, msg = res["buffer_mismatch"]
             assert kind == "ValueError" and "sync_buffer: every rank must pass the same number" in msg
         else:
-            assert res["count_mismatch"] is None and res["shape_mismatch"] is None and res["buffer_mismatch"] is None
+            assert (
+                res["count_mismatch"] is None
+                and res["shape_mismatch"] is None
+                and res["buffer_mismatch"] is None
+            )
         kind, msg = res["bad_src"]
         assert kind == "ValueError" and f"broadcast_tensors: src must be a rank in 0..{ws - 1}" in msg
-        assert res["not_list"] == ("TypeError", "bcast_list_: tensors must be a list or iterable of tensors, got a single tensor")
+        assert res["not_list"] == (
+            "TypeError",
+            "bcast_list_: tensors must be a list or iterable of tensors, got a single tensor",
+        )
         assert res["healthy"] == float(src)
         mean_mean = sum(q + 1.0 for q in range(ws)) / ws
         mean_var = sum(2.0 * q for q in range(ws)) / ws
@@ -462,8 +518,14 @@ def test_average_metrics_and_small_helpers(dist, combo):
         else:
             assert res["keys"] is None
         if r == 0:
-            assert res["bad_count"] == ("ValueError", "average_metrics: count must be a finite number >= 0, got -1")
-            assert res["bad_value"][0] == "TypeError" and "metrics['x'] must be a number, got str" in res["bad_value"][1]
+            assert res["bad_count"] == (
+                "ValueError",
+                "average_metrics: count must be a finite number >= 0, got -1",
+            )
+            assert (
+                res["bad_value"][0] == "TypeError"
+                and "metrics['x'] must be a number, got str" in res["bad_value"][1]
+            )
         elif ws > 1:
             kind, msg = res["bad_count"]
             assert kind == "ValueError" and "rank 0" in msg and "count must be a finite number" in msg

@@ -21,9 +21,20 @@ def _model() -> torch.nn.Module:
 
 
 def test_public_names():
-    for name in ("GradientSynchronizer", "sync_grad", "broadcast_tensors", "bcast_list_", "sync_buffer",
-                 "average_metrics", "synchronized", "synchronize", "check_fork_safe", "is_module_wrapper",
-                 "rank", "world_size"):
+    for name in (
+        "GradientSynchronizer",
+        "sync_grad",
+        "broadcast_tensors",
+        "bcast_list_",
+        "sync_buffer",
+        "average_metrics",
+        "synchronized",
+        "synchronize",
+        "check_fork_safe",
+        "is_module_wrapper",
+        "rank",
+        "world_size",
+    ):
         assert name in hwdist.__all__ and getattr(hwdist, name) is getattr(hwdist.training, name)
     assert hwdist.rank is hwdist.get_rank and hwdist.world_size is hwdist.get_world_size
     assert hwdist.rank_zero_only is hwdist.master_only  # vis4d's name, from hwdist.info
@@ -103,7 +114,9 @@ def test_sync_grad_and_friends_without_process_group():
     hwdist.sync_buffer(ts)
     hwdist.sync_buffer(ts, average=False)
     assert ts[0].tolist() == [1.0, 1.0] and ts[1].tolist() == [3]
-    with pytest.raises(TypeError, match="broadcast_tensors: tensors must be a list or iterable of tensors, got int"):
+    with pytest.raises(
+        TypeError, match="broadcast_tensors: tensors must be a list or iterable of tensors, got int"
+    ):
         hwdist.broadcast_tensors(3)
 
 
@@ -112,7 +125,9 @@ def test_average_metrics_without_process_group():
     assert math.isnan(hwdist.average_metrics({"a": 1.0}, count=0)["a"])
     with pytest.raises(ValueError, match="average_metrics: count must be a finite number >= 0, got nan"):
         hwdist.average_metrics({"a": 1.0}, count=float("nan"))
-    with pytest.raises(TypeError, match=r"average_metrics: metrics\['a'\] must be a number or a one-element tensor"):
+    with pytest.raises(
+        TypeError, match=r"average_metrics: metrics\['a'\] must be a number or a one-element tensor"
+    ):
         hwdist.average_metrics({"a": torch.ones(2)})
     with pytest.raises(TypeError, match="average_metrics: metrics keys must be str, got int: 3"):
         hwdist.average_metrics({3: 1.0})
@@ -186,7 +201,9 @@ def test_every_builtin_driver_answers_is_initialized_without_importing_vendor_pa
     for drv in hwdist.registry.drivers():
         assert drv.is_initialized() is False  # nothing initialised a device in this CPU-only process
     imported = {m for m in set(sys.modules) - before if not m.startswith("torch.")}
-    assert not {m for m in imported if m.split(".")[0] in {d.vendor_module for d in hwdist.registry.drivers()}}
+    assert not {
+        m for m in imported if m.split(".")[0] in {d.vendor_module for d in hwdist.registry.drivers()}
+    }
     hwdist.check_fork_safe()
     hwdist.check_fork_safe("fork")
 
@@ -194,7 +211,9 @@ def test_every_builtin_driver_answers_is_initialized_without_importing_vendor_pa
 def test_check_fork_safe_refuses_fork_with_an_initialised_device():
     hwdist.register_backend("busyccl", BusyDriver)
     try:
-        with pytest.raises(RuntimeError, match=r"'busydev' \(backend 'busyccl'\) device runtime is already initialised"):
+        with pytest.raises(
+            RuntimeError, match=r"'busydev' \(backend 'busyccl'\) device runtime is already initialised"
+        ):
             hwdist.check_fork_safe("fork")
         hwdist.check_fork_safe("spawn")  # spawn never inherits a device context
         with pytest.raises(ValueError, match="check_fork_safe: start_method must be one of"):
@@ -215,12 +234,16 @@ def test_accelerator_driver_asks_the_device_module(monkeypatch):
         vendor_module = "fake_vendor_pkg_for_hwdist_tests"
 
     state = {"init": False}
-    monkeypatch.setattr(torch, "fakedev", types.SimpleNamespace(is_initialized=lambda: state["init"]), raising=False)
+    monkeypatch.setattr(
+        torch, "fakedev", types.SimpleNamespace(is_initialized=lambda: state["init"]), raising=False
+    )
     assert FakeAccel().is_initialized() is False
     state["init"] = True
     assert FakeAccel().is_initialized() is True
     assert FakeVendor().is_initialized() is False  # vendor package never imported: cannot be initialised
-    monkeypatch.setitem(sys.modules, "fake_vendor_pkg_for_hwdist_tests", types.ModuleType("fake_vendor_pkg_for_hwdist_tests"))
+    monkeypatch.setitem(
+        sys.modules, "fake_vendor_pkg_for_hwdist_tests", types.ModuleType("fake_vendor_pkg_for_hwdist_tests")
+    )
     assert FakeVendor().is_initialized() is True
     monkeypatch.setattr(torch, "fakedev", types.SimpleNamespace(), raising=False)  # no is_initialized: False
     assert FakeAccel().is_initialized() is False
