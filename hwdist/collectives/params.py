@@ -79,7 +79,8 @@ def check_same_dicts(
             explained = texts[0]  # the same bad argument on every rank: no rank list needed
         else:
             explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
-        kind = type(mine) if mine is not None and type(mine) in (TypeError, ValueError, ArgumentAssertionError) else ValueError
+        kinds = (TypeError, ValueError, ArgumentAssertionError)
+        kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
         return kind(f"{fn}: {explained}")
 
     if agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same:
