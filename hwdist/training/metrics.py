@@ -27,7 +27,7 @@ def average_metrics(
     travel in float64 where the backend reduces it (else float32), one
     collective for all keys, plus a tiny check that every rank passes the
     same keys (a mismatch or a bad value raises on every rank, naming it).
-    Non-distributed: the metrics as floats.
+    Not distributed (one process): ``metrics`` itself, unchanged, as demucs does.
 
     Args:
         metrics: ``{name: number}``; every rank must pass the same names.
@@ -35,7 +35,7 @@ def average_metrics(
         group: process group (default group if None).
 
     Returns:
-        A new dict with the same keys, in the given order.
+        A new dict with the same keys, in the given order (``metrics`` itself on one process).
 
     Raises:
         TypeError: ``metrics`` is not a dict of numbers with str keys (on every rank).
@@ -67,7 +67,7 @@ def average_metrics(
     if ws <= 1:
         if failure is not None:
             raise type(failure)(f"{fn}: {failure}")
-        return {k: (v if weight > 0 else math.nan) for k, v in values.items()}
+        return metrics  # type: ignore[return-value]  # demucs: unchanged when not distributed
     driver = registry.resolve(group, None)
     try:
         driver.plan("all_reduce", torch.float64, "sum")
