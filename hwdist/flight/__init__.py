@@ -41,6 +41,7 @@ def _on_first_call() -> None:
         if timeout is not None and _watchdog is None:
             _watchdog = _wd.Watchdog(_recorder, timeout, _wd.read_action())
             _watchdog.start()
+            _recorder.on_failure = _watchdog.on_failure
         _install_signal(timeout is not None)
     except Exception as exc:  # never into the user's collective
         _wd.warn("start", f"could not start the watchdog ({exc!r})")

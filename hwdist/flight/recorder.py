@@ -114,6 +114,7 @@ class Recorder:
         self.ring: list[Optional[list[Any]]] = [None] * self.size
         self.count = 0  # entries ever recorded; the next goes to ring[count % size]
         self.on_first_call: Any = None  # called once, on the first recorded call (starts the watchdog)
+        self.on_failure: Any = None  # called with the entry of a call that raised (the watchdog's report)
 
     def begin(self, op: str, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record the start of a call (the observer protocol); returns the entry as the token."""
@@ -147,6 +148,11 @@ class Recorder:
         else:
             token[STATE] = FAILED
             token[ERROR] = error
+            if self.on_failure is not None:
+                try:
+                    self.on_failure(token)
+                except Exception:
+                    pass  # never into the caller
 
     def entries(self) -> list[list[Any]]:
         """The entries in the buffer, oldest first (a snapshot)."""

@@ -26,6 +26,10 @@ def _where(record: dict[str, Any]) -> str:
     return f"in {where}" if where else "somewhere outside any collective"
 
 
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
 def _gname(label: str) -> str:
     return "default group" if label == "default" else label
 
@@ -104,13 +108,24 @@ def diagnose(records: Records, world_size: int) -> str:
                 last = per[max(per)]
                 if last["state"] == "failed":
                     parts.append(
-                        f"rank {r}: {last['op']} #{last['seq']} ({last['site']}) failed: {last.get('error', '?')}"
+                        f"rank {r}: {last['op']} #{last['seq']} ({last['site']}) failed: {str(last.get('error', '?'))[:160]}"
                     )
             continue
         s = min(int(e["seq"]) for e in pending.values())
         waiters = sorted(r for r, e in pending.items() if int(e["seq"]) == s)
-        ref = pending[waiters[0]]
-        who = f"rank{'s' if len(waiters) > 1 else ''} {', '.join(map(str, waiters))}"
+        clusters: dict[tuple[str, str], list[int]] = {}
+        for r in waiters:
+            clusters.setdefault((pending[r]["op"], pending[r]["site"]), []).append(r)
+        main = max(clusters.values(), key=len)  # ties: the cluster of the lowest rank (dicts keep order)
+        ref = pending[main[0]]
+        who = _ranks(main)
+        for others in clusters.values():
+            if others is not main:
+                e = pending[others[0]]
+                parts.append(
+                    f"{_ranks(others)} called {e['op']} #{s} ({e['site']}) where {who} called {ref['op']} #{s}"
+                    f" ({ref['site']}); both wait"
+                )
         div = divergence({r: records[r] for r in members if r in records}, world_size)
         first = next((d["first"] for d in div if d["group"] == label), None)
         if first is not None and first < s:
@@ -145,10 +160,7 @@ def diagnose(records: Records, world_size: int) -> str:
         if not parts:
             parts.append(f"{who} wait in {ref['op']} #{s} ({ref['site']}) on the {_gname(label)}")
     if silent:
-        parts.append(
-            f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))} did not answer"
-            " (dead, or stuck where its watchdog cannot reach the store)"
-        )
+        parts.insert(0, f"{_ranks(silent)} did not answer (dead, or stuck where its watchdog cannot reach the store)")
     return "; ".join(parts) or "no collective in flight on any rank that answered"
 
 
@@ -159,7 +171,8 @@ def _last(rec: dict[str, Any], state: str) -> str:
             if e["group"] != "default":
                 text += f" on {e['group']}"
             if state == "issued":
-                text += f" {e.get('args') or ''}, {max(0.0, time.time() - float(e['start'])):.1f} s"
+                args = f" {e['args']}," if e.get("args") else ""
+                text += f"{args} {max(0.0, time.time() - float(e['start'])):.1f} s"
             elif e["state"] == "failed":
                 text += " FAILED"
             return text

@@ -178,6 +178,7 @@ class Watchdog:
         self.reported: set[int] = set()  # id() of entries that already opened an episode
         self.stop = threading.Event()
         self.last_report = ""
+        self.lock = threading.Lock()  # one episode at a time (the thread, or a failed call's own thread)
         self.thread = threading.Thread(target=self._run, name="hwdist-hang-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -189,9 +190,25 @@ class Watchdog:
     def _run(self) -> None:
         while not self.stop.wait(self.tick):
             try:
-                self._step()
+                with self.lock:
+                    self._step()
             except Exception as exc:  # never let the thread die silently, never raise elsewhere
                 warn(f"step:{type(exc).__name__}", f"watchdog step failed: {exc!r}")
+
+    def on_failure(self, entry: list[Any]) -> None:
+        """A collective failed in the backend (a dead peer): report now, before the error reaches the caller.
+
+        The process is likely to end with that error, before the thread's next tick. The
+        ``raise`` action adds nothing here (the call raises anyway).
+        """
+        if not _backend_failure(entry[_rec.ERROR]):
+            return
+        try:
+            with self.lock:
+                if id(entry) not in self.reported:
+                    self._step(failed=entry)
+        except Exception as exc:
+            warn(f"step:{type(exc).__name__}", f"watchdog step failed: {exc!r}")
 
     def _store(self) -> Any:
         import torch.distributed as torch_dist
@@ -208,15 +225,13 @@ class Watchdog:
             state = e[_rec.STATE]
             if state == _rec.ISSUED and now - e[_rec.START] > self.timeout:
                 return e
-            if state == _rec.FAILED and _backend_failure(e[_rec.ERROR]) and now - e[_rec.END] < 60:
-                return e
         return None
 
-    def _step(self) -> None:
+    def _step(self, failed: Optional[list[Any]] = None) -> None:
         store = self._store()
         if store is None:
             return
-        overdue = self._overdue()
+        overdue = failed or self._overdue()
         try:
             current = int(store.add(EPISODE, 0))
         except Exception as exc:
@@ -259,6 +274,8 @@ class Watchdog:
         except Exception:
             pass
         self._dump()
+        if store is not None and self.action != "report":
+            self._all_done(store, episode, me, ws, records)
         self._act(overdue)
 
     def _exchange(self, store: Any, episode: int, mine: dict[str, Any], records: dict[int, Any]) -> None:
@@ -283,6 +300,17 @@ class Watchdog:
             if missing:
                 time.sleep(0.05)
 
+    def _all_done(self, store: Any, episode: int, me: int, ws: int, records: dict[int, Any]) -> None:
+        """Before ending or interrupting anything, wait (bounded) until every rank that answered printed its report."""
+        try:
+            store.set(f"{RECORD}/{episode}/done/{me}", "1")
+            keys = [f"{RECORD}/{episode}/done/{r}" for r in range(ws) if records.get(r) is not None]
+            deadline = time.time() + self.gather
+            while time.time() < deadline and not store.check(keys):
+                time.sleep(0.05)
+        except Exception:
+            pass
+
     def _headline(self, overdue: Optional[list[Any]], me: int, ws: int, episode: int) -> str:
         head = f"rank {me} of {ws}, episode {episode}"
         if overdue is None:
@@ -305,10 +333,10 @@ class Watchdog:
             warn("dump", f"could not write the flight record to {flight_dir()!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
 
     def _act(self, overdue: Optional[list[Any]]) -> None:
-        if self.action == "report":
-            return
         if self.action == "abort":
             _exit("abort")
+        if self.action == "report" or (overdue is not None and overdue[_rec.STATE] == _rec.FAILED):
+            return  # a failed call raises anyway
         # raise: an exception in the main thread, delivered when it next runs Python code
         main = threading.main_thread().ident
         if main is not None:
