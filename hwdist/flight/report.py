@@ -124,7 +124,7 @@ def diagnose(records: Records, world_size: int) -> str:
                 e = pending[others[0]]
                 parts.append(
                     f"{_ranks(others)} called {e['op']} #{s} ({e['site']}) where {who} called {ref['op']} #{s}"
-                    f" ({ref['site']}); both wait"
+                    f" ({ref['site']}); each waits"
                 )
         div = divergence({r: records[r] for r in members if r in records}, world_size)
         first = next((d["first"] for d in div if d["group"] == label), None)
@@ -155,6 +155,8 @@ def diagnose(records: Records, world_size: int) -> str:
                     f"rank {r} ran {e['op']} #{s} from {e['site']} where {who} call it from {ref['site']}"
                     f" (a skipped or extra collective); it is {_where(rec)}"
                 )
+            elif e["state"] == "failed":
+                parts.append(f"rank {r}'s {e['op']} #{s} ({e['site']}) failed: {str(e.get('error'))[:160]}")
             elif e["state"] != "issued":
                 parts.append(f"rank {r} finished {e['op']} #{s} ({e['site']}); it is {_where(rec)}")
         if not parts:
@@ -172,7 +174,8 @@ def _last(rec: dict[str, Any], state: str) -> str:
                 text += f" on {e['group']}"
             if state == "issued":
                 args = f" {e['args']}," if e.get("args") else ""
-                text += f"{args} {max(0.0, time.time() - float(e['start'])):.1f} s"
+                now = float(rec.get("time") or time.time())  # when the record was taken
+                text += f"{args} {max(0.0, now - float(e['start'])):.1f} s"
             elif e["state"] == "failed":
                 text += " FAILED"
             return text

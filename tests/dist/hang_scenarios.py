@@ -31,9 +31,16 @@ def idle() -> None:
     evaluate(60)
 
 
+def _rank_from_env() -> int:
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def scenario_sleep(rank: int, last: int, t: torch.Tensor) -> None:
     if rank == last:
-        evaluate(60)
+        evaluate(float(os.environ.get("HANG_SLEEP", "60")))
     hwdist.all_reduce(t)  # SITE-stuck
 
 
@@ -84,6 +91,10 @@ def main() -> None:
 
         faulthandler.dump_traceback_later(float(os.environ["HANG_DEBUG"]), exit=False)
     name, backend, store = sys.argv[1:4]
+    logs = os.environ.get("HANG_LOGS")
+    if logs:  # one file per rank (mpiexec mixes the ranks' stderr)
+        fd = os.open(os.path.join(logs, f"rank{_rank_from_env()}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
     if backend == "mpi":
         hwdist.init_dist("mpi", backend="mpi", timeout=120)
     else:
@@ -95,7 +106,7 @@ def main() -> None:
     t = torch.ones(1)
     hwdist.all_reduce(t)  # SITE-first
     hwdist.all_reduce(t)
-    print(f"rank {rank}: started", file=sys.stderr, flush=True)
+    print(f"rank {rank}: started at {time.time()}", file=sys.stderr, flush=True)
     try:
         SCENARIOS[name](rank, ws - 1, t)
     except BaseException as exc:
