@@ -41,13 +41,13 @@ def _rank_from_env() -> int:
 def scenario_sleep(rank: int, last: int, t: torch.Tensor) -> None:
     if rank == last:
         evaluate(float(os.environ.get("HANG_SLEEP", "60")))
-    hwdist.all_reduce(t)  # SITE-stuck
+    hwdist.all_reduce(t)  # SITE-stuck-sleep
 
 
 def scenario_skip(rank: int, last: int, t: torch.Tensor) -> None:
     if rank != last:
         hwdist.all_reduce(t)  # SITE-skipped
-    hwdist.all_reduce(t)  # SITE-stuck
+    hwdist.all_reduce(t)  # SITE-stuck-skip
     idle()
 
 
@@ -55,14 +55,14 @@ def scenario_different(rank: int, last: int, t: torch.Tensor) -> None:
     if rank == last:
         hwdist.broadcast(t, 0)  # SITE-other
     else:
-        hwdist.all_reduce(t)  # SITE-stuck
+        hwdist.all_reduce(t)  # SITE-stuck-different
     idle()
 
 
 def scenario_barrier(rank: int, last: int, t: torch.Tensor) -> None:
     if rank == last:
         hwdist.barrier()  # SITE-extra
-    hwdist.all_reduce(t)  # SITE-stuck
+    hwdist.all_reduce(t)  # SITE-stuck-barrier
     idle()
 
 
@@ -72,7 +72,7 @@ def scenario_kill(rank: int, last: int, t: torch.Tensor) -> None:
         hwdist.all_reduce(t)  # SITE-killed
     else:
         time.sleep(2.0)
-        hwdist.all_reduce(t)  # SITE-stuck
+        hwdist.all_reduce(t)  # SITE-stuck-kill
     idle()
 
 

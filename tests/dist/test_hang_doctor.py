@@ -40,7 +40,7 @@ FILE = "dist/hang_scenarios.py"
 SITES = {
     m.group(1): i
     for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
-    if (m := re.search(r"# SITE-(\w+)", line))
+    if (m := re.search(r"# SITE-([\w-]+)", line))
 }
 
 pytestmark = pytest.mark.skipif(
@@ -143,13 +143,13 @@ def test_late_rank(backend, ws, tmp_path):
     run = _run("sleep", backend, ws, "abort", tmp_path)
     last = ws - 1
     want = (
-        f"rank {last} never called all_reduce #3 ({_site('stuck')}); it is in evaluate() at {_site('evaluate')}"
+        f"rank {last} never called all_reduce #3 ({_site('stuck-sleep')}); it is in evaluate() at {_site('evaluate')}"
     )
     for r in range(ws):
         assert run.diagnosis(r) == want, run
-        assert f"pending all_reduce #3 ({_site('stuck')}) float32[1]" in run.logs[r], run
+        assert f"pending all_reduce #3 ({_site('stuck-sleep')}) float32[1]" in run.logs[r], run
         assert f"main thread in evaluate() at {_site('evaluate')}" in run.logs[r], run
-        assert f"{_site('stuck')} in scenario_sleep" in run.logs[r], run  # rank 0's stack
+        assert f"{_site('stuck-sleep')} in scenario_sleep" in run.logs[r], run  # rank 0's stack
     assert set(run.codes.values()) == {HANG_EXIT_CODE}, run
     _assert_fast(run)
     # every rank dumped its record; `hwdist trace` merges them into the same diagnosis
@@ -170,8 +170,8 @@ def test_skipped_collective(backend, ws, tmp_path):
     for r in range(ws):
         diag = run.diagnosis(r)
         assert "the ranks' calls on the default group first differ at #3" in diag, run
-        assert f"rank 0 all_reduce ({_site('skipped')})" in diag and f"rank {last} all_reduce ({_site('stuck')})" in diag
-        assert f"rank {last} never called all_reduce #4 ({_site('stuck')}); it is in evaluate()" in diag, run
+        assert f"rank 0 all_reduce ({_site('skipped')})" in diag and f"rank {last} all_reduce ({_site('stuck-skip')})" in diag
+        assert f"rank {last} never called all_reduce #4 ({_site('stuck-skip')}); it is in evaluate()" in diag, run
     assert set(run.codes.values()) == {HANG_EXIT_CODE}, run
     _assert_fast(run)
 
@@ -182,7 +182,7 @@ def test_different_collectives(backend, ws, tmp_path):
     last = ws - 1
     others = "rank 0" if ws == 2 else "ranks 0, 1"
     want = (
-        f"rank {last} called broadcast #3 ({_site('other')}) where {others} called all_reduce #3 ({_site('stuck')})"
+        f"rank {last} called broadcast #3 ({_site('other')}) where {others} called all_reduce #3 ({_site('stuck-different')})"
     )
     for r in range(ws):
         assert want in run.diagnosis(r), run
@@ -195,7 +195,7 @@ def test_extra_barrier(backend, ws, tmp_path):
     run = _run("barrier", backend, ws, "abort", tmp_path)
     last = ws - 1
     others = "rank 0" if ws == 2 else "ranks 0, 1"
-    want = f"rank {last} called barrier #3 ({_site('extra')}) where {others} called all_reduce #3 ({_site('stuck')})"
+    want = f"rank {last} called barrier #3 ({_site('extra')}) where {others} called all_reduce #3 ({_site('stuck-barrier')})"
     for r in range(ws):
         assert want in run.diagnosis(r), run
     assert set(run.codes.values()) == {HANG_EXIT_CODE}, run
@@ -214,7 +214,7 @@ def test_rank_killed_mid_collective(backend, ws, tmp_path):
     for r in range(last):
         diag = run.diagnosis(r)
         assert diag.startswith(f"rank {last} did not answer (dead"), run
-        assert f"all_reduce #3 ({_site('stuck')})" in diag, run
+        assert f"all_reduce #3 ({_site('stuck-kill')})" in diag, run
         assert run.codes[r] == HANG_EXIT_CODE, run
 
 
@@ -222,7 +222,7 @@ def test_rank_killed_mid_collective(backend, ws, tmp_path):
 def test_raise_action_raises_on_every_rank(backend, tmp_path):
     ws = 2
     run = _run("sleep", backend, ws, "raise", tmp_path)
-    want = f"rank 1 never called all_reduce #3 ({_site('stuck')}); it is in evaluate() at {_site('evaluate')}"
+    want = f"rank 1 never called all_reduce #3 ({_site('stuck-sleep')}); it is in evaluate() at {_site('evaluate')}"
     for r in range(ws):
         # rank 0 was blocked inside gloo (released by aborting the group), rank 1 was running Python
         assert f"rank {r}: RAISED HangDetected: {want}" in run.logs[r], run
