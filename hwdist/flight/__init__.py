@@ -62,17 +62,17 @@ def enable(on: bool = True) -> bool:
     """
     was = enabled()
     if on:
-        if _recorder.on_first_call is None and _recorder.count == 0 and _watchdog is None:
+        if _recorder.on_first_call is None and not _recorder.ring and _watchdog is None:
             _recorder.on_first_call = _on_first_call
-        _calls.add_observer(_recorder)
-    else:
-        _calls.remove_observer(_recorder)
+        _calls.set_recorder(_recorder)
+    elif _calls._recorder is _recorder:
+        _calls.set_recorder(None)
     return was
 
 
 def enabled() -> bool:
     """Whether the flight recorder is on in this process."""
-    return _recorder in _calls._observers
+    return _calls._recorder is _recorder
 
 
 def watchdog_running() -> bool:

@@ -10,10 +10,12 @@ made only when the buffer is read). Measured cost: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -30,6 +32,9 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _Tensor = torch.Tensor
 _now = time.time
 _getframe = sys._getframe
+_get_ident = threading.get_ident
+_default_group = _compat.default_group
+_weakref = weakref.ref
 
 # Entry layout (a list, the cheapest object to make): the indices below.
 SEQ, OP, GROUP, ARGS, CODE, LINE, START, END, STATE, ERROR, THREAD = range(11)
@@ -92,7 +97,16 @@ def _summary(value: Any) -> Any:
 
 
 def describe(summary: Any) -> str:
-    """The text of a summary: ``float32[4, 3]``, ``list[2] of float32[4]``, ``dict[20]``, ``int``."""
+    """The text of a summary: ``float32[4, 3]``, ``list[2] of float32[4]``, ``dict[20]``, ``int``.
+
+    A tensor argument is kept while the call runs and weakly after it: ``?`` once it was freed.
+    """
+    if isinstance(summary, weakref.ref):
+        summary = summary()
+        if summary is None:
+            return "?"
+    if isinstance(summary, _Tensor):
+        summary = _summary(summary)
     if isinstance(summary, str):
         return summary
     if not isinstance(summary, tuple):
@@ -111,38 +125,63 @@ class Recorder:
 
     def __init__(self, size: int) -> None:
         self.size = max(16, int(size))
-        self.ring: list[Optional[list[Any]]] = [None] * self.size
-        self.count = 0  # entries ever recorded; the next goes to ring[count % size]
+        self.ring: collections.deque[list[Any]] = collections.deque(maxlen=self.size)
+        self._append = self.ring.append
+        self.world_info: Optional[GroupInfo] = None  # the default group's info (group=None), cached
+        self._world_ref: Any = None
         self.on_first_call: Any = None  # called once, on the first recorded call (starts the watchdog)
         self.on_failure: Any = None  # called with the entry of a call that raised (the watchdog's report)
 
     def begin(self, op: str, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Record the start of a call (the observer protocol); returns the entry as the token."""
-        info = getattr(_state.of(group), "flight", None) or _group_info(group)
-        if info is None:
+        """Record the start of a call (the observer protocol); returns the entry as the token. Never raises."""
+        try:
+            if group is None:  # the common case: the default group's info, dropped with its group state
+                info = self.world_info
+                if info is None:
+                    info = self._world()
+            else:
+                info = getattr(_state.of(group), "flight", None) or _group_info(group)
+            if info is None:
+                return None
+            f = _getframe(1)
+            while f.f_code.co_filename.startswith(_PACKAGE_DIR):  # the first frame outside hwdist
+                f = f.f_back
+            info.seq += 1
+            entry = [
+                info.seq, op, info, args[0] if args else None, f.f_code, f.f_lasti,
+                _now(), 0.0, ISSUED, None, _get_ident(),
+            ]
+            self._append(entry)
+            if self.on_first_call is not None:
+                hook, self.on_first_call = self.on_first_call, None
+                hook()
+            return entry
+        except Exception:  # (a frame walk that ran out of frames, ...): this call goes unrecorded
             return None
-        f = _getframe(3)  # begin <- _observed <- guarded <- caller
-        while f is not None and f.f_code.co_filename.startswith(_PACKAGE_DIR):
-            f = f.f_back
-        info.seq += 1
-        entry = [
-            info.seq, op, info, _summary(args[0]) if args else None,
-            f.f_code if f is not None else None, f.f_lineno if f is not None else 0,
-            _now(), 0.0, ISSUED, None, threading.get_ident(),
-        ]
-        n = self.count
-        self.ring[n % self.size] = entry
-        self.count = n + 1
-        if self.on_first_call is not None:
-            hook, self.on_first_call = self.on_first_call, None
-            hook()
-        return entry
+
+    def _world(self) -> Optional[GroupInfo]:
+        info = _group_info(None)
+        if info is not None:
+            st = _state.of(None)
+            # hwdist.destroy() drops the group state: the callback then forgets the cached info
+            self._world_ref = weakref.ref(st, self._forget_world)
+            self.world_info = info
+        return info
+
+    def _forget_world(self, ref: Any) -> None:
+        if ref is self._world_ref:
+            self.world_info = None
 
     def end(self, token: Any, error: Optional[BaseException]) -> None:
         """Complete the entry (the observer protocol)."""
         if token is None:
             return
         token[END] = _now()
+        arg = token[ARGS]
+        if type(arg) is _Tensor or isinstance(arg, _Tensor):  # kept weakly once the call is over
+            token[ARGS] = _weakref(arg)
+        elif arg is not None:
+            token[ARGS] = _summary(arg)
         if error is None:
             token[STATE] = COMPLETED
         else:
@@ -156,14 +195,29 @@ class Recorder:
 
     def entries(self) -> list[list[Any]]:
         """The entries in the buffer, oldest first (a snapshot)."""
-        n, size = self.count, self.size
-        ring = list(self.ring)
-        idx = range(max(0, n - size), n)
-        return [e for e in (ring[i % size] for i in idx) if e is not None]
+        return list(self.ring)  # one C-level copy: atomic with respect to the recording thread
 
     def pending(self) -> list[list[Any]]:
         """Entries still in flight, oldest first."""
         return [e for e in self.entries() if e[STATE] == ISSUED]
+
+
+def line_of(code: Any, lasti: int) -> int:
+    """The source line of instruction offset ``lasti`` in ``code`` (what ``frame.f_lineno`` would have said)."""
+    lines = getattr(code, "co_lines", None)
+    if lines is not None:  # Python 3.10+
+        for start, stop, line in lines():
+            if start <= lasti < stop and line is not None:
+                return int(line)
+    import dis
+
+    found = code.co_firstlineno
+    for offset, line in dis.findlinestarts(code):
+        if offset > lasti:
+            break
+        if line is not None:
+            found = line
+    return int(found)
 
 
 def site_of(entry: list[Any]) -> str:
@@ -171,7 +225,7 @@ def site_of(entry: list[Any]) -> str:
     code = entry[CODE]
     if code is None:
         return "?"
-    return f"{short_path(code.co_filename)}:{entry[LINE]}"
+    return f"{short_path(code.co_filename)}:{line_of(code, entry[LINE])}"
 
 
 def short_path(path: str) -> str:
