@@ -52,6 +52,12 @@ def _site(name: str) -> str:
     return f"{FILE}:{SITES[name]}"
 
 
+def _here(name: str) -> str:
+    """A ``# SITE-`` marker of this file."""
+    lines = Path(__file__).read_text().splitlines()
+    return f"dist/test_hang_doctor.py:{next(i for i, ln in enumerate(lines, 1) if ln.endswith(f'# SITE-{name}'))}"
+
+
 def _mpi_missing() -> str:
     try:
         import mpi4py  # noqa: F401
@@ -65,6 +71,7 @@ class Run:
 
     def __init__(self, codes: dict[int, Optional[int]], logs: dict[int, str], started: float, ended: float) -> None:
         self.codes, self.logs, self.started, self.ended = codes, logs, started, ended
+        self.mpi = False
 
     def diagnosis(self, rank: int) -> str:
         found = re.findall(r"^diagnosis: (.*)$", self.logs[rank], re.M)
@@ -119,10 +126,12 @@ def _run(
     texts = {r: (logs / f"rank{r}.err").read_text() if (logs / f"rank{r}.err").exists() else "" for r in range(ws)}
     starts = [float(m.group(1)) for t in texts.values() for m in [re.search(r"started at ([\d.]+)", t)] if m]
     assert starts, f"no rank started:\n{texts}"
-    if backend == "mpi":
-        codes = {r: codes.get(0) for r in range(ws)}
     assert len(codes) == len(procs), f"the ranks did not end within {HARD_TIMEOUT} s (hard timeout):\n{texts}"
-    return Run(codes, texts, max(starts), ended)
+    if backend == "mpi":  # mpiexec's status: the first failing process's, or 9 for those it killed
+        codes = {r: codes[0] for r in range(ws)}
+    run = Run(codes, texts, max(starts), ended)
+    run.mpi = backend == "mpi"
+    return run
 
 
 BACKENDS = ["gloo", "emu"]
@@ -131,6 +140,12 @@ ALL = pytest.mark.parametrize("backend,ws", [(b, n) for b in BACKENDS for n in W
     pytest.param("mpi", n, marks=pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-"))
     for n in WORLD_SIZES
 ])
+
+
+def _assert_aborted(run: Run) -> None:
+    """The abort action ended every rank (under mpiexec, the job: the first status, or 9 for the others)."""
+    want = {HANG_EXIT_CODE, 9} if run.mpi else {HANG_EXIT_CODE}
+    assert set(run.codes.values()) <= want, run
 
 
 def _assert_fast(run: Run) -> None:
@@ -150,7 +165,7 @@ def test_late_rank(backend, ws, tmp_path):
         assert f"pending all_reduce #3 ({_site('stuck-sleep')}) float32[1]" in run.logs[r], run
         assert f"main thread in evaluate() at {_site('evaluate')}" in run.logs[r], run
         assert f"{_site('stuck-sleep')} in scenario_sleep" in run.logs[r], run  # rank 0's stack
-    assert set(run.codes.values()) == {HANG_EXIT_CODE}, run
+    _assert_aborted(run)
     _assert_fast(run)
     # every rank dumped its record; `hwdist trace` merges them into the same diagnosis
     out = subprocess.run(
@@ -172,7 +187,7 @@ def test_skipped_collective(backend, ws, tmp_path):
         assert "the ranks' calls on the default group first differ at #3" in diag, run
         assert f"rank 0 all_reduce ({_site('skipped')})" in diag and f"rank {last} all_reduce ({_site('stuck-skip')})" in diag
         assert f"rank {last} never called all_reduce #4 ({_site('stuck-skip')}); it is in evaluate()" in diag, run
-    assert set(run.codes.values()) == {HANG_EXIT_CODE}, run
+    _assert_aborted(run)
     _assert_fast(run)
 
 
@@ -186,7 +201,7 @@ def test_different_collectives(backend, ws, tmp_path):
     )
     for r in range(ws):
         assert want in run.diagnosis(r), run
-    assert set(run.codes.values()) == {HANG_EXIT_CODE}, run
+    _assert_aborted(run)
     _assert_fast(run)
 
 
@@ -198,7 +213,7 @@ def test_extra_barrier(backend, ws, tmp_path):
     want = f"rank {last} called barrier #3 ({_site('extra')}) where {others} called all_reduce #3 ({_site('stuck-barrier')})"
     for r in range(ws):
         assert want in run.diagnosis(r), run
-    assert set(run.codes.values()) == {HANG_EXIT_CODE}, run
+    _assert_aborted(run)
     _assert_fast(run)
 
 
@@ -271,3 +286,54 @@ def test_sigusr1_dumps_while_blocked_in_a_collective(tmp_path):
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ the recorder's entries on pooled ranks
+
+
+def _record_rank() -> dict:
+    import torch
+    import torch.distributed as tdist
+
+    import hwdist
+    from hwdist import flight
+
+    before = len(flight.snapshot())
+    t = torch.ones(3, 2)
+    hwdist.all_reduce(t)  # SITE-rec-a
+    hwdist.all_reduce_dict({"a": torch.tensor(1.0)})  # SITE-rec-b
+    hwdist.all_reduce(t, group=tdist.GroupMember.WORLD)  # the default group passed explicitly: same counter
+    sub = hwdist.new_group(list(range(hwdist.get_world_size())))
+    hwdist.broadcast(t, 0, group=sub)  # SITE-rec-c
+    try:
+        hwdist.all_reduce(t, op="no-such-op")  # SITE-rec-d
+    except Exception as exc:  # noqa: BLE001
+        failed = type(exc).__name__
+    was = flight.enable(False)
+    hwdist.all_reduce(t)  # not recorded
+    flight.enable(was)
+    entries = flight.snapshot()[before:]
+    return {"entries": entries, "failed": failed, "running": flight.watchdog_running()}
+
+
+@pytest.mark.parametrize("backend", ["gloo", "emu"])
+@pytest.mark.parametrize("ws", [1, 2, 3])
+def test_recorder_entries(dist, ws, backend):
+    for res in dist(_record_rank, ws, backend):
+        es = res["entries"]
+        assert [e["op"] for e in es] == ["all_reduce", "all_reduce_dict", "all_reduce", "broadcast", "all_reduce"]
+        default = [e for e in es if e["group"] == "default"]
+        seqs = [e["seq"] for e in default]
+        assert seqs == list(range(seqs[0], seqs[0] + 4)), seqs  # consecutive, explicit WORLD included
+        assert [e["site"] for e in es] == [
+            _here("rec-a"), _here("rec-b"), es[2]["site"], _here("rec-c"), _here("rec-d")
+        ]
+        assert es[2]["site"].startswith("dist/test_hang_doctor.py:")
+        assert es[0]["args"] == "float32[3, 2]" and es[0]["state"] == "completed" and es[0]["backend"] == backend
+        assert es[1]["args"] == "dict[1]"
+        sub = es[3]
+        assert sub["group"] == f"group[{','.join(map(str, range(ws)))}]" and sub["seq"] == 1, sub
+        assert sub["group_ranks"] == list(range(ws))
+        assert es[4]["state"] == "failed" and es[4]["error"].startswith(res["failed"]), es[4]
+        assert all(e["end"] >= e["start"] for e in es)
+        assert res["running"]  # the first collective started the watchdog (HWDIST_HANG_TIMEOUT default 300)
