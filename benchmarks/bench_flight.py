@@ -1,4 +1,4 @@
-"""The cost of the flight recorder (on by default; HWDIST_FLIGHT_RECORDER=0 turns it off), measured in one run.
+"""The cost of the flight recorder (on by default; HWDIST_FLIGHT_RECORDER=0: off), measured in one run.
 
 Gloo ranks (hwdist.testing.RankPool). Each case times the same call with the
 recorder off and on, *interleaved* (A, B, B, A, ...) after a barrier, plus the
@@ -95,7 +95,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['case']} | {fmt_us(r['off_median_us'])} | {fmt_us(r['on_median_us'])} | {fmt_us(r['added_us'])} |"
+            f"| {r['case']} | {fmt_us(r['off_median_us'])} | {fmt_us(r['on_median_us'])} |"
+            f" {fmt_us(r['added_us'])} |"
             f" {r['on_over_off']:.3f}x | {fmt_us(r['control_added_us'])} | {r['control_over_off']:.3f}x |"
         )
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """``hwdist trace DIR``: merge the ranks' flight-record dumps and print the hang diagnosis offline.
 
-The files are what [`hwdist.dump_flight_record`][hwdist.flight.dump_flight_record], ``SIGUSR1`` or the
-hang watchdog wrote (``flight-rank<R>.jsonl``: a header line, then one line per
+
+The files are what [`hwdist.dump_flight_record`][hwdist.flight.dump_flight_record], ``SIGUSR1``
+or the hang watchdog wrote (``flight-rank<R>.jsonl``: a header line, then one line per
 collective). The output is the watchdog's report (diagnosis, one row per rank,
 stacks) followed by a Markdown table per group of the first sequence number
 where the ranks' calls differ. Exit status: 0, or 2 when DIR holds no record.
@@ -25,7 +26,8 @@ def add_trace_parser(sub: Any) -> argparse.ArgumentParser:
         "trace",
         help="merge flight-record dumps (one per rank) and print the hang diagnosis",
         description="Merge the flight-record dumps of every rank (flight-rank<R>.jsonl, written on a hang, on"
-        " SIGUSR1 or by hwdist.dump_flight_record) and print the diagnosis, each rank's last completed and pending"
+        " SIGUSR1 or by hwdist.dump_flight_record) and print the diagnosis, each rank's last completed and"
+        " pending"
         " collective, the stacks, and per group the first sequence number where the ranks' calls differ.",
     )
     p.add_argument("dir", metavar="DIR", help="directory holding the ranks' flight-rank<R>.jsonl files")
@@ -74,7 +76,9 @@ def table(records: dict[int, Optional[dict[str, Any]]], world: int) -> str:
     rows = report.divergence(records, world)
     ranks = list(range(world))
     lines = [
-        "| group | backend | first divergence | " + " | ".join(f"rank {r}" for r in ranks) + " | last seq per rank |",
+        "| group | backend | first divergence | "
+        + " | ".join(f"rank {r}" for r in ranks)
+        + " | last seq per rank |",
         "|---|---|---|" + "---|" * len(ranks) + "---|",
     ]
     for d in rows:

@@ -154,7 +154,7 @@ def _install_signal(watchdog_on: bool) -> None:
         return  # signal handlers can only be installed from the main thread
     if not _signal_free(usr1):
         if mode == "on":
-            _wd.warn("signal", "SIGUSR1 already has a handler (faulthandler?); the flight record is not dumped on it")
+            _wd.warn("signal", "SIGUSR1 already has a handler (faulthandler?); no flight-record dump on it")
         return
     rfd, wfd = os.pipe()
     os.set_blocking(wfd, False)

@@ -76,9 +76,9 @@ def _group_info(group: Any) -> Optional[GroupInfo]:
                 ranks: Optional[list[int]] = list(torch_dist.get_process_group_ranks(group))
             except Exception:
                 ranks = None
-            label = "group[" + ",".join(map(str, ranks)) + "]" if ranks is not None else f"group@{id(group):x}"
+            label = f"group[{','.join(map(str, ranks))}]" if ranks is not None else f"group@{id(group):x}"
             info = GroupInfo(label, ranks, backend)
-    st.flight = info
+    st.flight = info  # type: ignore[attr-defined]  # GroupState is a namespace
     return info
 
 
@@ -133,7 +133,7 @@ class Recorder:
         self.on_failure: Any = None  # called with the entry of a call that raised (the watchdog's report)
 
     def begin(self, op: str, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Record the start of a call (the observer protocol); returns the entry as the token. Never raises."""
+        """Record the start of a call (the observer protocol); returns the entry (the token). Never raises."""
         try:
             if group is None:  # the common case: the default group's info, dropped with its group state
                 info = self.world_info
@@ -143,7 +143,7 @@ class Recorder:
                 info = getattr(_state.of(group), "flight", None) or _group_info(group)
             if info is None:
                 return None
-            f = _getframe(1)
+            f: Any = _getframe(1)
             while f.f_code.co_filename.startswith(_PACKAGE_DIR):  # the first frame outside hwdist
                 f = f.f_back
             info.seq += 1
@@ -203,7 +203,7 @@ class Recorder:
 
 
 def line_of(code: Any, lasti: int) -> int:
-    """The source line of instruction offset ``lasti`` in ``code`` (what ``frame.f_lineno`` would have said)."""
+    """The source line of instruction offset ``lasti`` in ``code`` (what ``frame.f_lineno`` said)."""
     lines = getattr(code, "co_lines", None)
     if lines is not None:  # Python 3.10+
         for start, stop, line in lines():

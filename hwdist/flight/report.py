@@ -108,7 +108,8 @@ def diagnose(records: Records, world_size: int) -> str:
                 last = per[max(per)]
                 if last["state"] == "failed":
                     parts.append(
-                        f"rank {r}: {last['op']} #{last['seq']} ({last['site']}) failed: {str(last.get('error', '?'))[:160]}"
+                        f"rank {r}: {last['op']} #{last['seq']} ({last['site']}) failed:"
+                        f" {str(last.get('error', '?'))[:160]}"
                     )
             continue
         s = min(int(e["seq"]) for e in pending.values())
@@ -121,25 +122,23 @@ def diagnose(records: Records, world_size: int) -> str:
         who = _ranks(main)
         for others in clusters.values():
             if others is not main:
-                e = pending[others[0]]
+                o = pending[others[0]]
                 parts.append(
-                    f"{_ranks(others)} called {e['op']} #{s} ({e['site']}) where {who} called {ref['op']} #{s}"
+                    f"{_ranks(others)} called {o['op']} #{s} ({o['site']}) where {who} called"
+                    f" {ref['op']} #{s}"
                     f" ({ref['site']}); each waits"
                 )
         div = divergence({r: records[r] for r in members if r in records}, world_size)
         first = next((d["first"] for d in div if d["group"] == label), None)
         if first is not None and first < s:
-            calls = "; ".join(
-                f"rank {r} {e['op']} ({e['site']})"
-                for r in members
-                if (e := ranks.get(r, {}).get(first)) is not None
-            )
+            at_first = {r: ranks.get(r, {}).get(first) for r in members}
+            calls = "; ".join(f"rank {r} {c['op']} ({c['site']})" for r, c in at_first.items() if c is not None)
             parts.append(f"the ranks' calls on the {_gname(label)} first differ at #{first}: {calls}")
         for r in members:
             rec = records.get(r)
             if rec is None or r in waiters:
                 continue
-            e = ranks.get(r, {}).get(s)
+            e: Optional[dict[str, Any]] = ranks.get(r, {}).get(s)
             top = max(ranks.get(r, {}) or [0])
             if e is None and top < s:
                 parts.append(f"rank {r} never called {ref['op']} #{s} ({ref['site']}); it is {_where(rec)}")
@@ -162,7 +161,8 @@ def diagnose(records: Records, world_size: int) -> str:
         if not parts:
             parts.append(f"{who} wait in {ref['op']} #{s} ({ref['site']}) on the {_gname(label)}")
     if silent:
-        parts.insert(0, f"{_ranks(silent)} did not answer (dead, or stuck where its watchdog cannot reach the store)")
+        why = "dead, or stuck where its watchdog cannot reach the store"
+        parts.insert(0, f"{_ranks(silent)} did not answer ({why})")
     return "; ".join(parts) or "no collective in flight on any rank that answered"
 
 
@@ -193,7 +193,8 @@ def render(records: Records, world_size: int, headline: str = "", stacks: int = 
             lines.append(f"  rank {r}: no record (did not answer)")
             continue
         lines.append(
-            f"  rank {r} ({rec.get('host', '?')} pid {rec.get('pid', '?')}): last completed {_last(rec, 'completed')};"
+            f"  rank {r} ({rec.get('host', '?')} pid {rec.get('pid', '?')}):"
+            f" last completed {_last(rec, 'completed')};"
             f" pending {_last(rec, 'issued')}; main thread in {rec.get('where') or '?'}"
         )
     lines.append("groups (first sequence number where the ranks' calls differ):")

@@ -69,7 +69,7 @@ _warned: set[str] = set()
 
 
 def warn(key: str, message: str) -> None:
-    """One RuntimeWarning per ``key`` per process, also printed to stderr (the thread's warnings may be lost)."""
+    """One RuntimeWarning per ``key`` per process, also on stderr (a thread's warnings may be lost)."""
     if key in _warned:
         return
     _warned.add(key)
@@ -143,7 +143,7 @@ def flight_dir() -> str:
 
 
 def read_timeout() -> Optional[float]:
-    """``HWDIST_HANG_TIMEOUT`` in seconds, or None (watchdog off) for 0, a negative or a bad value (warned)."""
+    """``HWDIST_HANG_TIMEOUT`` in seconds; None (watchdog off) for 0, or a negative or bad value (warned)."""
     try:
         value = _settings.number("HWDIST_HANG_TIMEOUT")
     except ValueError as exc:
@@ -153,7 +153,7 @@ def read_timeout() -> Optional[float]:
         return None
     if value <= 0:
         if value < 0:
-            warn("timeout", f"HWDIST_HANG_TIMEOUT={value:g} is negative; the watchdog is off (0 turns it off)")
+            warn("timeout", f"HWDIST_HANG_TIMEOUT={value:g} is negative; the watchdog is off (0: off)")
         return None
     return float(value)
 
@@ -301,7 +301,7 @@ class Watchdog:
                 time.sleep(0.05)
 
     def _all_done(self, store: Any, episode: int, me: int, ws: int, records: dict[int, Any]) -> None:
-        """Before ending or interrupting anything, wait (bounded) until every rank that answered printed its report."""
+        """Before ending or interrupting anything, wait (bounded) for every rank that answered to print."""
         try:
             store.set(f"{RECORD}/{episode}/done/{me}", "1")
             keys = [f"{RECORD}/{episode}/done/{r}" for r in range(ws) if records.get(r) is not None]
@@ -330,7 +330,8 @@ class Watchdog:
             print(f"hwdist hang doctor: flight record written to {path} (merge: hwdist trace DIR)",
                   file=sys.stderr, flush=True)
         except Exception as exc:
-            warn("dump", f"could not write the flight record to {flight_dir()!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
+            where = flight_dir()
+            warn("dump", f"could not write the flight record to {where!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
 
     def _act(self, overdue: Optional[list[Any]]) -> None:
         if self.action == "abort":
@@ -344,14 +345,16 @@ class Watchdog:
         pending = [e for e in self.recorder.pending() if e[_rec.THREAD] == main]
         if pending:  # the main thread is blocked in a collective: release it, or end the process
             _abort_groups()
-            if self.stop.wait(min(10.0, self.gather)) or not any(e[_rec.STATE] == _rec.ISSUED for e in pending):
+            released = self.stop.wait(min(10.0, self.gather))
+            if released or not any(e[_rec.STATE] == _rec.ISSUED for e in pending):
                 return
             _exit("raise (the main thread stayed blocked in the backend)")
 
 
 def _backend_failure(error: Any) -> bool:
     """A failure worth a report: raised by the backend (a dead peer), not an argument error."""
-    return error is not None and not isinstance(error, (HwdistError, TypeError, ValueError, KeyboardInterrupt))
+    argument_errors = (HwdistError, TypeError, ValueError, KeyboardInterrupt)
+    return error is not None and not isinstance(error, argument_errors)
 
 
 def _abort_groups() -> None:

@@ -101,7 +101,9 @@ def main() -> None:
         from hwdist.launch.core import init_backend
 
         rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        init_backend(backend, rank=rank, world_size=ws, local_rank=rank, init_method=f"file://{store}", timeout=120)
+        init_backend(
+            backend, rank=rank, world_size=ws, local_rank=rank, init_method=f"file://{store}", timeout=120
+        )
     rank, ws = hwdist.get_rank(), hwdist.get_world_size()
     t = torch.ones(1)
     hwdist.all_reduce(t)  # SITE-first

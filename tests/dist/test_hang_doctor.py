@@ -55,7 +55,8 @@ def _site(name: str) -> str:
 def _here(name: str) -> str:
     """A ``# SITE-`` marker of this file."""
     lines = Path(__file__).read_text().splitlines()
-    return f"dist/test_hang_doctor.py:{next(i for i, ln in enumerate(lines, 1) if ln.endswith(f'# SITE-{name}'))}"
+    line = next(i for i, ln in enumerate(lines, 1) if ln.endswith(f"# SITE-{name}"))
+    return f"dist/test_hang_doctor.py:{line}"
 
 
 def _mpi_missing() -> str:
@@ -69,7 +70,9 @@ def _mpi_missing() -> str:
 class Run:
     """The outcome of one scenario: per rank its exit status and stderr; the seconds it took."""
 
-    def __init__(self, codes: dict[int, Optional[int]], logs: dict[int, str], started: float, ended: float) -> None:
+    def __init__(
+        self, codes: dict[int, Optional[int]], logs: dict[int, str], started: float, ended: float
+    ) -> None:
         self.codes, self.logs, self.started, self.ended = codes, logs, started, ended
         self.mpi = False
 
@@ -82,9 +85,7 @@ class Run:
         return "\n".join(f"--- rank {r} (exit {self.codes[r]})\n{self.logs[r]}" for r in sorted(self.logs))
 
 
-def _run(
-    scenario: str, backend: str, ws: int, action: str, tmp_path: Path, **env: str
-) -> Run:
+def _run(scenario: str, backend: str, ws: int, action: str, tmp_path: Path, **env: str) -> Run:
     logs = tmp_path / "logs"
     logs.mkdir()
     full = dict(os.environ)
@@ -102,12 +103,26 @@ def _run(
     args = [sys.executable, str(SCRIPT), scenario, backend, str(tmp_path / "store")]
     if backend == "mpi":
         full.update(MPI_AS_ROOT)
-        procs = [subprocess.Popen(["mpiexec", "-n", str(ws), *args], env=full, cwd=ROOT,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)]
+        procs = [
+            subprocess.Popen(
+                ["mpiexec", "-n", str(ws), *args],
+                env=full,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        ]
     else:
         procs = [
-            subprocess.Popen(args, env={**full, "RANK": str(r), "WORLD_SIZE": str(ws)}, cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            subprocess.Popen(
+                args,
+                env={**full, "RANK": str(r), "WORLD_SIZE": str(ws)},
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             for r in range(ws)
         ]
     codes: dict[int, Optional[int]] = {}
@@ -123,7 +138,9 @@ def _run(
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     ended = time.time()
-    texts = {r: (logs / f"rank{r}.err").read_text() if (logs / f"rank{r}.err").exists() else "" for r in range(ws)}
+    texts = {
+        r: (logs / f"rank{r}.err").read_text() if (logs / f"rank{r}.err").exists() else "" for r in range(ws)
+    }
     starts = [float(m.group(1)) for t in texts.values() for m in [re.search(r"started at ([\d.]+)", t)] if m]
     assert starts, f"no rank started:\n{texts}"
     assert len(codes) == len(procs), f"the ranks did not end within {HARD_TIMEOUT} s (hard timeout):\n{texts}"
@@ -136,10 +153,14 @@ def _run(
 
 BACKENDS = ["gloo", "emu"]
 WORLD_SIZES = [2, 3]
-ALL = pytest.mark.parametrize("backend,ws", [(b, n) for b in BACKENDS for n in WORLD_SIZES] + [
-    pytest.param("mpi", n, marks=pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-"))
-    for n in WORLD_SIZES
-])
+ALL = pytest.mark.parametrize(
+    "backend,ws",
+    [(b, n) for b in BACKENDS for n in WORLD_SIZES]
+    + [
+        pytest.param("mpi", n, marks=pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-"))
+        for n in WORLD_SIZES
+    ],
+)
 
 
 def _assert_aborted(run: Run) -> None:
@@ -150,7 +171,9 @@ def _assert_aborted(run: Run) -> None:
 
 def _assert_fast(run: Run) -> None:
     took = run.ended - run.started
-    assert took < DEADLINE + SLACK, f"took {took:.1f} s after the ranks started (deadline {DEADLINE} s)\n{run!r}"
+    assert took < DEADLINE + SLACK, (
+        f"took {took:.1f} s after the ranks started (deadline {DEADLINE} s)\n{run!r}"
+    )
 
 
 @ALL
@@ -158,7 +181,8 @@ def test_late_rank(backend, ws, tmp_path):
     run = _run("sleep", backend, ws, "abort", tmp_path)
     last = ws - 1
     want = (
-        f"rank {last} never called all_reduce #3 ({_site('stuck-sleep')}); it is in evaluate() at {_site('evaluate')}"
+        f"rank {last} never called all_reduce #3 ({_site('stuck-sleep')});"
+        f" it is in evaluate() at {_site('evaluate')}"
     )
     for r in range(ws):
         assert run.diagnosis(r) == want, run
@@ -170,7 +194,10 @@ def test_late_rank(backend, ws, tmp_path):
     # every rank dumped its record; `hwdist trace` merges them into the same diagnosis
     out = subprocess.run(
         [sys.executable, "-m", "hwdist", "trace", str(tmp_path / "flight")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr
@@ -185,8 +212,13 @@ def test_skipped_collective(backend, ws, tmp_path):
     for r in range(ws):
         diag = run.diagnosis(r)
         assert "the ranks' calls on the default group first differ at #3" in diag, run
-        assert f"rank 0 all_reduce ({_site('skipped')})" in diag and f"rank {last} all_reduce ({_site('stuck-skip')})" in diag
-        assert f"rank {last} never called all_reduce #4 ({_site('stuck-skip')}); it is in evaluate()" in diag, run
+        assert (
+            f"rank 0 all_reduce ({_site('skipped')})" in diag
+            and f"rank {last} all_reduce ({_site('stuck-skip')})" in diag
+        )
+        assert (
+            f"rank {last} never called all_reduce #4 ({_site('stuck-skip')}); it is in evaluate()" in diag
+        ), run
     _assert_aborted(run)
     _assert_fast(run)
 
@@ -197,7 +229,8 @@ def test_different_collectives(backend, ws, tmp_path):
     last = ws - 1
     others = "rank 0" if ws == 2 else "ranks 0, 1"
     want = (
-        f"rank {last} called broadcast #3 ({_site('other')}) where {others} called all_reduce #3 ({_site('stuck-different')})"
+        f"rank {last} called broadcast #3 ({_site('other')}) where {others} called all_reduce #3"
+        f" ({_site('stuck-different')})"
     )
     for r in range(ws):
         assert want in run.diagnosis(r), run
@@ -210,7 +243,10 @@ def test_extra_barrier(backend, ws, tmp_path):
     run = _run("barrier", backend, ws, "abort", tmp_path)
     last = ws - 1
     others = "rank 0" if ws == 2 else "ranks 0, 1"
-    want = f"rank {last} called barrier #3 ({_site('extra')}) where {others} called all_reduce #3 ({_site('stuck-barrier')})"
+    want = (
+        f"rank {last} called barrier #3 ({_site('extra')}) where {others} called all_reduce #3"
+        f" ({_site('stuck-barrier')})"
+    )
     for r in range(ws):
         assert want in run.diagnosis(r), run
     _assert_aborted(run)
@@ -237,7 +273,10 @@ def test_rank_killed_mid_collective(backend, ws, tmp_path):
 def test_raise_action_raises_on_every_rank(backend, tmp_path):
     ws = 2
     run = _run("sleep", backend, ws, "raise", tmp_path)
-    want = f"rank 1 never called all_reduce #3 ({_site('stuck-sleep')}); it is in evaluate() at {_site('evaluate')}"
+    want = (
+        f"rank 1 never called all_reduce #3 ({_site('stuck-sleep')});"
+        f" it is in evaluate() at {_site('evaluate')}"
+    )
     for r in range(ws):
         # rank 0 was blocked inside gloo (released by aborting the group), rank 1 was running Python
         assert f"rank {r}: RAISED HangDetected: {want}" in run.logs[r], run
@@ -262,10 +301,21 @@ def test_sigusr1_dumps_while_blocked_in_a_collective(tmp_path):
     """SIGUSR1 while rank 0 waits inside gloo: the record is written by a thread (the main thread is in C)."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HWDIST_HANG_TIMEOUT="60", HWDIST_FLIGHT_DIR=str(tmp_path / "f"),
-               HANG_LOGS=str(logs), HANG_SLEEP="8", GLOO_SOCKET_IFNAME="lo", WORLD_SIZE="2")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HWDIST_HANG_TIMEOUT="60",
+        HWDIST_FLIGHT_DIR=str(tmp_path / "f"),
+        HANG_LOGS=str(logs),
+        HANG_SLEEP="8",
+        GLOO_SOCKET_IFNAME="lo",
+        WORLD_SIZE="2",
+    )
     args = [sys.executable, str(SCRIPT), "sleep", "gloo", str(tmp_path / "store")]
-    procs = [subprocess.Popen(args, env={**env, "RANK": str(r)}, cwd=ROOT, start_new_session=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(args, env={**env, "RANK": str(r)}, cwd=ROOT, start_new_session=True)
+        for r in range(2)
+    ]
     try:
         deadline = time.time() + 60
         while "started" not in ((logs / "rank0.err").read_text() if (logs / "rank0.err").exists() else ""):
@@ -321,15 +371,27 @@ def _record_rank() -> dict:
 def test_recorder_entries(dist, ws, backend):
     for res in dist(_record_rank, ws, backend):
         es = res["entries"]
-        assert [e["op"] for e in es] == ["all_reduce", "all_reduce_dict", "all_reduce", "broadcast", "all_reduce"]
+        assert [e["op"] for e in es] == [
+            "all_reduce",
+            "all_reduce_dict",
+            "all_reduce",
+            "broadcast",
+            "all_reduce",
+        ]
         default = [e for e in es if e["group"] == "default"]
         seqs = [e["seq"] for e in default]
         assert seqs == list(range(seqs[0], seqs[0] + 4)), seqs  # consecutive, explicit WORLD included
         assert [e["site"] for e in es] == [
-            _here("rec-a"), _here("rec-b"), es[2]["site"], _here("rec-c"), _here("rec-d")
+            _here("rec-a"),
+            _here("rec-b"),
+            es[2]["site"],
+            _here("rec-c"),
+            _here("rec-d"),
         ]
         assert es[2]["site"].startswith("dist/test_hang_doctor.py:")
-        assert es[0]["args"] == "float32[3, 2]" and es[0]["state"] == "completed" and es[0]["backend"] == backend
+        assert (
+            es[0]["args"] == "float32[3, 2]" and es[0]["state"] == "completed" and es[0]["backend"] == backend
+        )
         assert es[1]["args"] == "dict[1]"
         sub = es[3]
         assert sub["group"] == f"group[{','.join(map(str, range(ws)))}]" and sub["seq"] == 1, sub

@@ -24,13 +24,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _entry(seq: int, op: str, site: str, state: str = "completed", group: str = "default") -> dict:
-    return {"group": group, "group_ranks": None, "backend": "gloo", "seq": seq, "op": op, "args": "float32[1]",
-            "site": site, "start": 100.0 + seq, "end": None if state == "issued" else 100.5 + seq, "state": state}
+    return {
+        "group": group,
+        "group_ranks": None,
+        "backend": "gloo",
+        "seq": seq,
+        "op": op,
+        "args": "float32[1]",
+        "site": site,
+        "start": 100.0 + seq,
+        "end": None if state == "issued" else 100.5 + seq,
+        "state": state,
+    }
 
 
 def _rec(rank: int, ws: int, entries: list, where: str = "") -> dict:
-    return {"rank": rank, "world_size": ws, "host": "h", "pid": 1, "time": 200.0, "where": where,
-            "stack": ["train.py:1 in <module>", where or "train.py:2 in step"], "entries": entries}
+    return {
+        "rank": rank,
+        "world_size": ws,
+        "host": "h",
+        "pid": 1,
+        "time": 200.0,
+        "where": where,
+        "stack": ["train.py:1 in <module>", where or "train.py:2 in step"],
+        "entries": entries,
+    }
 
 
 def _late_rank_records() -> dict:
@@ -61,8 +79,15 @@ def test_diagnosis_of_different_collectives_and_a_silent_rank():
 
 def test_divergence_table_finds_the_first_differing_sequence_number():
     recs = {
-        0: _rec(0, 2, [_entry(1, "all_reduce", "a.py:1"), _entry(2, "all_reduce", "a.py:2"),
-                       _entry(3, "all_reduce", "a.py:3", "issued")]),
+        0: _rec(
+            0,
+            2,
+            [
+                _entry(1, "all_reduce", "a.py:1"),
+                _entry(2, "all_reduce", "a.py:2"),
+                _entry(3, "all_reduce", "a.py:3", "issued"),
+            ],
+        ),
         1: _rec(1, 2, [_entry(1, "all_reduce", "a.py:1"), _entry(2, "all_reduce", "a.py:3")]),
     }
     (row,) = report.divergence(recs, 2)
@@ -88,7 +113,9 @@ def test_trace_merges_dumps_and_prints_the_diagnosis(tmp_path, capsys):
     (d / "junk.jsonl").write_text("not json\n")
     assert cli_main(["trace", str(d)]) == 0
     out, err = capsys.readouterr()
-    assert "diagnosis: rank 1 never called all_reduce #3 (train.py:88); it is in evaluate() at eval.py:12" in out
+    assert (
+        "diagnosis: rank 1 never called all_reduce #3 (train.py:88); it is in evaluate() at eval.py:12" in out
+    )
     assert "| default | gloo | #3 | all_reduce (train.py:88) | - | 0:#3, 1:#2 |" in out
     assert "junk.jsonl: not a flight record" in err
     assert cli_main(["trace", "--json", str(d)]) == 0
@@ -173,14 +200,26 @@ def test_importing_hwdist_installs_no_signal_handler_and_starts_no_thread():
         "assert hwdist.flight.enabled();"
         "print('ok')"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_opt_out(monkeypatch):
     code = "import hwdist; print(hwdist.flight.enabled())"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "HWDIST_FLIGHT_RECORDER": "0"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HWDIST_FLIGHT_RECORDER": "0"},
+    )
     assert out.stdout.strip() == "False", out.stderr
     assert flight.enable(flight.enabled()) is flight.enabled()
