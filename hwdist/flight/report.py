@@ -132,7 +132,9 @@ def diagnose(records: Records, world_size: int) -> str:
         first = next((d["first"] for d in div if d["group"] == label), None)
         if first is not None and first < s:
             at_first = {r: ranks.get(r, {}).get(first) for r in members}
-            calls = "; ".join(f"rank {r} {c['op']} ({c['site']})" for r, c in at_first.items() if c is not None)
+            calls = "; ".join(
+                f"rank {r} {c['op']} ({c['site']})" for r, c in at_first.items() if c is not None
+            )
             parts.append(f"the ranks' calls on the {_gname(label)} first differ at #{first}: {calls}")
         for r in members:
             rec = records.get(r)
