@@ -140,10 +140,13 @@ class Recorder:
                 if info is None:
                     info = self._world()
             else:
-                info = getattr(_state.of(group), "flight", None) or _group_info(group)
+                info = getattr(_state.of(group), "flight", None)
+                if info is None:
+                    info = _group_info(group)
+                    self._first_call()
             if info is None:
                 return None
-            f: Any = _getframe(1)
+            f: Any = _getframe(2)  # begin <- guarded <- the caller (a few more hwdist frames on other paths)
             while f.f_code.co_filename.startswith(_PACKAGE_DIR):  # the first frame outside hwdist
                 f = f.f_back
             info.seq += 1
@@ -152,15 +155,18 @@ class Recorder:
                 _now(), 0.0, ISSUED, None, _get_ident(),
             ]
             self._append(entry)
-            if self.on_first_call is not None:
-                hook, self.on_first_call = self.on_first_call, None
-                hook()
             return entry
         except Exception:  # (a frame walk that ran out of frames, ...): this call goes unrecorded
             return None
 
+    def _first_call(self) -> None:
+        if self.on_first_call is not None:
+            hook, self.on_first_call = self.on_first_call, None
+            hook()
+
     def _world(self) -> Optional[GroupInfo]:
         info = _group_info(None)
+        self._first_call()
         if info is not None:
             st = _state.of(None)
             # hwdist.destroy() drops the group state: the callback then forgets the cached info
