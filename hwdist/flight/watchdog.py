@@ -264,7 +264,10 @@ class Watchdog:
         records: dict[int, Optional[dict[str, Any]]] = {r: None for r in range(ws)}
         records[me] = mine
         if store is not None:
-            self._exchange(store, episode, mine, records)
+            failed = overdue is not None and overdue[_rec.STATE] == _rec.FAILED
+            # a failed call waits in its own thread: only as long as a live rank needs to notice the episode
+            wait = min(self.gather, self.tick + 1.0) if failed else self.gather
+            self._exchange(store, episode, mine, records, wait)
         headline = self._headline(overdue, me, ws, episode)
         text = _report.render(records, ws, headline)
         self.last_report = text
@@ -278,7 +281,9 @@ class Watchdog:
             self._all_done(store, episode, me, ws, records)
         self._act(overdue)
 
-    def _exchange(self, store: Any, episode: int, mine: dict[str, Any], records: dict[int, Any]) -> None:
+    def _exchange(
+        self, store: Any, episode: int, mine: dict[str, Any], records: dict[int, Any], wait: float
+    ) -> None:
         me, ws = mine["rank"], mine["world_size"]
         try:
             store.set(f"{RECORD}/{episode}/{me}", json.dumps(mine))
@@ -286,7 +291,7 @@ class Watchdog:
             warn("store", f"could not publish this rank's record ({exc!r}); the report shows this rank only")
             return
         missing = [r for r in range(ws) if r != me]
-        deadline = time.time() + self.gather
+        deadline = time.time() + wait
         while missing and time.time() < deadline:
             for r in list(missing):
                 key = f"{RECORD}/{episode}/{r}"
@@ -351,10 +356,18 @@ class Watchdog:
             _exit("raise (the main thread stayed blocked in the backend)")
 
 
+#: Words of a backend error that means a lost peer (gloo: "Connection closed by peer", NCCL: "remote process
+#: exited", MPI: "aborted"); other failures are recorded, not reported.
+LOST_PEER = ("connection", "closed", "reset", "peer", "broken pipe", "remote process", "abort", "timed out")
+
+
 def _backend_failure(error: Any) -> bool:
-    """A failure worth a report: raised by the backend (a dead peer), not an argument error."""
+    """A failure worth a report: the backend lost a peer (not an argument error, not hwdist's own)."""
     argument_errors = (HwdistError, TypeError, ValueError, KeyboardInterrupt)
-    return error is not None and not isinstance(error, argument_errors)
+    if error is None or isinstance(error, argument_errors):
+        return False
+    text = str(error).lower()
+    return any(word in text for word in LOST_PEER)
 
 
 def _abort_groups() -> None:
