@@ -143,7 +143,8 @@ class Recorder:
                 info = getattr(_state.of(group), "flight", None)
                 if info is None:
                     info = _group_info(group)
-                    self._first_call()
+                    if info is not None:
+                        self._first_call()
             if info is None:
                 return None
             f: Any = _getframe(2)  # begin <- guarded <- the caller (a few more hwdist frames on other paths)
@@ -166,8 +167,8 @@ class Recorder:
 
     def _world(self) -> Optional[GroupInfo]:
         info = _group_info(None)
-        self._first_call()
-        if info is not None:
+        if info is not None:  # a process group exists: start the watchdog (never for a non-distributed run)
+            self._first_call()
             st = _state.of(None)
             # hwdist.destroy() drops the group state: the callback then forgets the cached info
             self._world_ref = weakref.ref(st, self._forget_world)
