@@ -1,6 +1,6 @@
 """The flight recorder: a ring buffer of this process's recent collectives.
 
-An observer of the collective entry ([`hwdist.collectives._calls`][hwdist.collectives._calls]): every
+An observer of the collective entry (`hwdist.collectives._calls`): every
 outermost public collective appends one entry when it starts and completes it
 when it returns or raises. Per call the hot path reads the clock twice, finds
 the user's call site (first frame outside hwdist), bumps the group's sequence
