@@ -19,6 +19,7 @@ give one warning; the thread never raises into user code.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
@@ -177,38 +178,51 @@ class Watchdog:
         self.handled = 0  # last episode this rank answered
         self.reported: set[int] = set()  # id() of entries that already opened an episode
         self.stop = threading.Event()
+        self.wake = threading.Event()  # set by a failed call: step now, not at the next tick
+        self.idle = threading.Event()  # no report in progress and none queued
+        self.idle.set()
+        self.failed: list[list[Any]] = []  # entries of calls that failed for a lost peer, not reported yet
         self.last_report = ""
         self.lock = threading.Lock()  # one episode at a time (the thread, or a failed call's own thread)
         self.thread = threading.Thread(target=self._run, name="hwdist-hang-watchdog", daemon=True)
 
     def start(self) -> None:
-        """Start the thread."""
+        """Start the thread (and, at exit, wait for a report in progress)."""
         self.thread.start()
+        atexit.register(self.wait_idle)
 
     # ------------------------------------------------------------------ the loop
 
     def _run(self) -> None:
-        while not self.stop.wait(self.tick):
+        while not self.stop.is_set():
+            self.wake.wait(self.tick)
+            self.wake.clear()
             try:
                 with self.lock:
-                    self._step()
+                    failed = self.failed.pop(0) if self.failed else None
+                    if failed is None or id(failed) not in self.reported:
+                        self._step(failed)
             except Exception as exc:  # never let the thread die silently, never raise elsewhere
                 warn(f"step:{type(exc).__name__}", f"watchdog step failed: {exc!r}")
+            finally:
+                if not self.failed:
+                    self.idle.set()
 
     def on_failure(self, entry: list[Any]) -> None:
-        """A collective failed in the backend (a dead peer): report now, before the error reaches the caller.
+        """A collective failed in the backend (a lost peer): the thread reports at once.
 
-        The process is likely to end with that error, before the thread's next tick. The
-        ``raise`` action adds nothing here (the call raises anyway).
+        The error reaches the caller without delay; if it ends the process, the exit
+        waits (bounded, at exit) for the report. The ``raise`` action adds nothing here.
         """
-        if not _backend_failure(entry[_rec.ERROR]):
-            return
-        try:
-            with self.lock:
-                if id(entry) not in self.reported:
-                    self._step(failed=entry)
-        except Exception as exc:
-            warn(f"step:{type(exc).__name__}", f"watchdog step failed: {exc!r}")
+        if _backend_failure(entry[_rec.ERROR]):
+            self.idle.clear()
+            self.failed.append(entry)
+            self.wake.set()
+
+    def wait_idle(self) -> None:
+        """At interpreter exit: let a report in progress finish (at most the record-exchange time + 2 s)."""
+        if self.thread.is_alive() and not self.idle.wait(self.gather + 2.0):
+            warn("exit", "the process exits while a hang report is still being gathered")
 
     def _store(self) -> Any:
         import torch.distributed as torch_dist
@@ -232,6 +246,8 @@ class Watchdog:
         if store is None:
             return
         overdue = failed or self._overdue()
+        if overdue is not None:
+            self.idle.clear()
         try:
             current = int(store.add(EPISODE, 0))
         except Exception as exc:
@@ -264,10 +280,7 @@ class Watchdog:
         records: dict[int, Optional[dict[str, Any]]] = {r: None for r in range(ws)}
         records[me] = mine
         if store is not None:
-            failed = overdue is not None and overdue[_rec.STATE] == _rec.FAILED
-            # a failed call waits in its own thread: only as long as a live rank needs to notice the episode
-            wait = min(self.gather, self.tick + 1.0) if failed else self.gather
-            self._exchange(store, episode, mine, records, wait)
+            self._exchange(store, episode, mine, records, self.gather)
         headline = self._headline(overdue, me, ws, episode)
         text = _report.render(records, ws, headline)
         self.last_report = text
