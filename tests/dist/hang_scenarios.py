@@ -114,7 +114,7 @@ def main() -> None:
     except BaseException as exc:
         print(f"rank {rank}: RAISED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if name == "kill":
-            raise  # an uncaught error ends the process the usual way (the report in progress is awaited at exit)
+            raise  # an uncaught error ends the process the usual way (the exit awaits the report)
         os._exit(3)
     print(f"rank {rank}: scenario returned", file=sys.stderr, flush=True)
     os._exit(0)
