@@ -23,8 +23,9 @@ decorator does two things, and nothing else:
    recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives._calls.set_recorder]), called
    first without the generic loop; verification mode is an observer.
 
-With no observer registered the cost is a dictionary look-up and a
-``try``/``finally`` per call (docs/reliability.md).
+With no observer registered and the recorder slot empty the cost is a
+dictionary look-up and a ``try``/``finally`` per call (docs/reliability.md);
+the flight recorder's own cost is in docs/benchmarks.md.
 """
 
 from __future__ import annotations
