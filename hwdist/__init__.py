@@ -35,6 +35,7 @@ from .registry import (
 
 from .verify import CollectiveMismatch, set_verification, verification, verification_enabled
 from .errors import HwdistError
+from .flight import dump_flight_record
 
 __version__ = "0.1.0"
 
@@ -58,6 +59,7 @@ __all__ = [
     "verification",
     "set_verification",
     "verification_enabled",
+    "dump_flight_record",
     *_info.__all__,
     *_launch.__all__,
     *_tensor.__all__,

@@ -271,7 +271,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         description="torch.distributed on any hardware: inspect this machine, verify and benchmark collectives.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{env,check,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{env,check,bench,trace}")
 
     p_env = sub.add_parser(
         "env",
@@ -323,7 +323,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     which.add_argument("--impl", default="hwdist", choices=["hwdist", "torch"], help="time hwdist's functions or raw torch.distributed (default hwdist)")
     which.add_argument("--compare", action="store_true", help="time both, size by size, and add a hwdist/torch time ratio table")
     p_bench.add_argument("--plot", default=None, metavar="FILE.png", help="draw bus bandwidth against size (needs matplotlib)")
-    return parser, {"env": p_env, "check": p_check, "bench": p_bench}
+    from .cli_trace import add_trace_parser
+
+    return parser, {"env": p_env, "check": p_check, "bench": p_bench, "trace": add_trace_parser(sub)}
 
 
 def _silence_stdout() -> None:
@@ -371,6 +373,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             code = cmd_env(args, sys.stdout)
         elif args.command == "check":
             code = cmd_check(args, sys.stdout, sys.stderr, argv)
+        elif args.command == "trace":
+            from .cli_trace import cmd_trace
+
+            code = cmd_trace(args, sys.stdout, sys.stderr)
         else:
             from .cli_bench import cmd_bench
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as torch_dist
 
 from . import _compat, registry, verify
+from .collectives._calls import collective
 
 __all__ = [
     "is_distributed",
@@ -169,6 +170,7 @@ rank_zero_only = master_only
 """Alias of [`master_only`][hwdist.info.master_only] (vis4d / Lightning name)."""
 
 
+@collective(0)
 def barrier(group: Optional[Any] = None) -> None:
     """Block until every rank of ``group`` arrives; no-op when not distributed.
 

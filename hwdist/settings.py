@@ -56,6 +56,18 @@ SETTINGS: dict[str, Setting] = {
         Setting("HWDIST_TEST_PG_TIMEOUT", "number", "30", "testing harness: the process-group timeout, seconds"),
         Setting("HWDIST_CHECK_INJECT", "text", "", "hwdist check: inject a wrong result (op:dtype:mode) to see it caught"),
         Setting("HWDIST_BENCH_INJECT", "text", "", "hwdist bench: inject a wrong result into this op"),
+        Setting("HWDIST_FLIGHT_RECORDER", "flag", "1", "flight recorder: record every collective (0: off)"),
+        Setting("HWDIST_FLIGHT_SIZE", "integer", "2048", "flight recorder: entries kept per process"),
+        Setting("HWDIST_FLIGHT_DIR", "text", "", "flight recorder: dump directory (<tmp>/hwdist-flight)"),
+        Setting(
+            "HWDIST_FLIGHT_SIGNAL", "choice", "auto", "flight recorder: dump on SIGUSR1 (auto: if watchdog)",
+            ("auto", "on", "off"),
+        ),
+        Setting("HWDIST_HANG_TIMEOUT", "number", "300", "hang watchdog: seconds before a report (0: off)"),
+        Setting(
+            "HWDIST_HANG_ACTION", "choice", "report", "hang watchdog, after the report: report, raise, abort",
+            ("report", "raise", "abort"),
+        ),
     )
 }
 """Every ``HWDIST_*`` variable hwdist reads, by name."""

@@ -20,10 +20,12 @@ decorator does two things, and nothing else:
    on success). A collective built on another (``broadcast_object`` on
    ``broadcast_object_list``, ...) is seen once, as the outer call. Observers
    must never raise; one that does is removed and a warning printed. The flight
-   recorder and verification mode are observers.
+   recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives._calls.set_recorder]), called
+   first without the generic loop; verification mode is an observer.
 
-With no observer registered the cost is a dictionary look-up and a
-``try``/``finally`` per call (docs/reliability.md).
+With no observer registered and the recorder slot empty the cost is a
+dictionary look-up and a ``try``/``finally`` per call (docs/reliability.md);
+the flight recorder's own cost is in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -55,6 +57,19 @@ class Observer(Protocol):
 
 #: The registered observers, in registration order (a tuple: replaced, never mutated, so reads need no lock).
 _observers: tuple[Observer, ...] = ()
+#: The flight recorder's slot: an observer called first, without the generic loop (its 2 us budget).
+_recorder: Optional[Observer] = None
+
+
+def set_recorder(recorder: Optional[Observer]) -> Optional[Observer]:
+    """Put ``recorder`` in the recorder slot (None empties it); returns the previous one.
+
+    The slot's observer is called like any other (``begin``/``end``, outermost calls
+    only), before the registered observers; it must never raise.
+    """
+    global _recorder
+    old, _recorder = _recorder, recorder
+    return old
 
 
 def add_observer(observer: Observer) -> None:
@@ -84,6 +99,8 @@ def _observed(name: str, fn: Callable[..., Any], group: Any, args: tuple[Any, ..
     """Run ``fn`` under the observers, unless an outer public call of this thread already is."""
     if getattr(_local, "depth", 0):
         return fn(*args, **kwargs)
+    rec = _recorder
+    token = rec.begin(name, group, args, kwargs) if rec is not None else None  # never raises
     tokens = []
     for obs in _observers:
         try:
@@ -95,10 +112,15 @@ def _observed(name: str, fn: Callable[..., Any], group: Any, args: tuple[Any, ..
         result = fn(*args, **kwargs)
     except BaseException as exc:
         _local.depth = 0
+        if rec is not None:
+            rec.end(token, exc)
         _end(tokens, exc)
         raise
     _local.depth = 0
-    _end(tokens, None)
+    if rec is not None:
+        rec.end(token, None)
+    if tokens:
+        _end(tokens, None)
     return result
 
 
@@ -139,7 +161,17 @@ def collective(group_index: int, name: Optional[str] = None) -> Callable[[F], F]
                 try:
                     if _observers:
                         return _observed(op, fn, group, args, kwargs)
-                    return fn(*args, **kwargs)
+                    rec = _recorder
+                    if rec is None:
+                        return fn(*args, **kwargs)
+                    token = rec.begin(op, group, args, kwargs)  # the recorder alone: inline, no depth mark
+                    try:
+                        result = fn(*args, **kwargs)
+                    except BaseException as exc:
+                        rec.end(token, exc)
+                        raise
+                    rec.end(token, None)
+                    return result
                 finally:
                     _in_flight.pop(key, None)
             if holder != me:

@@ -1,0 +1,195 @@
+"""The hang doctor: a flight recorder of every collective, a hang watchdog, dumps and their analysis.
+
+* [`recorder`][hwdist.flight.recorder]: the ring buffer, on by default
+  (``HWDIST_FLIGHT_RECORDER=0`` turns it off).
+* [`watchdog`][hwdist.flight.watchdog]: a daemon thread that, when a collective has
+  not completed after ``HWDIST_HANG_TIMEOUT`` seconds, gathers every rank's
+  record through the store and prints one report (``HWDIST_HANG_ACTION``:
+  report, raise or abort). Started by the first collective, never by ``import``.
+* [`report`][hwdist.flight.report]: the report and its one-line diagnosis, also used
+  offline by ``hwdist trace DIR``.
+
+Guide: docs/debugging-hangs.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+from typing import Any, Optional
+
+from .. import settings as _settings
+from ..collectives import _calls
+from . import recorder as _rec
+from . import watchdog as _wd
+
+__all__ = ["dump_flight_record", "enable", "enabled", "snapshot", "watchdog_running"]
+
+_recorder = _rec.Recorder(_rec.default_size())
+_watchdog: Optional[_wd.Watchdog] = None
+_signal_state: dict[str, Any] = {}
+
+
+def _on_first_call() -> None:
+    """Start the watchdog and the SIGUSR1 dump (once per process, from the first recorded collective)."""
+    global _watchdog
+    try:
+        timeout = _wd.read_timeout()
+        if timeout is not None and _watchdog is None:
+            _watchdog = _wd.Watchdog(_recorder, timeout, _wd.read_action())
+            _watchdog.start()
+            _recorder.on_failure = _watchdog.on_failure
+        _install_signal(timeout is not None)
+    except Exception as exc:  # never into the user's collective
+        _wd.warn("start", f"could not start the watchdog ({exc!r})")
+
+
+def enable(on: bool = True) -> bool:
+    """Switch the flight recorder on or off in this process; returns the previous state.
+
+    Args:
+        on: record every collective (True) or nothing (False).
+
+    Returns:
+        Whether it was on.
+
+    Examples:
+        >>> hwdist.flight.enable(False)   # every rank, or only where you need the speed
+        True
+    """
+    was = enabled()
+    if on:
+        if _recorder.on_first_call is None and not _recorder.ring and _watchdog is None:
+            _recorder.on_first_call = _on_first_call
+        _calls.set_recorder(_recorder)
+    elif _calls._recorder is _recorder:
+        _calls.set_recorder(None)
+    return was
+
+
+def enabled() -> bool:
+    """Whether the flight recorder is on in this process."""
+    return _calls._recorder is _recorder
+
+
+def watchdog_running() -> bool:
+    """Whether this process's hang watchdog thread runs (started by the first collective)."""
+    return _watchdog is not None and _watchdog.thread.is_alive()
+
+
+def snapshot() -> list[dict[str, Any]]:
+    """This process's recorded collectives, oldest first, as dicts (what dumps hold, one per line).
+
+    Returns:
+        One dict per entry: ``group``, ``seq``, ``op``, ``backend``, ``args``, ``site``, ``start``, ``end``,
+        ``state`` (issued, completed or failed) and ``error`` for a failed call.
+    """
+    return [_rec.entry_dict(e) for e in _recorder.entries()]
+
+
+def dump_flight_record(path: Optional[str] = None) -> Optional[str]:
+    """Write this rank's flight record as JSON lines; call it on every rank, then run ``hwdist trace DIR``.
+
+    The file holds a header line (rank, host, pid, the main thread's stack) and one
+    line per recorded collective. Never raises: a path that cannot be written gives a
+    warning and None.
+
+    Args:
+        path: a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file; default
+            ``HWDIST_FLIGHT_DIR``, or ``<tmp>/hwdist-flight``.
+
+    Returns:
+        The file written, or None when it could not be written.
+
+    Examples:
+        >>> hwdist.dump_flight_record("/shared/run7/flight")
+        '/shared/run7/flight/flight-rank0.jsonl'   # rank 0
+        '/shared/run7/flight/flight-rank1.jsonl'   # rank 1
+    """
+    target = path if path is not None else _wd.flight_dir()
+    try:
+        return _wd.dump(_recorder, os.fspath(target), "dump_flight_record")
+    except Exception as exc:
+        _wd.warn(f"dump:{target}", f"could not write the flight record to {target!r} ({exc!r})")
+        return None
+
+
+# --------------------------------------------------------------------------- SIGUSR1
+
+
+def _signal_free(signum: int) -> bool:
+    """Whether nothing handles ``signum`` yet (faulthandler, a C library or Python code)."""
+    if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(512)  # struct sigaction starts with the handler on Linux and macOS
+        if libc.sigaction(signum, None, buf) != 0:
+            return True
+        return not ctypes.c_void_p.from_buffer(buf).value
+    except Exception:
+        return True
+
+
+def _dump_on_signal(reason: str) -> None:
+    path = dump_flight_record()
+    if path is not None:
+        print(f"hwdist: flight record written to {path} ({reason})", file=sys.stderr, flush=True)
+
+
+def _install_signal(watchdog_on: bool) -> None:
+    """Dump the record on SIGUSR1 (``HWDIST_FLIGHT_SIGNAL``: auto = when the watchdog runs)."""
+    try:
+        mode = _settings.choice("HWDIST_FLIGHT_SIGNAL")
+    except ValueError as exc:
+        _wd.warn("signal", f"{exc}; SIGUSR1 is not handled")
+        return
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if mode == "off" or (mode == "auto" and not watchdog_on) or usr1 is None or _signal_state:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be installed from the main thread
+    if not _signal_free(usr1):
+        if mode == "on":
+            _wd.warn("signal", "SIGUSR1 already has a handler (faulthandler?); no flight-record dump on it")
+        return
+    rfd, wfd = os.pipe()
+    os.set_blocking(wfd, False)
+
+    def handler(signum: int, frame: Any) -> None:
+        if not _signal_state.get("pipe"):
+            _dump_on_signal("SIGUSR1")
+
+    signal.signal(usr1, handler)
+    _signal_state["handler"] = handler
+    try:
+        old = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old = -2
+    if old != -1:  # another wakeup fd (asyncio) is in use: keep it; the handler dumps when Python runs
+        if old >= 0:
+            signal.set_wakeup_fd(old)
+        os.close(rfd)
+        os.close(wfd)
+        return
+    _signal_state["pipe"] = True  # a blocked main thread cannot run a Python handler: a thread reads the pipe
+
+    def reader() -> None:
+        while True:
+            try:
+                data = os.read(rfd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if usr1 in data:
+                _dump_on_signal("SIGUSR1")
+
+    threading.Thread(target=reader, name="hwdist-flight-signal", daemon=True).start()
+
+
+if _settings.flag("HWDIST_FLIGHT_RECORDER"):
+    enable(True)

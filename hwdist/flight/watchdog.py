@@ -1,0 +1,405 @@
+"""The hang watchdog: a daemon thread that notices an overdue collective and gathers every rank's record.
+
+Protocol on the default group's store (the launcher's ``TCPStore``/``FileStore``,
+never the backend being diagnosed):
+
+1. Every ``tick`` seconds the thread checks this rank's collectives in flight.
+   One older than the deadline (or one that failed in the backend) opens an
+   *episode*: ``compare_set(EPISODE, n, n + 1)``, so ranks that notice at once
+   agree on the number.
+2. Every rank polls ``EPISODE``; on a new number it publishes its record (recent
+   entries, main-thread stack) under ``RECORD/<episode>/<rank>`` and waits up to
+   ``gather`` seconds for the other ranks' records.
+3. Each rank prints the report to stderr, writes its dump file, and takes the
+   action: ``report`` (nothing more), ``raise`` or ``abort`` (docs/debugging-hangs.md).
+
+The store being gone, a dump directory that cannot be written or a bad setting
+give one warning; the thread never raises into user code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+import warnings
+from typing import Any, Optional
+
+import torch
+
+from .. import _compat
+from .. import settings as _settings
+from ..errors import HwdistError
+from . import recorder as _rec
+from . import report as _report
+
+__all__ = ["Watchdog", "EPISODE", "RECORD", "HANG_EXIT_CODE", "HangDetected", "warn"]
+
+EPISODE = "hwdist/flight/episode"
+RECORD = "hwdist/flight/record"
+#: Exit status of a rank ended by the ``abort`` action (or by ``raise`` when its main thread cannot be woken).
+HANG_EXIT_CODE = 75
+_HWDIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIB_DIRS = tuple(
+    p + os.sep
+    for p in {
+        os.path.dirname(os.path.abspath(torch.__file__)),
+        sysconfig.get_paths().get("stdlib", "/nonexistent"),
+        _HWDIST_DIR.rstrip(os.sep),
+    }
+)
+
+
+class HangDetected(HwdistError, RuntimeError):
+    """Raised in the main thread of every rank by the ``raise`` action; the message is the diagnosis."""
+
+    last_message = "a collective did not complete before HWDIST_HANG_TIMEOUT (see the report on stderr)"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(args or (HangDetected.last_message,)))
+
+
+_warned: set[str] = set()
+
+
+def warn(key: str, message: str) -> None:
+    """One RuntimeWarning per ``key`` per process, also on stderr (a thread's warnings may be lost)."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    text = f"hwdist hang doctor: {message}"
+    try:
+        print(text, file=sys.stderr, flush=True)
+        warnings.warn(text, RuntimeWarning, stacklevel=2)
+    except Exception:
+        pass
+
+
+def main_stack() -> tuple[list[str], str]:
+    """The main thread's frames (``file:line in func``, innermost last) and its innermost user frame."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    if frame is None:
+        return [], ""
+    summary = traceback.extract_stack(frame)
+    frames = [f"{_rec.short_path(f.filename)}:{f.lineno} in {f.name}" for f in summary]
+    where = ""
+    for f in reversed(summary):
+        if not os.path.abspath(f.filename).startswith(_LIB_DIRS):
+            where = f"{f.name}() at {_rec.short_path(f.filename)}:{f.lineno}"
+            break
+    return frames, where
+
+
+def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, Any]:
+    """This rank's record: identity, main-thread stack and the last ``last`` entries."""
+    import torch.distributed as torch_dist
+
+    rank, ws = 0, 1
+    if torch_dist.is_initialized():
+        rank, ws = torch_dist.get_rank(), torch_dist.get_world_size()
+    stack, where = main_stack()
+    entries = recorder.entries()
+    return {
+        "rank": rank,
+        "world_size": ws,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": time.time(),
+        "reason": reason,
+        "where": where,
+        "stack": stack,
+        "entries": [_rec.entry_dict(e) for e in entries[-last:]],
+    }
+
+
+def dump(recorder: _rec.Recorder, path: str, reason: str) -> str:
+    """Write this rank's record as JSON lines (a header, then one line per entry); returns the file."""
+    rec = record(recorder, reason, last=recorder.size)
+    target = path
+    if os.path.isdir(path) or not path.endswith(".jsonl"):
+        os.makedirs(path, exist_ok=True)
+        target = os.path.join(path, f"flight-rank{rec['rank']}.jsonl")
+    entries = rec.pop("entries")
+    tmp = f"{target}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec) + "\n")
+        for e in entries:
+            fh.write(json.dumps(e) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def flight_dir() -> str:
+    """``HWDIST_FLIGHT_DIR``, or ``<tmp>/hwdist-flight`` when it is unset."""
+    import tempfile
+
+    return _settings.text("HWDIST_FLIGHT_DIR") or os.path.join(tempfile.gettempdir(), "hwdist-flight")
+
+
+def read_timeout() -> Optional[float]:
+    """``HWDIST_HANG_TIMEOUT`` in seconds; None (watchdog off) for 0, or a negative or bad value (warned)."""
+    try:
+        value = _settings.number("HWDIST_HANG_TIMEOUT")
+    except ValueError as exc:
+        warn("timeout", f"{exc}; the watchdog is off")
+        return None
+    if value is None or value != value:  # unset or NaN
+        return None
+    if value <= 0:
+        if value < 0:
+            warn("timeout", f"HWDIST_HANG_TIMEOUT={value:g} is negative; the watchdog is off (0: off)")
+        return None
+    return float(value)
+
+
+def read_action() -> str:
+    """``HWDIST_HANG_ACTION`` (report, raise, abort); a bad value: ``report``, warned."""
+    try:
+        return _settings.choice("HWDIST_HANG_ACTION")
+    except ValueError as exc:
+        warn("action", f"{exc}; using 'report'")
+        return "report"
+
+
+class Watchdog:
+    """The daemon thread (one per process), started by the first recorded collective."""
+
+    def __init__(self, recorder: _rec.Recorder, timeout: float, action: str) -> None:
+        self.recorder, self.timeout, self.action = recorder, timeout, action
+        self.tick = min(5.0, max(0.1, timeout / 10))
+        self.gather = min(30.0, max(3.0, timeout))
+        self.handled = 0  # last episode this rank answered
+        self.reported: set[int] = set()  # id() of entries that already opened an episode
+        self.stop = threading.Event()
+        self.wake = threading.Event()  # set by a failed call: step now, not at the next tick
+        self.idle = threading.Event()  # no report in progress and none queued
+        self.idle.set()
+        self.failed: list[list[Any]] = []  # entries of calls that failed for a lost peer, not reported yet
+        self.last_report = ""
+        self.lock = threading.Lock()  # one episode at a time (the thread, or a failed call's own thread)
+        self.thread = threading.Thread(target=self._run, name="hwdist-hang-watchdog", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread (and, at exit, wait for a report in progress)."""
+        self.thread.start()
+        atexit.register(self.wait_idle)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.wake.wait(self.tick)
+            self.wake.clear()
+            try:
+                with self.lock:
+                    failed = self.failed.pop(0) if self.failed else None
+                    if failed is None or id(failed) not in self.reported:
+                        self._step(failed)
+            except Exception as exc:  # never let the thread die silently, never raise elsewhere
+                warn(f"step:{type(exc).__name__}", f"watchdog step failed: {exc!r}")
+            finally:
+                if not self.failed:
+                    self.idle.set()
+
+    def on_failure(self, entry: list[Any]) -> None:
+        """A collective failed in the backend (a lost peer): the thread reports at once.
+
+        The error reaches the caller without delay; if it ends the process, the exit
+        waits (bounded, at exit) for the report. The ``raise`` action adds nothing here.
+        """
+        if _backend_failure(entry[_rec.ERROR]):
+            self.idle.clear()
+            self.failed.append(entry)
+            self.wake.set()
+
+    def wait_idle(self) -> None:
+        """At interpreter exit: let a report in progress finish (at most the record-exchange time + 2 s)."""
+        if self.thread.is_alive() and not self.idle.wait(self.gather + 2.0):
+            warn("exit", "the process exits while a hang report is still being gathered")
+
+    def _store(self) -> Any:
+        import torch.distributed as torch_dist
+
+        if not torch_dist.is_initialized():
+            return None
+        return _compat.group_store(None)
+
+    def _overdue(self) -> Optional[list[Any]]:
+        now = time.time()
+        for e in self.recorder.entries():
+            if id(e) in self.reported:
+                continue
+            state = e[_rec.STATE]
+            if state == _rec.ISSUED and now - e[_rec.START] > self.timeout:
+                return e
+        return None
+
+    def _step(self, failed: Optional[list[Any]] = None) -> None:
+        store = self._store()
+        if store is None:
+            return
+        overdue = failed or self._overdue()
+        if overdue is not None:
+            self.idle.clear()
+        try:
+            current = int(store.add(EPISODE, 0))
+        except Exception as exc:
+            if overdue is not None:
+                self.reported.add(id(overdue))
+                warn("store", f"the store is unreachable ({exc!r}); the report shows this rank only")
+                self._episode(None, 0, overdue)
+            return
+        if current > self.handled:
+            self._episode(store, current, overdue)
+            return
+        if overdue is None:
+            return
+        self.reported.add(id(overdue))
+        try:  # the key exists: add(EPISODE, 0) above made it
+            got = store.compare_set(EPISODE, str(self.handled), str(self.handled + 1))
+            episode = int(got.decode() if isinstance(got, bytes) else got)
+        except Exception:
+            episode = int(store.add(EPISODE, 1))
+        self._episode(store, max(episode, self.handled + 1), overdue)
+
+    # ------------------------------------------------------------------ one episode
+
+    def _episode(self, store: Any, episode: int, overdue: Optional[list[Any]]) -> None:
+        self.handled = max(self.handled, episode)
+        for e in self.recorder.pending():
+            self.reported.add(id(e))  # what is in flight now is covered by this report
+        mine = record(self.recorder, "hang")
+        me, ws = mine["rank"], mine["world_size"]
+        records: dict[int, Optional[dict[str, Any]]] = {r: None for r in range(ws)}
+        records[me] = mine
+        if store is not None:
+            self._exchange(store, episode, mine, records, self.gather)
+        headline = self._headline(overdue, me, ws, episode)
+        text = _report.render(records, ws, headline)
+        self.last_report = text
+        HangDetected.last_message = _report.diagnose(records, ws)
+        try:
+            print(text, file=sys.stderr, flush=True)
+        except Exception:
+            pass
+        self._dump()
+        if store is not None and self.action != "report":
+            self._all_done(store, episode, me, ws, records)
+        self._act(overdue)
+
+    def _exchange(
+        self, store: Any, episode: int, mine: dict[str, Any], records: dict[int, Any], wait: float
+    ) -> None:
+        me, ws = mine["rank"], mine["world_size"]
+        try:
+            store.set(f"{RECORD}/{episode}/{me}", json.dumps(mine))
+        except Exception as exc:
+            warn("store", f"could not publish this rank's record ({exc!r}); the report shows this rank only")
+            return
+        missing = [r for r in range(ws) if r != me]
+        deadline = time.time() + wait
+        while missing and time.time() < deadline:
+            for r in list(missing):
+                key = f"{RECORD}/{episode}/{r}"
+                try:
+                    if store.check([key]):
+                        records[r] = json.loads(store.get(key))
+                        missing.remove(r)
+                except Exception as exc:
+                    warn("store-read", f"could not read rank {r}'s record ({exc!r})")
+                    missing.remove(r)
+            if missing:
+                time.sleep(0.05)
+
+    def _all_done(self, store: Any, episode: int, me: int, ws: int, records: dict[int, Any]) -> None:
+        """Before ending or interrupting anything, wait (bounded) for every rank that answered to print."""
+        try:
+            store.set(f"{RECORD}/{episode}/done/{me}", "1")
+            keys = [f"{RECORD}/{episode}/done/{r}" for r in range(ws) if records.get(r) is not None]
+            deadline = time.time() + self.gather
+            while time.time() < deadline and not store.check(keys):
+                time.sleep(0.05)
+        except Exception:
+            pass
+
+    def _headline(self, overdue: Optional[list[Any]], me: int, ws: int, episode: int) -> str:
+        head = f"rank {me} of {ws}, episode {episode}"
+        if overdue is None:
+            return head + ": another rank reported a collective that did not complete"
+        d = _rec.entry_dict(overdue)
+        group = "the default group" if d["group"] == "default" else d["group"]
+        if d["state"] == "failed":
+            return head + f": {d['op']} #{d['seq']} on {group} ({d['site']}) failed in the backend"
+        return (
+            head + f": {d['op']} #{d['seq']} on {group} ({d['site']}) has not completed after"
+            f" {self.timeout:g} s (HWDIST_HANG_TIMEOUT)"
+        )
+
+    def _dump(self) -> None:
+        try:
+            path = dump(self.recorder, flight_dir(), "hang")
+            print(f"hwdist hang doctor: flight record written to {path} (merge: hwdist trace DIR)",
+                  file=sys.stderr, flush=True)
+        except Exception as exc:
+            where = flight_dir()
+            warn("dump", f"could not write the flight record to {where!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
+
+    def _act(self, overdue: Optional[list[Any]]) -> None:
+        if self.action == "abort":
+            _exit("abort")
+        if self.action == "report" or (overdue is not None and overdue[_rec.STATE] == _rec.FAILED):
+            return  # a failed call raises anyway
+        # raise: an exception in the main thread, delivered when it next runs Python code
+        main = threading.main_thread().ident
+        if main is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(HangDetected))
+        pending = [e for e in self.recorder.pending() if e[_rec.THREAD] == main]
+        if pending:  # the main thread is blocked in a collective: release it, or end the process
+            _abort_groups()
+            released = self.stop.wait(min(10.0, self.gather))
+            if released or not any(e[_rec.STATE] == _rec.ISSUED for e in pending):
+                return
+            _exit("raise (the main thread stayed blocked in the backend)")
+
+
+#: Words of a backend error that means a lost peer (gloo: "Connection closed by peer", NCCL: "remote process
+#: exited", MPI: "aborted"); other failures are recorded, not reported.
+LOST_PEER = ("connection", "closed", "reset", "peer", "broken pipe", "remote process", "abort", "timed out")
+
+
+def _backend_failure(error: Any) -> bool:
+    """A failure worth a report: the backend lost a peer (not an argument error, not hwdist's own)."""
+    argument_errors = (HwdistError, TypeError, ValueError, KeyboardInterrupt)
+    if error is None or isinstance(error, argument_errors):
+        return False
+    text = str(error).lower()
+    return any(word in text for word in LOST_PEER)
+
+
+def _abort_groups() -> None:
+    """Abort the default process group where the backend supports it (the blocked call then raises)."""
+    pg = _compat.default_group()
+    abort = getattr(pg, "abort", None)
+    if abort is None:
+        return
+    try:
+        abort()
+    except Exception:
+        pass
+
+
+def _exit(why: str) -> None:
+    try:
+        print(f"hwdist hang doctor: HWDIST_HANG_ACTION={why}: exiting with status {HANG_EXIT_CODE}",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+    except Exception:
+        pass
+    os._exit(HANG_EXIT_CODE)

@@ -1,0 +1,124 @@
+"""One rank of a hang scenario (tests/dist/test_hang_doctor.py starts one process per rank, or mpiexec does).
+
+Usage: ``python hang_scenarios.py SCENARIO BACKEND STORE_FILE`` with ``RANK``/``WORLD_SIZE`` set
+(or under ``mpiexec`` with BACKEND ``mpi``). Each scenario makes the last rank misbehave; the
+lines the report must name carry a ``# SITE-<name>`` marker that the test looks up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+
+import hwdist
+import hwdist.testing  # noqa: F401  (registers the emulated accelerator "emu")
+
+
+def evaluate(seconds: float) -> None:
+    """Busy in Python (not in a collective) for ``seconds``: the late rank."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)  # SITE-evaluate
+
+
+def idle() -> None:
+    """Where ranks that got through wait for the watchdog (the rest of a training loop)."""
+    evaluate(60)
+
+
+def _rank_from_env() -> int:
+    for var in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def scenario_sleep(rank: int, last: int, t: torch.Tensor) -> None:
+    if rank == last:
+        evaluate(float(os.environ.get("HANG_SLEEP", "60")))
+    hwdist.all_reduce(t)  # SITE-stuck-sleep
+
+
+def scenario_skip(rank: int, last: int, t: torch.Tensor) -> None:
+    if rank != last:
+        hwdist.all_reduce(t)  # SITE-skipped
+    hwdist.all_reduce(t)  # SITE-stuck-skip
+    idle()
+
+
+def scenario_different(rank: int, last: int, t: torch.Tensor) -> None:
+    if rank == last:
+        hwdist.broadcast(t, 0)  # SITE-other
+    else:
+        hwdist.all_reduce(t)  # SITE-stuck-different
+    idle()
+
+
+def scenario_barrier(rank: int, last: int, t: torch.Tensor) -> None:
+    if rank == last:
+        hwdist.barrier()  # SITE-extra
+    hwdist.all_reduce(t)  # SITE-stuck-barrier
+    idle()
+
+
+def scenario_kill(rank: int, last: int, t: torch.Tensor) -> None:
+    if rank == last:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        hwdist.all_reduce(t)  # SITE-killed
+    else:
+        time.sleep(2.0)
+        hwdist.all_reduce(t)  # SITE-stuck-kill
+    idle()
+
+
+SCENARIOS = {
+    "sleep": scenario_sleep,
+    "skip": scenario_skip,
+    "different": scenario_different,
+    "barrier": scenario_barrier,
+    "kill": scenario_kill,
+}
+
+
+def main() -> None:
+    if os.environ.get("HANG_DEBUG"):
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["HANG_DEBUG"]), exit=False)
+    name, backend, store = sys.argv[1:4]
+    logs = os.environ.get("HANG_LOGS")
+    if logs:  # one file per rank (mpiexec mixes the ranks' stderr)
+        fd = os.open(os.path.join(logs, f"rank{_rank_from_env()}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
+    if backend == "mpi":
+        hwdist.init_dist("mpi", backend="mpi", timeout=120)
+    else:
+        from hwdist.launch.core import init_backend
+
+        rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        init_backend(
+            backend, rank=rank, world_size=ws, local_rank=rank, init_method=f"file://{store}", timeout=120
+        )
+    rank, ws = hwdist.get_rank(), hwdist.get_world_size()
+    t = torch.ones(1)
+    hwdist.all_reduce(t)  # SITE-first
+    hwdist.all_reduce(t)
+    print(f"rank {rank}: started at {time.time()}", file=sys.stderr, flush=True)
+    try:
+        SCENARIOS[name](rank, ws - 1, t)
+    except BaseException as exc:
+        print(f"rank {rank}: RAISED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        if name == "kill":
+            raise  # an uncaught error ends the process the usual way (the exit awaits the report)
+        os._exit(3)
+    print(f"rank {rank}: scenario returned", file=sys.stderr, flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
