@@ -121,7 +121,6 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
         *_facts("reduce_op", "avg", False, ("npu-pg", "npu-types"),
                 "no HCCL_REDUCE_AVG; recent revisions issue AVG as SUM then divide, as hwdist does itself"),
         *_facts("reduce_op", "band bor bxor", False, ("npu-pg",), _BITWISE_REFUSED),
-        *_facts("reduce_op", "premul_sum", False, ("npu-pg",), "not in hcclOp"),
         *_facts("native_op", "all_reduce broadcast all_gather reduce reduce_scatter all_to_all send recv barrier",
                 True, ("npu-header", "npu-pg")),
         *_facts("native_op", "gather", False, ("npu-gather", "npu-pg"),
@@ -146,7 +145,6 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
         *_facts("reduce_op", "avg", False, ("mlu-pg",),
                 "older revisions refuse AVG; commit 036a1a7 issues it as SUM with pre/post processing"),
         *_facts("reduce_op", "band bor bxor", False, ("mlu-pg",), _BITWISE_REFUSED),
-        *_facts("reduce_op", "premul_sum", False, ("mlu-pg",), "not in cncl_op"),
         *_facts("native_op", "all_reduce broadcast all_gather reduce reduce_scatter all_to_all send recv barrier",
                 True, ("mlu-header", "mlu-pg")),
         *_facts("native_op", "gather scatter", False, ("mlu-pg",),
@@ -160,7 +158,7 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
                 "not in mcclDataType (hwdist used to declare every dtype)"),
         *_facts("reduce_op", "sum product min max", True, ("musa-pg",)),
         *_facts("reduce_op", "avg", True, ("musa-pg",), "mcclAvg in mcclOp (newly declared)"),
-        *_facts("reduce_op", "band bor bxor premul_sum", False, ("musa-pg",), "not in mcclOp"),
+        *_facts("reduce_op", "band bor bxor", False, ("musa-pg",), "not in mcclOp"),
         *_facts("native_op", " ".join(sorted(ALL_OPS)), True, ("musa-header", "musa-pg")),
     ),
     "xccl": (
@@ -173,7 +171,7 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
         *_facts("reduce_op", "avg", False, ("xpu-pg", "xpu-draft"),
                 "native only with oneCCL >= 2021.15 (XCCL_HAS_AVG), otherwise issued as SUM; the draft refused it."
                 " hwdist cannot see the oneCCL version without a device, so it sums and divides (was declared)"),
-        *_facts("reduce_op", "band bor bxor premul_sum", False, ("xpu-pg",), "not in xcclOps"),
+        *_facts("reduce_op", "band bor bxor", False, ("xpu-pg",), "not in xcclOps"),
         *_facts("native_op", " ".join(sorted(ALL_OPS)), True, ("xpu-pg",)),
     ),
 }

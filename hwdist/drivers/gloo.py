@@ -41,12 +41,6 @@ class GlooDriver(Driver):
     reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
     # The flat all_gather_into_tensor exists from torch 2.2.
     flat_ops = frozenset({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
-    # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
-    pack_max_bytes = 1 << 20
-    # Gloo's ring all_reduce pays 2(n-1) synchronised steps even for a few bytes; its all_gather pays n-1.
-    # Measured on 2 cores, 20 floats to 16 KiB: all_gather + local sum 0.22-0.34x the all_reduce at 2 ranks,
-    # 0.75-0.87x at 3; a 64 KiB all_gather per rank was erratic (up to 5x slower), so stay well below it.
-    reduce_by_gather_max_bytes = 32 << 10
 
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""

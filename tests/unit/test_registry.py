@@ -75,13 +75,25 @@ def test_unregister_unknown_is_clear():
         hwdist.unregister_backend("nope")
 
 
-def test_driver_missing_members_is_refused():
+def test_only_a_driver_is_registered():
+    """Registration checks the Driver ABC: a look-alike object is refused, and so is a class without device_type."""
+
     class NotADriver:
         name = "x"
         device_type = "cpu"
 
-    with pytest.raises(hwdist.BackendError, match="missing required members: priority, is_available"):
+    with pytest.raises(hwdist.BackendError, match="must be a hwdist.Driver subclass or instance, got NotADriver"):
         hwdist.register_backend("broken", NotADriver())
+    with pytest.raises(hwdist.BackendError, match="got NotADriver.*HINT: class MyDriver"):
+        hwdist.register_backend("broken", NotADriver)
+
+    class NoDevice(Driver):
+        description = "forgot device_type"
+
+    with pytest.raises(hwdist.BackendError, match=r"driver class NoDevice for backend 'broken' does not set device_type"):
+        hwdist.register_backend("broken", NoDevice)
+    with pytest.raises(TypeError):
+        NoDevice()  # abstract: an ABC refuses it outright
     assert "broken" not in hwdist.list_backends()
 
 
