@@ -219,6 +219,11 @@ def available_backends() -> list[str]:
     return [n for n in list_backends() if _drivers[n].is_available()]
 
 
+def registered(name: str) -> Optional[Driver]:
+    """The driver registered under ``name`` (case-insensitive), or None; loads no entry point, raises nothing."""
+    return _drivers.get(name.lower())
+
+
 def drivers() -> list[Driver]:
     """Every registered driver, in detection order."""
     return [_drivers[n] for n in list_backends()]

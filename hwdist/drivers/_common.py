@@ -94,9 +94,10 @@ class AcceleratorDriver(Driver):
     def details(self) -> dict[str, Any]:
         """The vendor package's version (read without importing it) and the visible devices' names."""
         facts: dict[str, Any] = {}
-        version = package_version(self.vendor_module) if self.vendor_module is not None else None
-        if version is not None:
-            facts[self.vendor_module] = version
+        vendor = self.vendor_module
+        version = package_version(vendor) if vendor is not None else None
+        if vendor is not None and version is not None:
+            facts[vendor] = version
         if self.unavailable_reason() is None:
             mod = self._module()
             name = getattr(mod, "get_device_name", None)

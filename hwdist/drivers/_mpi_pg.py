@@ -52,7 +52,8 @@ __all__ = ["MpiProcessGroup", "MpiWork", "create_mpi_process_group", "MPI_BACKEN
 #: Name reported by ``getBackendName`` (and used with torch's registry).
 MPI_BACKEND_NAME = PY_MPI_BACKEND
 
-_RED = dist.ReduceOp.RedOpType if hasattr(dist.ReduceOp, "RedOpType") else dist.ReduceOp
+# ``opts.reduceOp.op`` is a ReduceOp.RedOpType, as ``ReduceOp.SUM`` and the others are.
+_RED = dist.ReduceOp
 
 
 def _mpi() -> Any:
@@ -227,6 +228,18 @@ class _Typed:
         self.buf.done()
 
 
+class _Keep:
+    """Keeps a p2p buffer alive until its request completes, then runs ``then`` (if any)."""
+
+    def __init__(self, data: Any, then: Optional[Callable[[], None]] = None) -> None:
+        self.data = data
+        self.then = then
+
+    def finish(self, status: Any) -> None:
+        if self.then is not None:
+            self.then()
+
+
 def _mpi_op(opts: Any, dtype: torch.dtype) -> tuple[Any, bool]:
     """(MPI op, divide-by-size afterwards) for ``opts.reduceOp`` on ``dtype``."""
     MPI = _mpi()
@@ -277,7 +290,12 @@ def _pack(tensors: Sequence[torch.Tensor]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.uint8)
 
 
-class MpiProcessGroup(dist.ProcessGroup):
+# torch's stubs overload the op methods with their Python call forms; a Python process group implements
+# the options form torch calls, which no stub matches: the base is typed loosely for that reason.
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class MpiProcessGroup(_ProcessGroup):
     """torch ProcessGroup over an MPI communicator (CPU tensors, mpi4py)."""
 
     def __init__(self, comm: Any, rank: int, size: int) -> None:
@@ -542,13 +560,13 @@ class MpiProcessGroup(dist.ProcessGroup):
         data = buf.bytes()
         req = self._call(self.comm.Isend, data, dest=dst, tag=tag)
         # The work keeps ``data`` (and so the buffer) alive until completion.
-        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: None, watch=self._watch)
+        return MpiWork(tensors, [req], finish=_Keep(data).finish, watch=self._watch)
 
     def _recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> MpiWork:
         buf = _Buf(tensors[0], "recv")
         data = buf.bytes()
         req = self._call(self.comm.Irecv, data, source=src, tag=tag)
-        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: buf.done(), watch=self._watch)
+        return MpiWork(tensors, [req], finish=_Keep(data, buf.done).finish, watch=self._watch)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MpiWork:  # noqa: D102
         self._check_root(src, "recv")
