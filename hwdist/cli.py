@@ -43,19 +43,6 @@ class UsageError(Exception):
     """A problem with how the command was called; printed as one line, exit code 2."""
 
 
-def __getattr__(name: str) -> Any:
-    """``parse_sizes``, ``bus_factor`` (from cli_bench) and ``env_report`` (from cli_env), loaded on use."""
-    if name in ("parse_sizes", "bus_factor"):
-        from . import cli_bench
-
-        return getattr(cli_bench, name)
-    if name == "env_report":
-        from . import cli_env
-
-        return cli_env.env_report
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # --------------------------------------------------------------------------
 # shared helpers
 # --------------------------------------------------------------------------
@@ -127,7 +114,7 @@ def ranks_for(args: argparse.Namespace, driver: Any, argv: Sequence[str], err: T
             make, args.nproc = job.job_ranks(args.nproc, driver.name, args.timeout, err)
             return make, None
         args.nproc = args.nproc or 2
-        needs = getattr(driver, "required_launcher", None)
+        needs = driver.required_launcher
         if needs is None:
             return local_ranks(args.nproc, driver.name, args.timeout, err), None
         if needs != job.LAUNCHER:

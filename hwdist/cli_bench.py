@@ -128,12 +128,10 @@ def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Cas
 
     import hwdist
 
-    from .checks import _out_first_or_returning
-
     n, rank = hwdist.get_world_size(), hwdist.get_rank()
     dev = hwdist.get_comm_device()
     per = count // n
-    fn = getattr(hwdist, op, None) if impl == "hwdist" else None
+    fn = getattr(hwdist, op) if impl == "hwdist" else None
 
     def data(r: int, k: int, shift: int = 0) -> torch.Tensor:
         src = _pattern(r, k, shift) if fill else torch.zeros(k, dtype=torch.float64)
@@ -170,15 +168,15 @@ def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Cas
     if op == "reduce_scatter":
         ins = [data(rank, per, shift=j) for j in range(n)]
         out = torch.zeros(per, dtype=dtype, device=dev)
-        call = (lambda: _out_first_or_returning(fn, out, ins)) if fn else (lambda: tdist.reduce_scatter(out, ins))
-        got = (lambda ret: [ret if isinstance(ret, torch.Tensor) else out])
+        call = (lambda: fn(out, ins)) if fn else (lambda: tdist.reduce_scatter(out, ins))
+        got = (lambda _r: [out])
         return call, got, lambda: [total(per, shift=rank)]
     if op == "all_to_all":
         m = max(per // n, 1)
         ins = [data(rank, m, shift=2 * j) for j in range(n)]
         outs = [torch.empty_like(t) for t in ins]
-        call = (lambda: _out_first_or_returning(fn, outs, ins)) if fn else (lambda: tdist.all_to_all(outs, ins))
-        got = (lambda ret: list(ret) if isinstance(ret, (list, tuple)) else outs)
+        call = (lambda: fn(outs, ins)) if fn else (lambda: tdist.all_to_all(outs, ins))
+        got = (lambda _r: outs)
         return call, got, lambda: [_pattern(j, m, shift=2 * rank) for j in range(n)]
     raise ValueError(f"unknown op {op!r}")
 
@@ -199,9 +197,7 @@ def _wrong(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype
 def _synchronize() -> None:
     import hwdist
 
-    sync = getattr(hwdist.resolve(), "synchronize", None)
-    if callable(sync):
-        sync()
+    hwdist.resolve().synchronize()
 
 
 def bench_step(op: str, impl: str, count: int, dtype_name: str, iters: int, warmup: int) -> tuple[float, int]:
@@ -263,7 +259,6 @@ def _ops(spec: str) -> list[str]:
 
 def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence[str] = ()) -> int:
     """``hwdist bench`` (``argv``: the command line, for a re-run under mpiexec)."""
-    import hwdist
     from .cli import ranks_for
     from .testing import RankFailure
 
@@ -292,13 +287,9 @@ def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
         failed = False
         try:
             for op in ops:
-                op_impls = impls
-                if getattr(hwdist, op, None) is None and "hwdist" in impls:
-                    op_impls = ["torch"]
-                    err.write(f"bench: hwdist.{op} is not available in this version; timing torch.distributed.{op} only\n")
                 for i, nbytes in enumerate(sizes, 1):
                     count = _elements(op, nbytes, itemsize, n)
-                    for impl in op_impls:
+                    for impl in impls:
                         _progress(f"bench: {op} ({impl}) {_human(count * itemsize)} [{i}/{len(sizes)}]", err)
                         try:
                             per_rank = pool.run(bench_step, op, impl, count, args.dtype, args.iters, args.warmup)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as torch_dist
 
 from . import _compat, registry, verify
+from .launch.resolvers import LOCAL_RANK_VARS, LOCAL_SIZE_VARS
 
 __all__ = [
     "is_distributed",
@@ -97,9 +98,9 @@ def _env_int(*names: str) -> Optional[int]:
     return None
 
 
-# Launcher variables that carry the local rank / local world size, most specific first.
-_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
-_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+# Launcher variables that carry the local rank / local world size, most specific first (the launcher table).
+_LOCAL_RANK_VARS = LOCAL_RANK_VARS
+_LOCAL_SIZE_VARS = LOCAL_SIZE_VARS
 
 
 def get_local_group() -> Optional[Any]:

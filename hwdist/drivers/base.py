@@ -143,6 +143,10 @@ class Driver(abc.ABC):
     def synchronize(self) -> None:
         """Wait until the work queued on this process's device has finished (a no-op on the CPU)."""
 
+    def compute_device_type(self) -> str:
+        """The device type a process on this backend computes on (``get_device()``): ``device_type`` by default."""
+        return self.device_type
+
     # ---- placement --------------------------------------------------------
     def set_device(self, local_rank: int) -> None:
         """Bind this process to the device for ``local_rank``."""

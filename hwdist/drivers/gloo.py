@@ -53,7 +53,7 @@ class GlooDriver(Driver):
             return "torch was built without Gloo"
         return None
 
-    def local_device_type(self) -> str:
+    def compute_device_type(self) -> str:
         """The device a gloo-only process computes on ('mps' on Apple, else 'cpu')."""
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():

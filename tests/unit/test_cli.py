@@ -17,7 +17,7 @@ from typing import Optional
 import pytest
 
 import hwdist
-from hwdist import cli
+from hwdist import cli, cli_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -279,15 +279,15 @@ def test_an_unavailable_override_variable_is_a_usage_error(capsys, monkeypatch):
 
 
 def test_parse_sizes():
-    assert cli.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
-    assert cli.parse_sizes("1K:1M:32") == [1024, 32768, 1048576]
-    assert cli.parse_sizes("8, 1k ,2MiB,1G") == [8, 1024, 2 << 20, 1 << 30]
-    assert cli.parse_sizes("256M") == [256 << 20]
+    assert cli_bench.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert cli_bench.parse_sizes("1K:1M:32") == [1024, 32768, 1048576]
+    assert cli_bench.parse_sizes("8, 1k ,2MiB,1G") == [8, 1024, 2 << 20, 1 << 30]
+    assert cli_bench.parse_sizes("256M") == [256 << 20]
 
 
 def test_bus_factor_matches_nccl_tests():
-    assert cli.bus_factor("all_reduce", 4) == pytest.approx(1.5)
-    assert cli.bus_factor("all_gather", 4) == pytest.approx(0.75)
-    assert cli.bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
-    assert cli.bus_factor("broadcast", 8) == 1.0
-    assert cli.bus_factor("all_reduce", 1) == 0.0
+    assert cli_bench.bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert cli_bench.bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert cli_bench.bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
+    assert cli_bench.bus_factor("broadcast", 8) == 1.0
+    assert cli_bench.bus_factor("all_reduce", 1) == 0.0
