@@ -510,7 +510,7 @@ def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
 def _guard_plan(driver: Driver) -> None:
     """Wrap the planning method of a driver that overrides ``Driver.plan`` in a [`_CheckedPlan`][hwdist.registry._CheckedPlan] (once)."""
     own = getattr(driver, "__dict__", None)
-    if own is None or (type(driver).plan is Driver.plan and "plan" not in own):
+    if own is None or type(driver).plan is Driver.plan:
         return  # the planner's plans (or a driver with __slots__ and no __dict__: left as it is)
     if isinstance(own.get("plan"), _CheckedPlan):
         return

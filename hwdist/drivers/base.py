@@ -45,7 +45,6 @@ __all__ = [
     "EMULATIONS",
 ]
 
-_PlanKey = tuple[str, torch.dtype, Optional[str]]
 
 
 class Driver(abc.ABC):
@@ -112,7 +111,7 @@ class Driver(abc.ABC):
     _caps: Optional[Capabilities] = None
 
     def __init__(self) -> None:
-        self._plans: dict[_PlanKey, Plan] = {}
+        self._plans: dict[tuple[str, torch.dtype, Optional[str]], Plan] = {}
 
     @property
     @abc.abstractmethod
