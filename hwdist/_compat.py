@@ -119,16 +119,17 @@ def init_accepts_device_id(device_type: str) -> bool:
         names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
         if names == {"device_id"} and any(isinstance(s, ast.Raise) for s in node.body):
             try:
-                return not eval(compile(ast.Expression(node.test), "<torch>", "eval"), {}, {"device_id": probe})
+                return not eval(
+                    compile(ast.Expression(node.test), "<torch>", "eval"), {}, {"device_id": probe}
+                )
             except Exception:  # an unexpected check: let torch itself decide
                 return True
     return True
 
+
 # Backend.register_backend(devices=...) maps a custom backend to device types; torch>=2.2.
 # Drop when torch>=2.2 is the floor.
-REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(
-    _dist.Backend.register_backend, "devices"
-)
+REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(_dist.Backend.register_backend, "devices")
 
 # Below the floor, kept only while training.py still reads it (Tensor.register_post_accumulate_grad_hook is in
 # every torch >= 2.1): always True. Delete with that read.
@@ -139,7 +140,8 @@ HAS_POST_ACCUMULATE_GRAD_HOOK: bool = True
 # worker threads while holding the GIL, and a worker still freeing the last tensor of a finished collective
 # waits for the GIL (gdb on 2.1.2: main thread in ~ProcessGroupGloo -> std::thread::join, worker in
 # ~TensorImpl -> gil_scoped_acquire). Releasing the GIL for a moment first lets the worker finish: 40 of 40
-# re-initialisations passed with a 0.05 s pause where a few hung without it. Drop when torch>=2.8 is the floor.
+# re-initialisations passed with a 0.05 s pause where a few hung without it.
+# Drop when torch>=2.8 is the floor.
 DESTROY_GIL_PAUSE_S: float = 0.0 if _version_at_least(2, 8) else 0.1
 
 
@@ -168,7 +170,9 @@ is_xccl_available = _pick("is_xccl_available")
 
 
 def all_gather_into_tensor_by_list(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
-    """``all_gather_into_tensor`` through the list form, for backends without the flat one (gloo on torch 2.1).
+    """``all_gather_into_tensor`` through the list form, for backends without the flat one.
+
+    Gloo lacks the flat form on torch 2.1.
 
     Drop when every backend hwdist drives has the flat form (gloo: torch>=2.2 as the floor).
     """

@@ -141,7 +141,10 @@ def _shown(name: str, value: str) -> str:
 
 
 def settings_report() -> list[dict[str, Any]]:
-    """Every ``HWDIST_*`` setting (``hwdist.settings.SETTINGS``): kind, default, value set (secrets masked), meaning."""
+    """Every ``HWDIST_*`` setting (``hwdist.settings.SETTINGS``).
+
+    Each with its kind, default, value set (secrets masked) and meaning.
+    """
     from . import settings
 
     return [
@@ -158,7 +161,10 @@ def settings_report() -> list[dict[str, Any]]:
 
 
 def environment_variables(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The set variables that matter to distributed runs (the drivers' ``env_vars`` and the launchers'), secrets masked."""
+    """The set variables that matter to distributed runs, secrets masked.
+
+    The drivers' ``env_vars``, the launchers' and a few common ones.
+    """
     from . import registry
     from .launch.resolvers import LAUNCHER_VARIABLES
 
@@ -258,7 +264,11 @@ def env_report() -> dict[str, Any]:
         }
     return {
         "hwdist": {"version": hwdist.__version__, "path": os.path.dirname(os.path.abspath(hwdist.__file__))},
-        "python": {"version": platform.python_version(), "executable": sys.executable, "platform": platform.platform()},
+        "python": {
+            "version": platform.python_version(),
+            "executable": sys.executable,
+            "platform": platform.platform(),
+        },
         "torch": {
             "version": torch.__version__,
             "distributed": bool(dist.is_available()),
@@ -297,10 +307,15 @@ def _value(value: Any) -> str:
 
 def _system_line(sysf: dict[str, Any]) -> list[str]:
     shm = sysf["shm"]
-    shm_text = "absent" if shm["total_bytes"] is None else f"{_gib(shm['total_bytes'])} ({_gib(shm['free_bytes'])} free)"
+    shm_text = (
+        "absent"
+        if shm["total_bytes"] is None
+        else f"{_gib(shm['total_bytes'])} ({_gib(shm['free_bytes'])} free)"
+    )
     return [
         f"OS: {sysf['os']} (kernel {sysf['kernel']}, {sysf['machine']})",
-        f"CPU: {sysf['cpu_model'] or 'unknown'}; {sysf['cpu_count']} logical CPU(s), {sysf['cpus_usable']} usable",
+        f"CPU: {sysf['cpu_model'] or 'unknown'}; {sysf['cpu_count']} logical CPU(s), {sysf['cpus_usable']}"
+        " usable",
         f"RAM: {_gib(sysf['memory_bytes'])}; /dev/shm: {shm_text}",
     ]
 
@@ -309,7 +324,10 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
     w = out.write
     w(f"hwdist {rep['hwdist']['version']}  ({rep['hwdist']['path']})\n")
     w(f"python {rep['python']['version']}  ({rep['python']['executable']}; {rep['python']['platform']})\n")
-    w(f"torch  {rep['torch']['version']}  (torch.distributed {'available' if rep['torch']['distributed'] else 'NOT available'})\n")
+    w(
+        f"torch  {rep['torch']['version']}  (torch.distributed"
+        f" {'available' if rep['torch']['distributed'] else 'NOT available'})\n"
+    )
     w(f"numpy  {rep['numpy']['version']}\n\n")
     w("System:\n")
     for line in _system_line(rep["system"]):
@@ -343,7 +361,11 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
             w(f"  {key.replace('_', ' ')}: {_value(value)}\n")
     w("\nhwdist settings (HWDIST_*):\n")
     for st in rep["settings"]:
-        value = f"{st['name']}={st['value']}" if st["value"] is not None else f"{st['name']} (unset; default {st['default']!r})"
+        value = (
+            f"{st['name']}={st['value']}"
+            if st["value"] is not None
+            else f"{st['name']} (unset; default {st['default']!r})"
+        )
         w(f"  {value:<44} {st['doc']}\n")
     w("\nEnvironment variables (secrets masked):\n")
     for key, value in rep["environment"].items():
@@ -360,20 +382,33 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
 
 def _print_issue(rep: dict[str, Any], out: TextIO) -> None:
     """A compact block to paste into a bug report (a fenced code block in Markdown)."""
-    lines = ["```text", f"hwdist: {rep['hwdist']['version']}", f"python: {rep['python']['version']} ({rep['python']['platform']})"]
+    lines = [
+        "```text",
+        f"hwdist: {rep['hwdist']['version']}",
+        f"python: {rep['python']['version']} ({rep['python']['platform']})",
+    ]
     dist = "yes" if rep["torch"]["distributed"] else "NO"
     lines.append(f"torch: {rep['torch']['version']} (distributed: {dist})")
     lines.append(f"numpy: {rep['numpy']['version']}")
     lines += _system_line(rep["system"])
-    available = [f"{d['name']} ({d['device_type']} x{d['device_count']})" for d in rep["drivers"] if d["available"]]
+    available = [
+        f"{d['name']} ({d['device_type']} x{d['device_count']})" for d in rep["drivers"] if d["available"]
+    ]
     lines.append(f"backends available: {', '.join(available) or 'none'}")
     det = rep["detection"]
-    lines.append(f"detected: error: {det['error']}" if "error" in det else f"detected: backend {det['backend']}, device {det['device_type']}")
+    lines.append(
+        f"detected: error: {det['error']}"
+        if "error" in det
+        else f"detected: backend {det['backend']}, device {det['device_type']}"
+    )
     lines.append(f"launcher: {rep['launcher'].get('inferred')}")
     for name, facts in rep["runtime_details"].items():
         lines.append(f"{name}: " + "; ".join(f"{k.replace('_', ' ')} {_value(v)}" for k, v in facts.items()))
     env = rep["environment"]
-    lines.append("environment: " + (" ".join(f"{k}={v}" for k, v in env.items()) if env else "(none of the relevant variables set)"))
+    lines.append(
+        "environment: "
+        + (" ".join(f"{k}={v}" for k, v in env.items()) if env else "(none of the relevant variables set)")
+    )
     lines.append("```")
     out.write("\n".join(lines) + "\n")
 

@@ -9,7 +9,7 @@ checked against what is available and refused with a clear error otherwise.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from . import registry, settings
 from .drivers import FALLBACK_BACKEND
@@ -93,7 +93,13 @@ def detect() -> Detection:
         if drv.priority < 0:
             continue  # opt-in backends (e.g. MPI) are never picked automatically
         if drv.is_available():
-            return Detection(drv.compute_device_type(), drv.name, "auto", f"highest-priority available driver ({drv.description})", drv.device_count())
+            return Detection(
+                drv.compute_device_type(),
+                drv.name,
+                "auto",
+                f"highest-priority available driver ({drv.description})",
+                drv.device_count(),
+            )
     fallback = registry.get_driver(FALLBACK_BACKEND)
     return Detection(fallback.device_type, fallback.name, "auto", "no driver reported itself available", 1)
 

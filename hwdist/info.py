@@ -204,7 +204,9 @@ def get_data_device(data: Any) -> torch.device:
         if found is None:
             raise ValueError("data should not be empty")
         return found
-    raise TypeError(f"data should be a Tensor, sequence of tensor or dict, but got {type(data).__name__}: {data!r}")
+    raise TypeError(
+        f"data should be a Tensor, sequence of tensor or dict, but got {type(data).__name__}: {data!r}"
+    )
 
 
 def get_comm_device(group: Optional[Any] = None) -> torch.device:
@@ -228,7 +230,9 @@ def cast_data_device(data: Any, device: Union[torch.device, str], out: Optional[
         ValueError: ``data`` is empty, or ``out`` has a different length/keys.
     """
     if out is not None and type(data) is not type(out):
-        raise TypeError(f"out should be the same type as data: got {type(out).__name__} and {type(data).__name__}")
+        raise TypeError(
+            f"out should be the same type as data: got {type(out).__name__} and {type(data).__name__}"
+        )
     if isinstance(data, torch.Tensor):
         if out is None:
             return data.to(device)

@@ -58,13 +58,15 @@ def _hint(name: str) -> str:
 
 
 def _check_driver(name: str, driver: Any) -> Driver:
-    """``driver`` (an instance, or a class constructed with no arguments) if it is a [`Driver`][hwdist.drivers.base.Driver]."""
+    """``driver`` (an instance, or a class constructed with no arguments) if it is a
+    [`Driver`][hwdist.drivers.base.Driver].
+    """
     if isinstance(driver, type) and issubclass(driver, Driver):
         missing = sorted(getattr(driver, "__abstractmethods__", ()))
         if missing:
             raise BackendError(
                 f"driver class {driver.__name__} for backend {name!r} does not set {', '.join(missing)};"
-                f" e.g. device_type = \"cpu\""
+                f' e.g. device_type = "cpu"'
             )
         try:
             driver = driver()
@@ -77,12 +79,11 @@ def _check_driver(name: str, driver: Any) -> Driver:
         what = driver.__name__ if isinstance(driver, type) else f"{type(driver).__name__} instance"
         raise BackendError(
             f"driver for backend {name!r} must be a hwdist.Driver subclass or instance, got {what}."
-            f" HINT: class MyDriver(hwdist.Driver): device_type = \"cpu\""
+            f' HINT: class MyDriver(hwdist.Driver): device_type = "cpu"'
         )
     if not isinstance(driver.device_type, str) or not driver.device_type:
         raise BackendError(
-            f"driver for backend {name!r}: device_type must be a non-empty str,"
-            f" got {driver.device_type!r}"
+            f"driver for backend {name!r}: device_type must be a non-empty str, got {driver.device_type!r}"
         )
     return driver
 
@@ -203,7 +204,9 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    load_plugins(ENTRY_POINT_GROUP, "driver", _drivers.__contains__, lambda n, obj: _register(n, obj, override=False))
+    load_plugins(
+        ENTRY_POINT_GROUP, "driver", _drivers.__contains__, lambda n, obj: _register(n, obj, override=False)
+    )
 
 
 def list_backends() -> list[str]:
@@ -220,7 +223,8 @@ def available_backends() -> list[str]:
 
 
 def registered(name: str) -> Optional[Driver]:
-    """The driver registered under ``name`` (case-insensitive), or None; loads no entry point, raises nothing."""
+    """The driver registered under ``name`` (case-insensitive), or None; loads no entry point, raises nothing.
+    """
     return _drivers.get(name.lower())
 
 
@@ -316,8 +320,7 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
 
     if group is None or not dist.is_initialized():
         raise RuntimeError(
-            "no process group: call hwdist.init_dist(...) (or torch.distributed"
-            ".init_process_group) first"
+            "no process group: call hwdist.init_dist(...) (or torch.distributed.init_process_group) first"
         )
     drv = _recorded(group)
     if drv is None:
@@ -475,7 +478,8 @@ class _CheckedPlan:
             why = _malformed(plan, op, dtype)
             if why:
                 raise BackendError(
-                    f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r}) returned"
+                    f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r})"
+                    " returned"
                     f" a malformed plan: {why}"
                 )
             self._ok[key] = plan
@@ -508,7 +512,9 @@ def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
 
 
 def _guard_plan(driver: Driver) -> None:
-    """Wrap the planning method of a driver that overrides ``Driver.plan`` in a [`_CheckedPlan`][hwdist.registry._CheckedPlan] (once)."""
+    """Wrap the planning method of a driver that overrides ``Driver.plan`` in a
+    [`_CheckedPlan`][hwdist.registry._CheckedPlan] (once).
+    """
     own = getattr(driver, "__dict__", None)
     if own is None or type(driver).plan is Driver.plan:
         return  # the planner's plans (or a driver with __slots__ and no __dict__: left as it is)

@@ -101,16 +101,16 @@ class AcceleratorDriver(Driver):
         if self.unavailable_reason() is None:
             mod = self._module()
             name = getattr(mod, "get_device_name", None)
-            facts["devices"] = [str(name(i)) for i in range(self.device_count())] if callable(name) else self.device_count()
+            facts["devices"] = (
+                [str(name(i)) for i in range(self.device_count())] if callable(name) else self.device_count()
+            )
         return facts
 
     def set_device(self, local_rank: int) -> None:
         """Bind this process to device ``local_rank % device_count``."""
         count = self.device_count()
         if count == 0:
-            raise RuntimeError(
-                f"backend '{self.name}' cannot bind a device: {self.unavailable_reason()}"
-            )
+            raise RuntimeError(f"backend '{self.name}' cannot bind a device: {self.unavailable_reason()}")
         self._module().set_device(local_rank % count)
 
     def current_device(self) -> torch.device:

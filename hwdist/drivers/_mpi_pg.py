@@ -360,7 +360,9 @@ class MpiProcessGroup(_ProcessGroup):
                 self._call(self.comm.Reduce, arr, None, op=op, root=root)
         return MpiWork(tensors)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> MpiWork:  # noqa: D102
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> MpiWork:  # noqa: D102
         for out, ins in zip(outputs, inputs):
             if len(ins) != self._size:
                 raise ValueError(f"reduce_scatter: expected {self._size} input tensors, got {len(ins)}")
@@ -371,7 +373,8 @@ class MpiProcessGroup(_ProcessGroup):
             counts = [i.numel() for i in ins]
             if counts[self._rank] != out.numel():
                 raise ValueError(
-                    f"reduce_scatter: output has {out.numel()} elements, input {self._rank} has {counts[self._rank]}"
+                    f"reduce_scatter: output has {out.numel()} elements, input {self._rank} has"
+                    f" {counts[self._rank]}"
                 )
             self._call(self.comm.Reduce_scatter, send.numpy(), recv.array(), recvcounts=counts, op=op)
             if divide:
@@ -394,7 +397,9 @@ class MpiProcessGroup(_ProcessGroup):
         recv.done()
         return MpiWork([output])
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> MpiWork:  # noqa: D102
         for out, inp in zip(outputs, inputs):
             self._reduce_scatter_base(out, inp, opts)
         return MpiWork(outputs)
@@ -409,7 +414,9 @@ class MpiProcessGroup(_ProcessGroup):
             buf.done()
         return MpiWork(tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         MPI = _mpi()
         for outs, inp in zip(outputs, inputs):
             if len(outs) != self._size:
@@ -418,14 +425,17 @@ class MpiProcessGroup(_ProcessGroup):
             src = _Buf(inp, "all_gather input")
             if _nbytes(inp) != counts[self._rank]:
                 raise ValueError(
-                    f"all_gather: input has {_nbytes(inp)} bytes, output {self._rank} expects {counts[self._rank]}"
+                    f"all_gather: input has {_nbytes(inp)} bytes, output {self._rank} expects"
+                    f" {counts[self._rank]}"
                 )
             flat = np.empty(sum(counts), np.uint8)
             self._call(self.comm.Allgatherv, src.bytes(), [flat, counts, displs, MPI.BYTE])
             _unpack(flat, outs, displs)
         return MpiWork([t for outs in outputs for t in outs])
 
-    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def allgather_coalesced(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         return self.allgather(outputs, inputs, opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
@@ -440,7 +450,9 @@ class MpiProcessGroup(_ProcessGroup):
         out.done()
         return MpiWork([output])
 
-    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         for out, inp in zip(outputs, inputs):
             self._allgather_base(out, inp, opts)
         return MpiWork(outputs)
@@ -504,10 +516,15 @@ class MpiProcessGroup(_ProcessGroup):
         row_bytes = _nbytes(t) // rows if rows else 0
         if not splits:
             if rows % self._size:
-                raise ValueError(f"all_to_all: {what} has {rows} rows, not divisible by group size {self._size}")
+                raise ValueError(
+                    f"all_to_all: {what} has {rows} rows, not divisible by group size {self._size}"
+                )
             splits = [rows // self._size] * self._size
         if len(splits) != self._size or sum(splits) != rows:
-            raise ValueError(f"all_to_all: {what} split sizes {list(splits)} do not cover {rows} rows in {self._size} parts")
+            raise ValueError(
+                f"all_to_all: {what} split sizes {list(splits)} do not cover {rows} rows in {self._size}"
+                " parts"
+            )
         counts = [int(s) * row_bytes for s in splits]
         displs = [0] * len(counts)
         for i in range(1, len(counts)):
@@ -534,13 +551,17 @@ class MpiProcessGroup(_ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
         return self._allgather_base(output, input, opts)
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
         return self._reduce_scatter_base(output, input, opts)
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
     def all_to_all_single(  # noqa: D102

@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 
-
 class Driver(abc.ABC):
     """Base class of every driver: subclass it, set ``device_type`` and declare the capability table.
 
@@ -79,7 +78,8 @@ class Driver(abc.ABC):
     vendor_module: ClassVar[Optional[str]] = None
     #: Other names torch may report for this backend (``get_backend``).
     aliases: tuple[str, ...] = ()
-    #: Environment variables that tune this backend, shown by ``hwdist env``: names, or prefixes ending in '*'.
+    #: Environment variables that tune this backend, shown by ``hwdist env``: names, or prefixes ending in
+    #: '*'.
     env_vars: ClassVar[tuple[str, ...]] = ()
     #: The launcher every rank must come from (``'mpi'``: one mpiexec job), or None if any will do.
     required_launcher: ClassVar[Optional[str]] = None
@@ -141,14 +141,16 @@ class Driver(abc.ABC):
 
     def synchronize(self) -> None:
         """Wait until the work queued on this process's device has finished (a no-op on the CPU)."""
+        return None
 
     def compute_device_type(self) -> str:
-        """The device type a process on this backend computes on (``get_device()``): ``device_type`` by default."""
+        """The device type a process on this backend computes on (``get_device()``); ``device_type``."""
         return self.device_type
 
     # ---- placement --------------------------------------------------------
     def set_device(self, local_rank: int) -> None:
         """Bind this process to the device for ``local_rank``."""
+        return None
 
     def current_device(self) -> torch.device:
         """The device this process is bound to."""
@@ -187,7 +189,7 @@ class Driver(abc.ABC):
         return caps
 
     def plan(self, op: str, dtype: torch.dtype, reduce_op: Optional[str] = None) -> Plan:
-        """The plan for ``op`` on ``dtype`` (and ``reduce_op``): [`plan`][hwdist.drivers.base.plan] of ``caps``.
+        """The plan for ``op`` on ``dtype`` (and ``reduce_op``): the planner over ``caps``.
 
         One dict lookup once a combination has been planned. A driver may
         override it; it must then return a [`Plan`][hwdist.drivers.base.Plan]

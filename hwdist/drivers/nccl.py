@@ -19,7 +19,13 @@ class NcclDriver(AcceleratorDriver):
     device_type = "cuda"
     priority = 20
     description = "NVIDIA NCCL (CUDA GPUs; RCCL on ROCm)"
-    env_vars = ("NCCL_*", "TORCH_NCCL_*", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "HIP_VISIBLE_DEVICES")
+    env_vars = (
+        "NCCL_*",
+        "TORCH_NCCL_*",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_LAUNCH_BLOCKING",
+        "HIP_VISIBLE_DEVICES",
+    )
     # torch's NCCL process group has every op (gather/scatter since torch 1.11, below hwdist's floor).
     native_ops = ALL_OPS
     reduce_ops = frozenset({"sum", "product", "min", "max", "avg"})
@@ -53,7 +59,9 @@ class NcclDriver(AcceleratorDriver):
         return super().unavailable_reason()
 
     def details(self) -> dict[str, Any]:
-        """The CUDA (or ROCm) runtime torch was built with, NCCL's version, the NVIDIA driver, the visible GPUs."""
+        """The CUDA (or ROCm) runtime torch was built with, NCCL's version, the NVIDIA driver, the visible
+        GPUs.
+        """
         import torch.distributed as dist
 
         facts: dict[str, Any] = {

@@ -63,7 +63,9 @@ def tuning(driver: Any) -> Tuning:
 def set_tuning(name: str, value: Tuning) -> Tuning:
     """Set backend ``name``'s tuning; returns the previous one (``DEFAULT`` if it had none)."""
     if not isinstance(value, Tuning):
-        raise TypeError(f"set_tuning: value must be a hwdist.drivers.tuning.Tuning, got {type(value).__name__}")
+        raise TypeError(
+            f"set_tuning: value must be a hwdist.drivers.tuning.Tuning, got {type(value).__name__}"
+        )
     old = TUNING.get(name.lower(), DEFAULT)
     TUNING[name.lower()] = value
     return old

@@ -62,7 +62,11 @@ class MpiLauncher(Launcher):
                     f" ({', '.join(LOCAL_RANK_VARS)}); set LOCAL_RANK for each process"
                 )
             local = rank
-        for var, value, src in (("RANK", rank, "MPI"), ("WORLD_SIZE", world, "MPI"), ("LOCAL_RANK", local, "MPI")):
+        for var, value, src in (
+            ("RANK", rank, "MPI"),
+            ("WORLD_SIZE", world, "MPI"),
+            ("LOCAL_RANK", local, "MPI"),
+        ):
             check_consistent(env, self.name, var, value, src)
         return LaunchInfo(
             launcher=self.name,
@@ -107,7 +111,9 @@ class MpiLauncher(Launcher):
         reply: tuple[str, Any] = ("", None)
         if info.rank == 0:
             try:
-                store = dist.TCPStore(addr, info.master_port or 0, info.world_size, True, td, wait_for_workers=False)
+                store = dist.TCPStore(
+                    addr, info.master_port or 0, info.world_size, True, td, wait_for_workers=False
+                )
                 reply = ("ok", (addr, store.port))
             except Exception as exc:  # every rank must hear about it, not hang
                 reply = ("error", f"{type(exc).__name__}: {exc}")

@@ -176,8 +176,13 @@ class LauncherVariables:
 
 
 TORCHRUN_VARIABLES = LauncherVariables(
-    "torchrun", rank=("RANK",), size=("WORLD_SIZE",), local_rank=("LOCAL_RANK",), local_size=("LOCAL_WORLD_SIZE",),
-    other=("GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"), patterns=("TORCHELASTIC_*", "MASTER_*"),
+    "torchrun",
+    rank=("RANK",),
+    size=("WORLD_SIZE",),
+    local_rank=("LOCAL_RANK",),
+    local_size=("LOCAL_WORLD_SIZE",),
+    other=("GROUP_RANK", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"),
+    patterns=("TORCHELASTIC_*", "MASTER_*"),
 )
 SLURM_VARIABLES = LauncherVariables(
     "slurm", rank=("SLURM_PROCID",), size=("SLURM_NTASKS",), local_rank=("SLURM_LOCALID",),
@@ -191,8 +196,12 @@ OPENMPI_VARIABLES = LauncherVariables(
 )
 #: MPICH, Intel MPI and PMIx (also ``srun --mpi=pmi2/pmix``).
 PMI_VARIABLES = LauncherVariables(
-    "pmi", rank=("PMI_RANK", "PMIX_RANK"), size=("PMI_SIZE",), local_rank=("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
-    local_size=("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"), patterns=("PMI_*", "PMIX_RANK", "MPI_LOCAL*"),
+    "pmi",
+    rank=("PMI_RANK", "PMIX_RANK"),
+    size=("PMI_SIZE",),
+    local_rank=("MPI_LOCALRANKID", "PMI_LOCAL_RANK"),
+    local_size=("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE"),
+    patterns=("PMI_*", "PMIX_RANK", "MPI_LOCAL*"),
 )
 MVAPICH_VARIABLES = LauncherVariables(
     "mvapich", rank=("MV2_COMM_WORLD_RANK",), size=("MV2_COMM_WORLD_SIZE",),
@@ -200,7 +209,13 @@ MVAPICH_VARIABLES = LauncherVariables(
     patterns=("MV2_COMM_WORLD_*",),
 )
 #: Every launcher family's variables, in the order ``hwdist env`` reports them.
-LAUNCHER_VARIABLES = (TORCHRUN_VARIABLES, SLURM_VARIABLES, OPENMPI_VARIABLES, PMI_VARIABLES, MVAPICH_VARIABLES)
+LAUNCHER_VARIABLES = (
+    TORCHRUN_VARIABLES,
+    SLURM_VARIABLES,
+    OPENMPI_VARIABLES,
+    PMI_VARIABLES,
+    MVAPICH_VARIABLES,
+)
 _MPI_FAMILIES = (OPENMPI_VARIABLES, PMI_VARIABLES, MVAPICH_VARIABLES)
 
 #: The global rank, per MPI family.

@@ -60,7 +60,9 @@ _ProcessGroup: Any = dist.ProcessGroup
 
 
 class EmulatedProcessGroup(_ProcessGroup):
-    """A gloo process group that rejects what [`EmulatedDriver`][hwdist.testing.emulated.EmulatedDriver] declares unsupported."""
+    """A gloo process group that rejects what [`EmulatedDriver`][hwdist.testing.emulated.EmulatedDriver]
+    declares unsupported.
+    """
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any) -> None:
         super().__init__(rank, size)
@@ -100,11 +102,19 @@ class EmulatedProcessGroup(_ProcessGroup):
 
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         self._check("all_gather", [outputs, inputs])
-        return self._gloo.allgather(outputs, inputs, opts) if opts is not None else self._gloo.allgather(outputs, inputs)
+        return (
+            self._gloo.allgather(outputs, inputs, opts)
+            if opts is not None
+            else self._gloo.allgather(outputs, inputs)
+        )
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
         self._check("all_gather", [output, input])
-        return self._gloo._allgather_base(output, input, opts) if opts is not None else self._gloo._allgather_base(output, input)
+        return (
+            self._gloo._allgather_base(output, input, opts)
+            if opts is not None
+            else self._gloo._allgather_base(output, input)
+        )
 
     def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:
         self._check("gather", [outputs, inputs])
@@ -137,7 +147,9 @@ class EmulatedProcessGroup(_ProcessGroup):
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         return self._reduce_scatter_base(output, input, opts)
 
-    def all_to_all_single(self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None) -> Any:
+    def all_to_all_single(
+        self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None
+    ) -> Any:
         return self.alltoall_base(output, input, out_splits, in_splits, opts)
 
     def send(self, tensors: Any, dst: int, tag: int) -> Any:
