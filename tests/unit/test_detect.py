@@ -198,3 +198,21 @@ def test_import_hwdist_is_clean():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"
+
+
+def test_detection_asks_the_driver_and_reads_settings(monkeypatch):
+    """No duck typing and no os.environ in detect.py: the driver says its compute device, settings the overrides."""
+    import inspect
+
+    from hwdist import detect as detect_mod
+    from hwdist.drivers.gloo import GlooDriver
+
+    source = inspect.getsource(detect_mod)
+    assert "os.environ" not in source and "getattr(" not in source
+    monkeypatch.setattr(GlooDriver, "compute_device_type", lambda self: "mps")
+    monkeypatch.delenv("HWDIST_BACKEND", raising=False)
+    monkeypatch.delenv("HWDIST_DEVICE", raising=False)
+    if hwdist.detect().backend == "gloo":  # a CPU machine
+        assert hwdist.get_device() == "mps"
+    monkeypatch.setenv("HWDIST_BACKEND", "  gloo ")  # read through hwdist.settings: stripped
+    assert hwdist.detect().source == "HWDIST_BACKEND"

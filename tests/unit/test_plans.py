@@ -215,3 +215,83 @@ def test_bucket_tensors():
     assert bucket_tensors([f, f, f, i], bucket_bytes=32) == [[0, 1], [2], [3]]
     assert bucket_tensors([torch.ones(100), f], bucket_bytes=8) == [[0], [1]]  # too big: alone
     assert bucket_tensors([]) == []
+
+
+# ---------------------------------------------------------------------------
+# capabilities as data, the pure planner, tuning (issue 15)
+# ---------------------------------------------------------------------------
+
+
+def test_capabilities_are_frozen_data_the_planner_alone_reads(gloo, emu):
+    from dataclasses import FrozenInstanceError
+
+    from hwdist.drivers.base import Capabilities, plan
+
+    caps = emu.caps
+    assert isinstance(caps, Capabilities) and hash(caps) == hash(emu.caps)
+    with pytest.raises(FrozenInstanceError):
+        caps.dtypes = None  # type: ignore[misc]
+    # The planner is a function of the capabilities only: an equal table built by hand plans the same.
+    twin = Capabilities(
+        backend="emu",
+        native_ops=caps.native_ops,
+        reduce_ops=caps.reduce_ops,
+        dtypes=caps.dtypes,
+        native_object_collectives=False,
+    )
+    assert twin == caps
+    for args in (("all_reduce", torch.bfloat16, "mean"), ("all_gather", torch.int64, None), ("gather", torch.float32, None)):
+        assert plan(twin, *args) is plan(caps, *args) == emu.plan(*args)  # cached once per argument tuple
+    with pytest.raises(hwdist.PlanError, match="with backend 'emu'"):
+        plan(twin, "all_reduce", torch.int64, "sum")
+    assert gloo.capabilities() == gloo.caps.as_dict()
+
+
+def test_a_subclass_declaration_becomes_its_capabilities():
+    from hwdist.drivers.base import Driver
+
+    class Small(Driver):
+        device_type = "cpu"
+        dtypes = frozenset({torch.float32, torch.int32})
+        reduce_ops = frozenset({"sum", "max"})
+
+    drv = Small()
+    drv.name = "small"
+    assert drv.caps.dtypes == frozenset({torch.float32, torch.int32}) and drv.caps.backend == "small"
+    assert drv.plan("all_reduce", torch.float16, "sum").comm_dtype == torch.float32
+    assert drv.plan("all_reduce", torch.float16, "sum") is drv.plan("all_reduce", torch.float16, "sum")
+    drv.name = "renamed"  # registration renames: the messages follow
+    with pytest.raises(hwdist.PlanError, match="backend 'renamed'"):
+        drv.plan("all_reduce", torch.float32, "product")
+
+
+def test_mpi_table_is_computed_not_property_overridden():
+    from hwdist.drivers.mpi import PY_MPI_BACKEND, MpiDriver, _native
+
+    for attr in ("native_ops", "dtypes", "reduce_dtypes", "torch_name", "aliases", "process_group_factory"):
+        assert not isinstance(MpiDriver.__dict__.get(attr), property), attr
+    drv = hwdist.get_driver("mpi")
+    assert drv.caps.dtypes == (drv.dtypes if _native() else None)
+    assert drv.torch_name == ("mpi" if _native() else PY_MPI_BACKEND)
+    assert (drv.process_group_factory is None) == _native()
+
+
+def test_tuning_is_a_table_outside_the_driver(gloo, emu):
+    from hwdist.drivers import tuning
+    from hwdist.drivers.base import Driver
+
+    assert "pack_max_bytes" not in vars(type(gloo)) and "reduce_by_gather_max_bytes" not in vars(type(gloo))
+    assert tuning.tuning(gloo) == tuning.Tuning(pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10)
+    assert tuning.tuning(hwdist.get_driver("mpi")).pack_max_bytes == 1 << 20
+    assert tuning.tuning(emu) == tuning.DEFAULT == tuning.Tuning()
+    # the compatibility accessors read the table
+    assert gloo.pack_max_bytes == 1 << 20 and gloo.reduce_by_gather_max_bytes == 32 << 10
+    assert isinstance(Driver.__dict__["pack_max_bytes"], property)
+    old = tuning.set_tuning("emu", tuning.Tuning(pack_max_bytes=7))
+    try:
+        assert emu.pack_max_bytes == 7
+    finally:
+        tuning.TUNING.pop("emu")
+    assert old == tuning.DEFAULT
+    with pytest.raises(TypeError, match="must be a hwdist.drivers.tuning.Tuning"):
+        tuning.set_tuning("emu", 1 << 20)  # type: ignore[arg-type]
