@@ -59,7 +59,7 @@ class Driver(abc.ABC):
     * presence: ``unavailable_reason()`` (``is_available()`` derives from it),
       ``device_count()``, ``is_initialized()``;
     * placement: ``set_device(local_rank)``, ``current_device()``,
-      ``comm_device()``, ``device_id(local_rank)``, ``synchronize()``;
+      ``comm_device()``, ``device_id(local_rank)``, ``compute_device_type()``, ``synchronize()``;
     * start-up: ``process_group_factory``, ``required_launcher``, ``ranks_per_device``;
     * capabilities: the declarations below, gathered into the frozen ``caps``,
       and ``plan(op, dtype, reduce_op)``;
