@@ -40,19 +40,19 @@ class Tuning:
     reduce_by_gather_max_bytes: int = 0
 
 
-#: What a backend without an entry gets: pack everything, always all_reduce.
 DEFAULT = Tuning()
+"""What a backend without an entry gets: pack everything, always all_reduce."""
 
-#: Backend name -> its tuning. On the CPU a packing copy costs about as much as
-#: the wire, so big tensors go as they are (gloo, mpi). Gloo's ring all_reduce
-#: pays 2(n-1) synchronised steps even for a few bytes and its all_gather n-1:
-#: measured on 2 cores, 20 floats to 16 KiB, all_gather + local sum took 0.22-0.34x
-#: the all_reduce's time at 2 ranks and 0.75-0.87x at 3; a 64 KiB all_gather per
-#: rank was erratic (up to 5x slower), so the limit stays well below it.
+# On the CPU a packing copy costs about as much as the wire, so big tensors go as they are (gloo, mpi).
+# Gloo's ring all_reduce pays 2(n-1) synchronised steps even for a few bytes and its all_gather n-1:
+# measured on 2 cores, 20 floats to 16 KiB, all_gather + local sum took 0.22-0.34x the all_reduce's time
+# at 2 ranks and 0.75-0.87x at 3; a 64 KiB all_gather per rank was erratic (up to 5x slower), so the
+# limit stays well below it.
 TUNING: dict[str, Tuning] = {
     "gloo": Tuning(pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10),
     "mpi": Tuning(pack_max_bytes=1 << 20),
 }
+"""Backend name -> its tuning (the measurements behind each entry: docs/benchmarks.md)."""
 
 
 def tuning(driver: Any) -> Tuning:
