@@ -63,13 +63,6 @@ def unsupported_reason() -> Optional[str]:
     return None
 
 
-# torch's NCCL process group has gather/scatter since 1.11, before hwdist's floor (2.1): always
-# true for a supported torch. Drop when nothing older than 2.1 can import hwdist.
-NCCL_HAS_GATHER: bool = _version_at_least(1, 11)
-
-# ReduceOp.PREMUL_SUM (NCCL only; torch._make_nccl_premul_sum) since 1.13. Drop when torch>=1.13 is the floor.
-HAS_PREMUL_SUM: bool = DIST_AVAILABLE and hasattr(_dist.ReduceOp, "PREMUL_SUM")
-
 # torch.uint16/uint32/uint64 (torch>=2.3): no built-in backend moves or reduces them natively (gloo and
 # NCCL: "Invalid scalar type"); hwdist carries them as bytes. Drop when torch>=2.3 is the floor.
 WIDE_UNSIGNED_DTYPES: tuple[torch.dtype, ...] = tuple(
@@ -97,8 +90,9 @@ GLOO_HAS_REDUCE_SCATTER: bool = _version_at_least(2, 9)
 # works on 2.13.0; all_to_all_single works on every supported version). Drop when torch>=2.12 is the floor.
 GLOO_HAS_ALL_TO_ALL: bool = _version_at_least(2, 12)
 
-# Object collectives (all_gather_object, ...) appeared in 1.8. Drop when torch>=1.8 is the floor.
-HAS_OBJECT_COLLECTIVES: bool = DIST_AVAILABLE and hasattr(_dist, "all_gather_object")
+# Below the floor, kept only while collectives/objects.py still reads it (object collectives appeared in
+# torch 1.8): always DIST_AVAILABLE. Delete with that read.
+HAS_OBJECT_COLLECTIVES: bool = DIST_AVAILABLE
 
 # init_process_group(device_id=...) binds eagerly; torch>=2.3. Drop when torch>=2.3 is the floor.
 INIT_HAS_DEVICE_ID: bool = DIST_AVAILABLE and _has_param(_dist.init_process_group, "device_id")
@@ -120,29 +114,34 @@ def init_accepts_device_id(device_type: str) -> bool:
         return True
     probe = types.SimpleNamespace(type=device_type, index=0)
     for node in ast.walk(tree):
-        names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)} if isinstance(node, ast.If) else set()
+        if not isinstance(node, ast.If):
+            continue
+        names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
         if names == {"device_id"} and any(isinstance(s, ast.Raise) for s in node.body):
             try:
-                return not eval(compile(ast.Expression(node.test), "<torch>", "eval"), {}, {"device_id": probe})
+                return not eval(
+                    compile(ast.Expression(node.test), "<torch>", "eval"), {}, {"device_id": probe}
+                )
             except Exception:  # an unexpected check: let torch itself decide
                 return True
     return True
 
+
 # Backend.register_backend(devices=...) maps a custom backend to device types; torch>=2.2.
 # Drop when torch>=2.2 is the floor.
-REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(
-    _dist.Backend.register_backend, "devices"
-)
+REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(_dist.Backend.register_backend, "devices")
 
-# Tensor.register_post_accumulate_grad_hook; torch>=2.1. Drop when torch>=2.1 is the floor.
-HAS_POST_ACCUMULATE_GRAD_HOOK: bool = hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+# Below the floor, kept only while training.py still reads it (Tensor.register_post_accumulate_grad_hook is in
+# every torch >= 2.1): always True. Delete with that read.
+HAS_POST_ACCUMULATE_GRAD_HOOK: bool = True
 
 
 # destroy_process_group() hangs intermittently on torch < 2.8: ProcessGroupGloo's destructor joins its
 # worker threads while holding the GIL, and a worker still freeing the last tensor of a finished collective
 # waits for the GIL (gdb on 2.1.2: main thread in ~ProcessGroupGloo -> std::thread::join, worker in
 # ~TensorImpl -> gil_scoped_acquire). Releasing the GIL for a moment first lets the worker finish: 40 of 40
-# re-initialisations passed with a 0.05 s pause where a few hung without it. Drop when torch>=2.8 is the floor.
+# re-initialisations passed with a 0.05 s pause where a few hung without it.
+# Drop when torch>=2.8 is the floor.
 DESTROY_GIL_PAUSE_S: float = 0.0 if _version_at_least(2, 8) else 0.1
 
 
@@ -157,14 +156,12 @@ def _pick(*names: str) -> Optional[Callable[..., Any]]:
 
 
 # Flat all_gather into one tensor: all_gather_single (2.13+, which deprecates
-# all_gather_into_tensor), all_gather_into_tensor (1.13+), _all_gather_base before.
-# Drop the fallbacks when torch>=2.13 is the floor.
-all_gather_into_tensor = _pick("all_gather_single", "all_gather_into_tensor", "_all_gather_base")
+# all_gather_into_tensor), else all_gather_into_tensor. Drop the fallback when torch>=2.13 is the floor.
+all_gather_into_tensor = _pick("all_gather_single", "all_gather_into_tensor")
 
 # Flat reduce_scatter: reduce_scatter_single (2.13+, which deprecates reduce_scatter_tensor),
-# reduce_scatter_tensor (1.13+), _reduce_scatter_base before.
-# Drop the fallbacks when torch>=2.13 is the floor.
-reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
+# else reduce_scatter_tensor. Drop the fallback when torch>=2.13 is the floor.
+reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor")
 
 
 # torch.distributed.is_xccl_available (Intel XPU's oneCCL backend) exists from torch 2.7; XPU
@@ -173,7 +170,9 @@ is_xccl_available = _pick("is_xccl_available")
 
 
 def all_gather_into_tensor_by_list(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
-    """``all_gather_into_tensor`` through the list form, for backends without the flat one (gloo on torch 2.1).
+    """``all_gather_into_tensor`` through the list form, for backends without the flat one.
+
+    Gloo lacks the flat form on torch 2.1.
 
     Drop when every backend hwdist drives has the flat form (gloo: torch>=2.2 as the floor).
     """

@@ -13,7 +13,8 @@ the fix and exit 2; failed checks exit 1; a closed stdout (``| head``) ends
 the command quietly with 141, as a process killed by SIGPIPE. The report is
 the only thing on stdout: what ranks, torch or gloo print goes to stderr
 (see [`hwdist.cli_ranks`][hwdist.cli_ranks]). The command's parts live in
-[`hwdist.cli_env`][hwdist.cli_env], [`hwdist.cli_bench`][hwdist.cli_bench] and [`hwdist.cli_ranks`][hwdist.cli_ranks].
+[`hwdist.cli_env`][hwdist.cli_env], [`hwdist.cli_bench`][hwdist.cli_bench] and
+[`hwdist.cli_ranks`][hwdist.cli_ranks].
 """
 
 from __future__ import annotations
@@ -41,19 +42,6 @@ EXIT_PIPE = 141
 
 class UsageError(Exception):
     """A problem with how the command was called; printed as one line, exit code 2."""
-
-
-def __getattr__(name: str) -> Any:
-    """``parse_sizes``, ``bus_factor`` (from cli_bench) and ``env_report`` (from cli_env), loaded on use."""
-    if name in ("parse_sizes", "bus_factor"):
-        from . import cli_bench
-
-        return getattr(cli_bench, name)
-    if name == "env_report":
-        from . import cli_env
-
-        return cli_env.env_report
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------
@@ -113,8 +101,10 @@ def choose_backend(name: Optional[str]) -> Any:
     return driver
 
 
-def ranks_for(args: argparse.Namespace, driver: Any, argv: Sequence[str], err: TextIO) -> tuple[Optional[Callable[[], Any]], Optional[int]]:
-    """``(pool factory, None)`` for the command's ranks, or ``(None, exit code)`` when a launcher ran it instead.
+def ranks_for(
+    args: argparse.Namespace, driver: Any, argv: Sequence[str], err: TextIO
+) -> tuple[Optional[Callable[[], Any]], Optional[int]]:
+    """``(pool factory, None)`` for the command's ranks, or ``(None, exit code)`` when a launcher ran it.
 
     In an mpiexec job the job's processes are the ranks; a backend whose
     driver requires that launcher re-runs the command under ``mpiexec -n N``.
@@ -127,11 +117,14 @@ def ranks_for(args: argparse.Namespace, driver: Any, argv: Sequence[str], err: T
             make, args.nproc = job.job_ranks(args.nproc, driver.name, args.timeout, err)
             return make, None
         args.nproc = args.nproc or 2
-        needs = getattr(driver, "required_launcher", None)
+        needs = driver.required_launcher
         if needs is None:
             return local_ranks(args.nproc, driver.name, args.timeout, err), None
         if needs != job.LAUNCHER:
-            raise ValueError(f"backend {driver.name!r} needs every rank started by launcher {needs!r}; start the command with it")
+            raise ValueError(
+                f"backend {driver.name!r} needs every rank started by launcher {needs!r};"
+                " start the command with it"
+            )
         return None, job.rerun(list(argv), args.nproc, args.timeout * (len(_planned(args)) + 2), err)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -192,7 +185,8 @@ def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
         unknown = sorted(set(args.only) - set(checks.check_names()))
         if unknown:
             raise UsageError(
-                f"--only: unknown check(s) {', '.join(unknown)}; expected names from: {', '.join(checks.check_names())}"
+                f"--only: unknown check(s) {', '.join(unknown)}; expected names from:"
+                f" {', '.join(checks.check_names())}"
             )
     make, code = ranks_for(args, driver, argv, err)
     if make is None:
@@ -205,17 +199,23 @@ def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
 
     with report_stream(out) as report:
         lead = True  # whether this process writes the report (rank 0 under mpiexec)
-        rows = []
+        rows: list[Any] = []
         start = time.monotonic()
         try:
             for row in checks.run_checks(
-                args.nproc, driver.name, only=args.only, inject=args.inject, timeout=args.timeout,
-                pg_timeout=args.timeout, pool_factory=factory,
+                args.nproc,
+                driver.name,
+                only=args.only,
+                inject=args.inject,
+                timeout=args.timeout,
+                pg_timeout=args.timeout,
+                pool_factory=factory,
             ):
                 lead = getattr(pools[-1], "rank", 0) == 0 if pools else True
                 if not rows and lead and not args.json:
                     report.write(
-                        f"hwdist check: {args.nproc} rank(s), backend '{driver.name}' (device {driver.device_type}),"
+                        f"hwdist check: {args.nproc} rank(s), backend '{driver.name}' (device"
+                        f" {driver.device_type}),"
                         f" torch {torch.__version__}\n{CHECK_HEADER}\n"
                     )
                 rows.append(row)
@@ -250,7 +250,9 @@ def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
         else:
             summary = f"{counts['pass']} passed, {counts['FAIL']} failed"
             summary += "".join(
-                f", {k} {'not available' if s == 'n/a' else s}" for s, k in counts.items() if s not in ("pass", "FAIL")
+                f", {k} {'not available' if s == 'n/a' else s}"
+                for s, k in counts.items()
+                if s not in ("pass", "FAIL")
             )
             report.write(f"\n{summary} in {elapsed:.1f} s\n")
     return 1 if counts["FAIL"] else 0
@@ -268,7 +270,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="torch.distributed on any hardware: inspect this machine, verify and benchmark collectives.",
+        description="torch.distributed on any hardware: inspect this machine, verify and benchmark"
+        " collectives.",
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{env,check,bench,trace}")
@@ -276,53 +279,111 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p_env = sub.add_parser(
         "env",
         help="what this machine offers: system, drivers, detection, launcher, runtimes",
-        description="What this machine offers: OS, CPU, RAM, /dev/shm; every driver, what detection picks, the launcher,"
-        " runtime versions, and the environment variables that matter (secrets masked).",
+        description="What this machine offers: OS, CPU, RAM, /dev/shm; every driver, what detection picks,"
+        " the launcher, runtime versions, and the environment variables that matter (secrets masked).",
     )
     mode = p_env.add_mutually_exclusive_group()
     mode.add_argument("--json", action="store_true", help="machine-readable output (keys are identifiers)")
-    mode.add_argument("--issue", action="store_true", help="a compact plain-text block to paste into a bug report")
+    mode.add_argument(
+        "--issue", action="store_true", help="a compact plain-text block to paste into a bug report"
+    )
 
     def common(p: argparse.ArgumentParser, timeout: float) -> None:
-        p.add_argument("-n", "--nproc", type=_positive_int, default=None, metavar="N", help="local ranks to spawn (default 2; under mpiexec: the job's size)")
-        p.add_argument("--backend", "-b", default=None, metavar="B", help="backend to use (default: what `hwdist env` detects)")
-        p.add_argument("--json", action="store_true", help="machine-readable output on stdout (nothing else is written there)")
         p.add_argument(
-            "--timeout", type=_timeout, default=timeout, metavar="S",
-            help=f"seconds for the ranks to start, and for each step, before they are declared hung (default {timeout:g}, at least {MIN_TIMEOUT:g})",
+            "-n",
+            "--nproc",
+            type=_positive_int,
+            default=None,
+            metavar="N",
+            help="local ranks to spawn (default 2; under mpiexec: the job's size)",
+        )
+        p.add_argument(
+            "--backend",
+            "-b",
+            default=None,
+            metavar="B",
+            help="backend to use (default: what `hwdist env` detects)",
+        )
+        p.add_argument(
+            "--json",
+            action="store_true",
+            help="machine-readable output on stdout (nothing else is written there)",
+        )
+        p.add_argument(
+            "--timeout",
+            type=_timeout,
+            default=timeout,
+            metavar="S",
+            help=f"seconds for the ranks to start, and for each step, before they are declared hung"
+            f" (default {timeout:g}, at least {MIN_TIMEOUT:g})",
         )
 
     p_check = sub.add_parser(
         "check",
         help="spawn N ranks and verify every collective across dtypes",
         description=textwrap.fill(
-            "Spawn N local ranks on backend B and verify every public collective, object collective and results"
-            " function of hwdist across dtypes, against values computed independently from the rank numbers."
+            "Spawn N local ranks on backend B and verify every public collective, object collective and"
+            " results function of hwdist across dtypes, against values computed independently from the"
+            " rank numbers."
         ),
         epilog=_check_epilog(),
         formatter_class=raw,
     )
     common(p_check, 60.0)
-    p_check.add_argument("--only", type=lambda s: [x.strip() for x in s.split(",") if x.strip()], default=None, metavar="NAMES", help="comma list of checks to run (default: all; names below)")
+    p_check.add_argument(
+        "--only",
+        type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+        default=None,
+        metavar="NAMES",
+        help="comma list of checks to run (default: all; names below)",
+    )
     # Hidden: make one check fail on purpose (tests of the failure path); see hwdist.checks.INJECT_ENV.
     p_check.add_argument("--inject-failure", dest="inject", default=None, help=argparse.SUPPRESS)
 
     p_bench = sub.add_parser(
         "bench",
         help="nccl-tests-style bandwidth sweep with a correctness column",
-        description="An nccl-tests-style sweep: per op and size the slowest rank's time, algorithm and bus bandwidth,"
-        " and #wrong (elements that differ from the expected result); an average bus bandwidth per op.",
+        description="An nccl-tests-style sweep: per op and size the slowest rank's time, algorithm and bus"
+        " bandwidth, and #wrong (elements that differ from the expected result); an average bus bandwidth"
+        " per op.",
     )
     common(p_bench, 120.0)
-    p_bench.add_argument("--ops", default=",".join(DEFAULT_BENCH_OPS), help=f"comma list or 'all' (default {','.join(DEFAULT_BENCH_OPS)}; known: {', '.join(BENCH_OPS)})")
-    p_bench.add_argument("--sizes", default=DEFAULT_SIZES, help=f"MIN:MAX[:FACTOR] or a comma list, bytes with K/M/G (default {DEFAULT_SIZES})")
-    p_bench.add_argument("--iters", type=_positive_int, default=20, metavar="K", help="timed iterations per size (default 20)")
-    p_bench.add_argument("--warmup", type=int, default=5, metavar="W", help="untimed iterations first (default 5)")
-    p_bench.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8"])
+    p_bench.add_argument(
+        "--ops",
+        default=",".join(DEFAULT_BENCH_OPS),
+        help=f"comma list or 'all' (default {','.join(DEFAULT_BENCH_OPS)}; known: {', '.join(BENCH_OPS)})",
+    )
+    p_bench.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help=f"MIN:MAX[:FACTOR] or a comma list, bytes with K/M/G (default {DEFAULT_SIZES})",
+    )
+    p_bench.add_argument(
+        "--iters", type=_positive_int, default=20, metavar="K", help="timed iterations per size (default 20)"
+    )
+    p_bench.add_argument(
+        "--warmup", type=int, default=5, metavar="W", help="untimed iterations first (default 5)"
+    )
+    p_bench.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8"],
+    )
     which = p_bench.add_mutually_exclusive_group()
-    which.add_argument("--impl", default="hwdist", choices=["hwdist", "torch"], help="time hwdist's functions or raw torch.distributed (default hwdist)")
-    which.add_argument("--compare", action="store_true", help="time both, size by size, and add a hwdist/torch time ratio table")
-    p_bench.add_argument("--plot", default=None, metavar="FILE.png", help="draw bus bandwidth against size (needs matplotlib)")
+    which.add_argument(
+        "--impl",
+        default="hwdist",
+        choices=["hwdist", "torch"],
+        help="time hwdist's functions or raw torch.distributed (default hwdist)",
+    )
+    which.add_argument(
+        "--compare",
+        action="store_true",
+        help="time both, size by size, and add a hwdist/torch time ratio table",
+    )
+    p_bench.add_argument(
+        "--plot", default=None, metavar="FILE.png", help="draw bus bandwidth against size (needs matplotlib)"
+    )
     from .cli_trace import add_trace_parser
 
     return parser, {"env": p_env, "check": p_check, "bench": p_bench, "trace": add_trace_parser(sub)}
@@ -356,7 +417,10 @@ def _open_closed_std_fds() -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the ``hwdist`` command; returns the exit code (0 ok, 1 failures, 2 usage errors, 141 stdout closed)."""
+    """Run the ``hwdist`` command; returns the exit code.
+
+    0 ok, 1 failures, 2 usage errors, 141 stdout closed.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     _open_closed_std_fds()
     parser, commands = _parser()

@@ -21,7 +21,16 @@ import torch
 from .cli import UsageError, choose_backend
 from .cli_ranks import report_stream, startup_failure
 
-__all__ = ["BENCH_OPS", "DEFAULT_BENCH_OPS", "DEFAULT_SIZES", "INJECT_ENV", "bus_factor", "parse_sizes", "bench_step", "cmd_bench"]
+__all__ = [
+    "BENCH_OPS",
+    "DEFAULT_BENCH_OPS",
+    "DEFAULT_SIZES",
+    "INJECT_ENV",
+    "bus_factor",
+    "parse_sizes",
+    "bench_step",
+    "cmd_bench",
+]
 
 #: Test hook: ``OP`` makes the last rank corrupt one element of OP's checked result (``#wrong`` must show it).
 INJECT_ENV = "HWDIST_BENCH_INJECT"
@@ -122,7 +131,8 @@ Case = tuple[Callable[[], Any], Callable[[Any], list[torch.Tensor]], Callable[[]
 def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Case:
     """``(call, outputs(ret), expected())`` for one ``op`` on ``count`` elements (the message size).
 
-    ``fill``: inputs from [`_pattern`][hwdist.cli_bench._pattern] (the correctness pass), else zeros (the timed calls).
+    ``fill``: inputs from [`_pattern`][hwdist.cli_bench._pattern] (the correctness pass), else zeros (the
+    timed calls).
     """
     import torch.distributed as tdist
 
@@ -131,7 +141,7 @@ def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Cas
     n, rank = hwdist.get_world_size(), hwdist.get_rank()
     dev = hwdist.get_comm_device()
     per = count // n
-    fn = getattr(hwdist, op, None) if impl == "hwdist" else None
+    fn = getattr(hwdist, op) if impl == "hwdist" else None
 
     def data(r: int, k: int, shift: int = 0) -> torch.Tensor:
         src = _pattern(r, k, shift) if fill else torch.zeros(k, dtype=torch.float64)
@@ -169,14 +179,14 @@ def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Cas
         ins = [data(rank, per, shift=j) for j in range(n)]
         out = torch.zeros(per, dtype=dtype, device=dev)
         call = (lambda: fn(out, ins)) if fn else (lambda: tdist.reduce_scatter(out, ins))
-        got = (lambda ret: [ret if isinstance(ret, torch.Tensor) else out])
+        got = lambda _r: [out]
         return call, got, lambda: [total(per, shift=rank)]
     if op == "all_to_all":
         m = max(per // n, 1)
         ins = [data(rank, m, shift=2 * j) for j in range(n)]
         outs = [torch.empty_like(t) for t in ins]
         call = (lambda: fn(outs, ins)) if fn else (lambda: tdist.all_to_all(outs, ins))
-        got = (lambda ret: list(ret) if isinstance(ret, (list, tuple)) else outs)
+        got = lambda _r: outs
         return call, got, lambda: [_pattern(j, m, shift=2 * rank) for j in range(n)]
     raise ValueError(f"unknown op {op!r}")
 
@@ -197,13 +207,14 @@ def _wrong(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype
 def _synchronize() -> None:
     import hwdist
 
-    sync = getattr(hwdist.resolve(), "synchronize", None)
-    if callable(sync):
-        sync()
+    hwdist.resolve().synchronize()
 
 
 def bench_step(op: str, impl: str, count: int, dtype_name: str, iters: int, warmup: int) -> tuple[float, int]:
-    """Time ``op`` on this rank, then check it once: ``(seconds per call, wrong elements)`` (run on every rank)."""
+    """Time ``op`` on this rank, then check it once: ``(seconds per call, wrong elements)``.
+
+    Run on every rank.
+    """
     import hwdist
 
     dtype = getattr(torch, dtype_name)
@@ -261,7 +272,6 @@ def _ops(spec: str) -> list[str]:
 
 def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence[str] = ()) -> int:
     """``hwdist bench`` (``argv``: the command line, for a re-run under mpiexec)."""
-    import hwdist
     from .cli import ranks_for
     from .testing import RankFailure
 
@@ -290,18 +300,19 @@ def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
         failed = False
         try:
             for op in ops:
-                op_impls = impls
-                if getattr(hwdist, op, None) is None and "hwdist" in impls:
-                    op_impls = ["torch"]
-                    err.write(f"bench: hwdist.{op} is not available in this version; timing torch.distributed.{op} only\n")
                 for i, nbytes in enumerate(sizes, 1):
                     count = _elements(op, nbytes, itemsize, n)
-                    for impl in op_impls:
+                    for impl in impls:
                         _progress(f"bench: {op} ({impl}) {_human(count * itemsize)} [{i}/{len(sizes)}]", err)
                         try:
-                            per_rank = pool.run(bench_step, op, impl, count, args.dtype, args.iters, args.warmup)
+                            per_rank = pool.run(
+                                bench_step, op, impl, count, args.dtype, args.iters, args.warmup
+                            )
                         except RankFailure as exc:
-                            err.write(f"{chr(10) if err.isatty() else ''}bench: {op} ({impl}) at {_human(count * itemsize)} failed: {_first(exc)}\n")
+                            err.write(
+                                f"{chr(10) if err.isatty() else ''}bench: {op} ({impl}) at"
+                                f" {_human(count * itemsize)} failed: {_first(exc)}\n"
+                            )
                             failed = True
                             if getattr(pool, "broken", False):
                                 pool.close()
@@ -396,15 +407,20 @@ def _summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _print_bench(meta: dict[str, Any], records: list[dict[str, Any]], summary: dict[str, Any], out: TextIO) -> None:
+def _print_bench(
+    meta: dict[str, Any], records: list[dict[str, Any]], summary: dict[str, Any], out: TextIO
+) -> None:
     w = out.write
     w(
-        f"# hwdist bench: {meta['world_size']} rank(s), backend '{meta['backend']}' (device {meta['device_type']}),"
+        f"# hwdist bench: {meta['world_size']} rank(s), backend '{meta['backend']}' (device"
+        f" {meta['device_type']}),"
         f" {meta['dtype']}, {meta['iters']} iters after {meta['warmup']} warm-up, torch {meta['torch']}\n"
         "# size: bytes of the whole message (all_gather: the gathered output); time: slowest rank's mean;\n"
-        "# busbw = algbw x factor (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n;"
+        "# busbw = algbw x factor (all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather,"
+        " scatter (n-1)/n;"
         " broadcast, reduce 1), as in nccl-tests\n"
-        "# #wrong: elements differing from the expected result in one more call on fresh data, summed over ranks\n"
+        "# #wrong: elements differing from the expected result in one more call on fresh data, summed over"
+        " ranks\n"
     )
     footers = {(s["op"], s["impl"]): s for s in summary["summary"]}
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -412,7 +428,10 @@ def _print_bench(meta: dict[str, Any], records: list[dict[str, Any]], summary: d
         groups.setdefault((r["op"], r["impl"]), []).append(r)
     for (op, impl), rows in groups.items():
         w(f"\n# {op} ({impl})\n")
-        w(f"{'size(B)':>12} {'count':>12} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}\n")
+        w(
+            f"{'size(B)':>12} {'count':>12} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"
+            f" {'#wrong':>7}\n"
+        )
         for r in rows:
             w(
                 f"{r['size']:>12} {r['count']:>12} {r['time_us']:>12.1f} {r['algbw_gbps']:>12.3f}"
@@ -424,7 +443,10 @@ def _print_bench(meta: dict[str, Any], records: list[dict[str, Any]], summary: d
         w("\n# hwdist against raw torch.distributed, same run (ratio = hwdist time / torch time)\n")
         w(f"{'op':<16} {'size(B)':>12} {'hwdist(us)':>12} {'torch(us)':>12} {'ratio':>7}\n")
         for c in summary["comparison"]:
-            w(f"{c['op']:<16} {c['size']:>12} {c['hwdist_us']:>12.1f} {c['torch_us']:>12.1f} {c['ratio']:>7.2f}\n")
+            w(
+                f"{c['op']:<16} {c['size']:>12} {c['hwdist_us']:>12.1f} {c['torch_us']:>12.1f}"
+                f" {c['ratio']:>7.2f}\n"
+            )
     w("\n")
     verdict = "OK" if summary["wrong"] == 0 else "WRONG RESULTS"
     w(f"# Out of bounds values : {summary['wrong']} {verdict}\n")

@@ -20,34 +20,24 @@ from typing import Any, Optional, TextIO
 
 import torch
 
-__all__ = ["env_report", "cmd_env", "system_facts", "environment_variables", "MASK", "SECRET_WORDS"]
+__all__ = [
+    "env_report",
+    "cmd_env",
+    "system_facts",
+    "settings_report",
+    "environment_variables",
+    "MASK",
+    "SECRET_WORDS",
+]
 
-#: Launcher environment variables, by launcher.
-_LAUNCHER_VARS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("torchrun", ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")),
-    ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_JOB_NODELIST")),
-    ("openmpi", ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")),
-    ("pmi", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "PMIX_RANK")),
-)
-#: Variables every report shows when set (names, or prefixes ending in '*'), besides the drivers' own.
+#: Variables every report shows when set (names, or prefixes ending in '*'), besides the drivers' own and
+#: the launchers' (hwdist.launch.resolvers.LAUNCHER_VARIABLES).
 _COMMON_VARS = (
     "HWDIST_*",
-    "MASTER_*",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "TORCH_DISTRIBUTED_DEBUG",
     "TORCH_CPP_LOG_LEVEL",
-    "TORCHELASTIC_*",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "SLURM_*",
-    "OMPI_COMM_WORLD_*",
-    "PMI_*",
-    "PMIX_RANK",
-    "MPI_LOCAL*",
 )
 #: A variable whose name contains one of these words has its value masked.
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -145,27 +135,59 @@ def _is_secret(name: str) -> bool:
     return any(word in upper for word in SECRET_WORDS)
 
 
+def _shown(name: str, value: str) -> str:
+    """``value``, or the mask when ``name`` looks like a secret's."""
+    return MASK if _is_secret(name) else value
+
+
+def settings_report() -> list[dict[str, Any]]:
+    """Every ``HWDIST_*`` setting (``hwdist.settings.SETTINGS``).
+
+    Each with its kind, default, value set (secrets masked) and meaning.
+    """
+    from . import settings
+
+    return [
+        {
+            "name": s.name,
+            "kind": s.kind,
+            "default": s.default,
+            "value": None if value is None else _shown(s.name, value),
+            "doc": s.doc,
+            **({"choices": list(s.choices)} if s.choices else {}),
+        }
+        for s, value in settings.current()
+    ]
+
+
 def environment_variables(environ: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The set variables that matter to distributed runs (the drivers' ``env_vars`` and the launchers'), secrets masked."""
+    """The set variables that matter to distributed runs, secrets masked.
+
+    The drivers' ``env_vars``, the launchers' and a few common ones.
+    """
     from . import registry
+    from .launch.resolvers import LAUNCHER_VARIABLES
 
     env = dict(os.environ if environ is None else environ)
     patterns = list(_COMMON_VARS)
+    for family in LAUNCHER_VARIABLES:
+        patterns += [*family.names, *family.patterns]
     for drv in registry.drivers():
-        patterns += list(getattr(drv, "env_vars", ()) or ())
+        patterns += list(drv.env_vars)
     found = {}
     for name in sorted(env):
         if any(fnmatch.fnmatchcase(name, pat) for pat in patterns):
-            found[name] = MASK if _is_secret(name) else env[name]
+            found[name] = _shown(name, env[name])
     return found
 
 
 def _launcher_report() -> dict[str, Any]:
     import hwdist
+    from hwdist.launch.resolvers import LAUNCHER_VARIABLES
 
     found = {
-        name: {var: (MASK if _is_secret(var) else os.environ[var]) for var in names if var in os.environ}
-        for name, names in _LAUNCHER_VARS
+        family.family: {var: _shown(var, os.environ[var]) for var in family.names if var in os.environ}
+        for family in LAUNCHER_VARIABLES
     }
     report: dict[str, Any] = {"variables": {k: v for k, v in found.items() if v}}
     try:
@@ -242,7 +264,11 @@ def env_report() -> dict[str, Any]:
         }
     return {
         "hwdist": {"version": hwdist.__version__, "path": os.path.dirname(os.path.abspath(hwdist.__file__))},
-        "python": {"version": platform.python_version(), "executable": sys.executable, "platform": platform.platform()},
+        "python": {
+            "version": platform.python_version(),
+            "executable": sys.executable,
+            "platform": platform.platform(),
+        },
         "torch": {
             "version": torch.__version__,
             "distributed": bool(dist.is_available()),
@@ -254,6 +280,7 @@ def env_report() -> dict[str, Any]:
         "detection": detection,
         "launcher": _launcher_report(),
         "runtime_details": _runtime_details(),
+        "settings": settings_report(),
         "environment": environment_variables(),
         "torch_backends": torch_map,
     }
@@ -280,10 +307,15 @@ def _value(value: Any) -> str:
 
 def _system_line(sysf: dict[str, Any]) -> list[str]:
     shm = sysf["shm"]
-    shm_text = "absent" if shm["total_bytes"] is None else f"{_gib(shm['total_bytes'])} ({_gib(shm['free_bytes'])} free)"
+    shm_text = (
+        "absent"
+        if shm["total_bytes"] is None
+        else f"{_gib(shm['total_bytes'])} ({_gib(shm['free_bytes'])} free)"
+    )
     return [
         f"OS: {sysf['os']} (kernel {sysf['kernel']}, {sysf['machine']})",
-        f"CPU: {sysf['cpu_model'] or 'unknown'}; {sysf['cpu_count']} logical CPU(s), {sysf['cpus_usable']} usable",
+        f"CPU: {sysf['cpu_model'] or 'unknown'}; {sysf['cpu_count']} logical CPU(s), {sysf['cpus_usable']}"
+        " usable",
         f"RAM: {_gib(sysf['memory_bytes'])}; /dev/shm: {shm_text}",
     ]
 
@@ -292,7 +324,10 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
     w = out.write
     w(f"hwdist {rep['hwdist']['version']}  ({rep['hwdist']['path']})\n")
     w(f"python {rep['python']['version']}  ({rep['python']['executable']}; {rep['python']['platform']})\n")
-    w(f"torch  {rep['torch']['version']}  (torch.distributed {'available' if rep['torch']['distributed'] else 'NOT available'})\n")
+    w(
+        f"torch  {rep['torch']['version']}  (torch.distributed"
+        f" {'available' if rep['torch']['distributed'] else 'NOT available'})\n"
+    )
     w(f"numpy  {rep['numpy']['version']}\n\n")
     w("System:\n")
     for line in _system_line(rep["system"]):
@@ -324,6 +359,14 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
         w(f"\n{name} runtime:\n")
         for key, value in facts.items():
             w(f"  {key.replace('_', ' ')}: {_value(value)}\n")
+    w("\nhwdist settings (HWDIST_*):\n")
+    for st in rep["settings"]:
+        value = (
+            f"{st['name']}={st['value']}"
+            if st["value"] is not None
+            else f"{st['name']} (unset; default {st['default']!r})"
+        )
+        w(f"  {value:<44} {st['doc']}\n")
     w("\nEnvironment variables (secrets masked):\n")
     for key, value in rep["environment"].items():
         w(f"  {key}={value}\n")
@@ -339,20 +382,33 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
 
 def _print_issue(rep: dict[str, Any], out: TextIO) -> None:
     """A compact block to paste into a bug report (a fenced code block in Markdown)."""
-    lines = ["```text", f"hwdist: {rep['hwdist']['version']}", f"python: {rep['python']['version']} ({rep['python']['platform']})"]
+    lines = [
+        "```text",
+        f"hwdist: {rep['hwdist']['version']}",
+        f"python: {rep['python']['version']} ({rep['python']['platform']})",
+    ]
     dist = "yes" if rep["torch"]["distributed"] else "NO"
     lines.append(f"torch: {rep['torch']['version']} (distributed: {dist})")
     lines.append(f"numpy: {rep['numpy']['version']}")
     lines += _system_line(rep["system"])
-    available = [f"{d['name']} ({d['device_type']} x{d['device_count']})" for d in rep["drivers"] if d["available"]]
+    available = [
+        f"{d['name']} ({d['device_type']} x{d['device_count']})" for d in rep["drivers"] if d["available"]
+    ]
     lines.append(f"backends available: {', '.join(available) or 'none'}")
     det = rep["detection"]
-    lines.append(f"detected: error: {det['error']}" if "error" in det else f"detected: backend {det['backend']}, device {det['device_type']}")
+    lines.append(
+        f"detected: error: {det['error']}"
+        if "error" in det
+        else f"detected: backend {det['backend']}, device {det['device_type']}"
+    )
     lines.append(f"launcher: {rep['launcher'].get('inferred')}")
     for name, facts in rep["runtime_details"].items():
         lines.append(f"{name}: " + "; ".join(f"{k.replace('_', ' ')} {_value(v)}" for k, v in facts.items()))
     env = rep["environment"]
-    lines.append("environment: " + (" ".join(f"{k}={v}" for k, v in env.items()) if env else "(none of the relevant variables set)"))
+    lines.append(
+        "environment: "
+        + (" ".join(f"{k}={v}" for k, v in env.items()) if env else "(none of the relevant variables set)")
+    )
     lines.append("```")
     out.write("\n".join(lines) + "\n")
 

@@ -104,7 +104,10 @@ def _ranges(ranks: Sequence[int]) -> str:
 
 
 def startup_failure(exc: BaseException, n: int, backend: str, timeout: float) -> str:
-    """The reason ``n`` ranks did not start, from a ``RankFailure``'s report, with a ``--timeout`` hint when slow."""
+    """The reason ``n`` ranks did not start, from a ``RankFailure``'s report.
+
+    With a ``--timeout`` hint when they were slow.
+    """
     lines = [ln.strip() for ln in str(exc).splitlines()]
     root = next((ln[len("root cause:") :].strip() for ln in lines if ln.startswith("root cause:")), None)
     hung = next((ln[len("hung ranks:") :].strip() for ln in lines if ln.startswith("hung ranks:")), None)

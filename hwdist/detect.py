@@ -8,11 +8,10 @@ checked against what is available and refused with a clear error otherwise.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
-from . import registry
+from . import registry, settings
 from .drivers import FALLBACK_BACKEND
 
 __all__ = ["Detection", "detect", "get_device", "ENV_BACKEND", "ENV_DEVICE"]
@@ -49,11 +48,6 @@ class Detection:
         return {**asdict(self), "overridden": self.overridden}
 
 
-def _env(name: str) -> Optional[str]:
-    value = os.environ.get(name, "").strip()
-    return value or None
-
-
 def detect() -> Detection:
     """Decide the device and backend for this process.
 
@@ -65,8 +59,8 @@ def detect() -> Detection:
         hwdist.BackendError: ``HWDIST_BACKEND`` unknown or unavailable, or
             ``HWDIST_DEVICE`` names a device no available driver serves.
     """
-    backend = _env(ENV_BACKEND)
-    device = _env(ENV_DEVICE)
+    backend = settings.text(ENV_BACKEND)
+    device = settings.text(ENV_DEVICE)
     if device is not None:
         device = device.lower()  # torch's device types are lower case; CPU means cpu, as GLOO means gloo
     if backend is not None:
@@ -99,11 +93,13 @@ def detect() -> Detection:
         if drv.priority < 0:
             continue  # opt-in backends (e.g. MPI) are never picked automatically
         if drv.is_available():
-            dev = drv.device_type
-            local = getattr(drv, "local_device_type", None)
-            if callable(local):
-                dev = local()
-            return Detection(dev, drv.name, "auto", f"highest-priority available driver ({drv.description})", drv.device_count())
+            return Detection(
+                drv.compute_device_type(),
+                drv.name,
+                "auto",
+                f"highest-priority available driver ({drv.description})",
+                drv.device_count(),
+            )
     fallback = registry.get_driver(FALLBACK_BACKEND)
     return Detection(fallback.device_type, fallback.name, "auto", "no driver reported itself available", 1)
 

@@ -16,6 +16,7 @@ import torch.distributed as torch_dist
 
 from . import _compat, registry, verify
 from .collectives._calls import collective
+from .launch.resolvers import LOCAL_RANK_VARS, LOCAL_SIZE_VARS
 
 __all__ = [
     "is_distributed",
@@ -98,9 +99,9 @@ def _env_int(*names: str) -> Optional[int]:
     return None
 
 
-# Launcher variables that carry the local rank / local world size, most specific first.
-_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
-_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+# Launcher variables that carry the local rank / local world size, most specific first (the launcher table).
+_LOCAL_RANK_VARS = LOCAL_RANK_VARS
+_LOCAL_SIZE_VARS = LOCAL_SIZE_VARS
 
 
 def get_local_group() -> Optional[Any]:
@@ -205,7 +206,9 @@ def get_data_device(data: Any) -> torch.device:
         if found is None:
             raise ValueError("data should not be empty")
         return found
-    raise TypeError(f"data should be a Tensor, sequence of tensor or dict, but got {type(data).__name__}: {data!r}")
+    raise TypeError(
+        f"data should be a Tensor, sequence of tensor or dict, but got {type(data).__name__}: {data!r}"
+    )
 
 
 def get_comm_device(group: Optional[Any] = None) -> torch.device:
@@ -229,7 +232,9 @@ def cast_data_device(data: Any, device: Union[torch.device, str], out: Optional[
         ValueError: ``data`` is empty, or ``out`` has a different length/keys.
     """
     if out is not None and type(data) is not type(out):
-        raise TypeError(f"out should be the same type as data: got {type(out).__name__} and {type(data).__name__}")
+        raise TypeError(
+            f"out should be the same type as data: got {type(out).__name__} and {type(data).__name__}"
+        )
     if isinstance(data, torch.Tensor):
         if out is None:
             return data.to(device)

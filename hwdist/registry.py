@@ -34,21 +34,6 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "hwdist.drivers"
 
-#: Members a driver must have (checked at registration).
-REQUIRED_MEMBERS = (
-    "name",
-    "device_type",
-    "priority",
-    "is_available",
-    "unavailable_reason",
-    "device_count",
-    "set_device",
-    "current_device",
-    "comm_device",
-    "plan",
-)
-
-
 _lock = threading.RLock()
 _drivers: dict[str, Driver] = {}
 _aliases: dict[str, str] = {}
@@ -73,7 +58,16 @@ def _hint(name: str) -> str:
 
 
 def _check_driver(name: str, driver: Any) -> Driver:
-    if isinstance(driver, type):
+    """``driver`` (an instance, or a class constructed with no arguments) if it is a
+    [`Driver`][hwdist.drivers.base.Driver].
+    """
+    if isinstance(driver, type) and issubclass(driver, Driver):
+        missing = sorted(getattr(driver, "__abstractmethods__", ()))
+        if missing:
+            raise BackendError(
+                f"driver class {driver.__name__} for backend {name!r} does not set {', '.join(missing)};"
+                f' e.g. device_type = "cpu"'
+            )
         try:
             driver = driver()
         except TypeError as exc:
@@ -81,16 +75,15 @@ def _check_driver(name: str, driver: Any) -> Driver:
                 f"driver class {driver.__name__} for backend {name!r} must be constructible"
                 f" with no arguments: {exc}"
             ) from exc
-    missing = [m for m in REQUIRED_MEMBERS if not hasattr(driver, m)]
-    if missing:
+    if not isinstance(driver, Driver):
+        what = driver.__name__ if isinstance(driver, type) else f"{type(driver).__name__} instance"
         raise BackendError(
-            f"driver for backend {name!r} ({type(driver).__name__}) is missing required"
-            f" members: {', '.join(missing)}; expected a hwdist.Driver subclass"
+            f"driver for backend {name!r} must be a hwdist.Driver subclass or instance, got {what}."
+            f' HINT: class MyDriver(hwdist.Driver): device_type = "cpu"'
         )
     if not isinstance(driver.device_type, str) or not driver.device_type:
         raise BackendError(
-            f"driver for backend {name!r}: device_type must be a non-empty str,"
-            f" got {driver.device_type!r}"
+            f"driver for backend {name!r}: device_type must be a non-empty str, got {driver.device_type!r}"
         )
     return driver
 
@@ -110,13 +103,13 @@ def _check_torch_name(key: str, inst: Driver) -> None:
         return
     import torch.distributed as dist
 
-    torch_name = str(getattr(inst, "torch_name", key)).lower()
+    torch_name = str(inst.torch_name or key).lower()
     if torch_name == getattr(dist.Backend, "UNDEFINED", None):
         raise BackendError(
             f"cannot register {key!r}: its torch name {torch_name!r} is torch.distributed.Backend.UNDEFINED,"
             " which names no backend. HINT: register it under another name"
         )
-    if _torch_reserved(torch_name) and getattr(inst, "process_group_factory", None) is not None:
+    if _torch_reserved(torch_name) and inst.process_group_factory is not None:
         raise BackendError(
             f"cannot register {key!r} ({type(inst).__name__}): it gives process_group_factory, but its torch"
             f" name {torch_name!r} is torch's own backend (torch.distributed.Backend.{torch_name.upper()}),"
@@ -132,11 +125,8 @@ def _register(name: str, driver: Any, override: bool) -> Driver:
     if key in LEGACY_BACKENDS:
         raise BackendError(f"cannot register {name!r}: {LEGACY_BACKENDS[key]}")
     inst = _check_driver(key, driver)
-    if not getattr(inst, "name", None):
-        inst.name = key  # type: ignore[misc]
-    elif inst.name.lower() != key:
-        # One driver class registered under a second name gets its own instance name.
-        inst.name = key  # type: ignore[misc]
+    # The registered name wins; one driver class registered under a second name gets its own instance name.
+    inst.name = key
     _check_torch_name(key, inst)
     _guard_plan(inst)
     with _lock:
@@ -147,9 +137,9 @@ def _register(name: str, driver: Any, override: bool) -> Driver:
                 f" pass override=True to replace it. Registered: {_names()}"
             )
         _drivers[key] = inst
-        for alias in getattr(inst, "aliases", ()) or ():
+        for alias in inst.aliases or ():
             _aliases[alias.lower()] = key
-        torch_name = getattr(inst, "torch_name", key)
+        torch_name = inst.torch_name
         if isinstance(torch_name, str) and torch_name.lower() != key:
             # A shared torch name (torch_backend = "gloo") is no alias: groups hwdist creates
             # record their driver, and a name torch reports resolves to the driver of that name.
@@ -214,7 +204,9 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    load_plugins(ENTRY_POINT_GROUP, "driver", _drivers.__contains__, lambda n, obj: _register(n, obj, override=False))
+    load_plugins(
+        ENTRY_POINT_GROUP, "driver", _drivers.__contains__, lambda n, obj: _register(n, obj, override=False)
+    )
 
 
 def list_backends() -> list[str]:
@@ -228,6 +220,12 @@ def list_backends() -> list[str]:
 def available_backends() -> list[str]:
     """Registered backends that can run in this process, in detection order."""
     return [n for n in list_backends() if _drivers[n].is_available()]
+
+
+def registered(name: str) -> Optional[Driver]:
+    """The driver registered under ``name`` (case-insensitive), or None; loads no entry point, raises nothing.
+    """
+    return _drivers.get(name.lower())
 
 
 def drivers() -> list[Driver]:
@@ -322,8 +320,7 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
 
     if group is None or not dist.is_initialized():
         raise RuntimeError(
-            "no process group: call hwdist.init_dist(...) (or torch.distributed"
-            ".init_process_group) first"
+            "no process group: call hwdist.init_dist(...) (or torch.distributed.init_process_group) first"
         )
     drv = _recorded(group)
     if drv is None:
@@ -425,14 +422,14 @@ def ensure_torch_backend(driver: Driver) -> None:
                 f" under a name torch does not reserve"
             )
         return
-    vendor = getattr(driver, "vendor_module", None)
+    vendor = driver.vendor_module
     if not _compat.torch_knows_backend(name) and vendor:
         import importlib
 
         importlib.import_module(vendor)  # vendor extensions register their backend with torch on import
     if _compat.torch_knows_backend(name):
         return
-    factory = getattr(driver, "process_group_factory", None)
+    factory = driver.process_group_factory
     if factory is None:
         factory = fallback_process_group_factory(driver.device_type)
     if factory is None:
@@ -446,21 +443,19 @@ def ensure_torch_backend(driver: Driver) -> None:
 
 # --------------------------------------------------------------------------- plan guard
 class _CheckedPlan:
-    """A driver's planning method that names the driver when it breaks its contract.
+    """A driver's own ``plan`` method, checked: the driver is named when it breaks its contract.
 
     ``plan`` must return a [`Plan`][hwdist.drivers.base.Plan] for the op and dtype asked, or raise
     [`PlanError`][hwdist.drivers.base.PlanError] (no plan) or ValueError (an unknown op or reduce-op name).
     Anything else raises [`BackendError`][hwdist.registry.BackendError] naming the driver; collectives
-    ask for their plan before communicating, so every rank raises it there.
-    Wraps ``_make_plan`` of a driver that keeps [`Driver.plan`][hwdist.drivers.base.Driver.plan] (whose cache
-    then holds checked plans: no cost per call), else ``plan`` itself.
+    ask for their plan before communicating, so every rank raises it there. Only drivers that override
+    [`Driver.plan`][hwdist.drivers.base.Driver.plan] get it: the planner's own plans need no check.
     """
 
-    __slots__ = ("_driver", "_attr", "_raw", "_ok")
+    __slots__ = ("_driver", "_raw", "_ok")
 
-    def __init__(self, driver: Any, attr: str = "plan", raw: Any = None) -> None:
+    def __init__(self, driver: Driver, raw: Any = None) -> None:
         self._driver = driver
-        self._attr = attr
         self._raw = raw
         self._ok: dict[tuple[Any, Any, Any], Plan] = {}
 
@@ -470,7 +465,7 @@ class _CheckedPlan:
             if self._raw is not None:
                 plan = self._raw(op, dtype, reduce_op)
             else:
-                plan = getattr(type(drv), self._attr)(drv, op, dtype, reduce_op)
+                plan = type(drv).plan(drv, op, dtype, reduce_op)
         except (PlanError, ValueError):
             raise
         except Exception as exc:
@@ -483,14 +478,15 @@ class _CheckedPlan:
             why = _malformed(plan, op, dtype)
             if why:
                 raise BackendError(
-                    f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r}) returned"
+                    f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r})"
+                    " returned"
                     f" a malformed plan: {why}"
                 )
             self._ok[key] = plan
         return plan
 
     def __reduce__(self) -> Any:
-        return (_CheckedPlan, (self._driver, self._attr))
+        return (_CheckedPlan, (self._driver,))
 
 
 def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
@@ -515,18 +511,16 @@ def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
     return ""
 
 
-def _guard_plan(driver: Any) -> None:
-    """Wrap the driver's planning method in a [`_CheckedPlan`][hwdist.registry._CheckedPlan] (once)."""
+def _guard_plan(driver: Driver) -> None:
+    """Wrap the planning method of a driver that overrides ``Driver.plan`` in a
+    [`_CheckedPlan`][hwdist.registry._CheckedPlan] (once).
+    """
     own = getattr(driver, "__dict__", None)
-    if own is None:  # a driver with __slots__ and no __dict__: left as it is
+    if own is None or type(driver).plan is Driver.plan:
+        return  # the planner's plans (or a driver with __slots__ and no __dict__: left as it is)
+    if isinstance(own.get("plan"), _CheckedPlan):
         return
-    keeps_base = isinstance(driver, Driver) and type(driver).plan is Driver.plan and "plan" not in own
-    attr = "_make_plan" if keeps_base else "plan"
-    if isinstance(own.get(attr), _CheckedPlan):
-        return
-    driver.__dict__[attr] = _CheckedPlan(driver, attr, own.get(attr))
-    if keeps_base:
-        own.get("_plans", {}).clear()  # plans made before registration were not checked
+    own["plan"] = _CheckedPlan(driver, own.get("plan"))
 
 
 for _cls in BUILTIN_DRIVERS:

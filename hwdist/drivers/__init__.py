@@ -6,7 +6,7 @@ appear. Adding a backend in-tree: a module here and one line below.
 
 from __future__ import annotations
 
-from .base import Driver, Plan, PlanError
+from .base import Capabilities, Driver, Plan, PlanError
 from .cncl import CnclDriver
 from .gloo import GlooDriver
 from .hccl import HcclDriver
@@ -38,4 +38,14 @@ LEGACY_TCP_ID = 0
 #: The driver that runs when nothing else is available.
 FALLBACK_BACKEND = GlooDriver.name
 
-__all__ = ["Driver", "Plan", "PlanError", "BUILTIN_DRIVERS", "FALLBACK_BACKEND", "LEGACY_BACKENDS", "LEGACY_BACKEND_IDS", "LEGACY_TCP_ID"]
+__all__ = [
+    "Driver",
+    "Capabilities",
+    "Plan",
+    "PlanError",
+    "BUILTIN_DRIVERS",
+    "FALLBACK_BACKEND",
+    "LEGACY_BACKENDS",
+    "LEGACY_BACKEND_IDS",
+    "LEGACY_TCP_ID",
+]

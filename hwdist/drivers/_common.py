@@ -94,22 +94,23 @@ class AcceleratorDriver(Driver):
     def details(self) -> dict[str, Any]:
         """The vendor package's version (read without importing it) and the visible devices' names."""
         facts: dict[str, Any] = {}
-        version = package_version(self.vendor_module) if self.vendor_module is not None else None
-        if version is not None:
-            facts[self.vendor_module] = version
+        vendor = self.vendor_module
+        version = package_version(vendor) if vendor is not None else None
+        if vendor is not None and version is not None:
+            facts[vendor] = version
         if self.unavailable_reason() is None:
             mod = self._module()
             name = getattr(mod, "get_device_name", None)
-            facts["devices"] = [str(name(i)) for i in range(self.device_count())] if callable(name) else self.device_count()
+            facts["devices"] = (
+                [str(name(i)) for i in range(self.device_count())] if callable(name) else self.device_count()
+            )
         return facts
 
     def set_device(self, local_rank: int) -> None:
         """Bind this process to device ``local_rank % device_count``."""
         count = self.device_count()
         if count == 0:
-            raise RuntimeError(
-                f"backend '{self.name}' cannot bind a device: {self.unavailable_reason()}"
-            )
+            raise RuntimeError(f"backend '{self.name}' cannot bind a device: {self.unavailable_reason()}")
         self._module().set_device(local_rank % count)
 
     def current_device(self) -> torch.device:

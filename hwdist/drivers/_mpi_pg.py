@@ -52,7 +52,8 @@ __all__ = ["MpiProcessGroup", "MpiWork", "create_mpi_process_group", "MPI_BACKEN
 #: Name reported by ``getBackendName`` (and used with torch's registry).
 MPI_BACKEND_NAME = PY_MPI_BACKEND
 
-_RED = dist.ReduceOp.RedOpType if hasattr(dist.ReduceOp, "RedOpType") else dist.ReduceOp
+# ``opts.reduceOp.op`` is a ReduceOp.RedOpType, as ``ReduceOp.SUM`` and the others are.
+_RED = dist.ReduceOp
 
 
 def _mpi() -> Any:
@@ -227,6 +228,18 @@ class _Typed:
         self.buf.done()
 
 
+class _Keep:
+    """Keeps a p2p buffer alive until its request completes, then runs ``then`` (if any)."""
+
+    def __init__(self, data: Any, then: Optional[Callable[[], None]] = None) -> None:
+        self.data = data
+        self.then = then
+
+    def finish(self, status: Any) -> None:
+        if self.then is not None:
+            self.then()
+
+
 def _mpi_op(opts: Any, dtype: torch.dtype) -> tuple[Any, bool]:
     """(MPI op, divide-by-size afterwards) for ``opts.reduceOp`` on ``dtype``."""
     MPI = _mpi()
@@ -277,7 +290,12 @@ def _pack(tensors: Sequence[torch.Tensor]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.uint8)
 
 
-class MpiProcessGroup(dist.ProcessGroup):
+# torch's stubs overload the op methods with their Python call forms; a Python process group implements
+# the options form torch calls, which no stub matches: the base is typed loosely for that reason.
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class MpiProcessGroup(_ProcessGroup):
     """torch ProcessGroup over an MPI communicator (CPU tensors, mpi4py)."""
 
     def __init__(self, comm: Any, rank: int, size: int) -> None:
@@ -342,7 +360,9 @@ class MpiProcessGroup(dist.ProcessGroup):
                 self._call(self.comm.Reduce, arr, None, op=op, root=root)
         return MpiWork(tensors)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> MpiWork:  # noqa: D102
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> MpiWork:  # noqa: D102
         for out, ins in zip(outputs, inputs):
             if len(ins) != self._size:
                 raise ValueError(f"reduce_scatter: expected {self._size} input tensors, got {len(ins)}")
@@ -353,7 +373,8 @@ class MpiProcessGroup(dist.ProcessGroup):
             counts = [i.numel() for i in ins]
             if counts[self._rank] != out.numel():
                 raise ValueError(
-                    f"reduce_scatter: output has {out.numel()} elements, input {self._rank} has {counts[self._rank]}"
+                    f"reduce_scatter: output has {out.numel()} elements, input {self._rank} has"
+                    f" {counts[self._rank]}"
                 )
             self._call(self.comm.Reduce_scatter, send.numpy(), recv.array(), recvcounts=counts, op=op)
             if divide:
@@ -376,7 +397,9 @@ class MpiProcessGroup(dist.ProcessGroup):
         recv.done()
         return MpiWork([output])
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+    ) -> MpiWork:  # noqa: D102
         for out, inp in zip(outputs, inputs):
             self._reduce_scatter_base(out, inp, opts)
         return MpiWork(outputs)
@@ -391,7 +414,9 @@ class MpiProcessGroup(dist.ProcessGroup):
             buf.done()
         return MpiWork(tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         MPI = _mpi()
         for outs, inp in zip(outputs, inputs):
             if len(outs) != self._size:
@@ -400,14 +425,17 @@ class MpiProcessGroup(dist.ProcessGroup):
             src = _Buf(inp, "all_gather input")
             if _nbytes(inp) != counts[self._rank]:
                 raise ValueError(
-                    f"all_gather: input has {_nbytes(inp)} bytes, output {self._rank} expects {counts[self._rank]}"
+                    f"all_gather: input has {_nbytes(inp)} bytes, output {self._rank} expects"
+                    f" {counts[self._rank]}"
                 )
             flat = np.empty(sum(counts), np.uint8)
             self._call(self.comm.Allgatherv, src.bytes(), [flat, counts, displs, MPI.BYTE])
             _unpack(flat, outs, displs)
         return MpiWork([t for outs in outputs for t in outs])
 
-    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def allgather_coalesced(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         return self.allgather(outputs, inputs, opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
@@ -422,7 +450,9 @@ class MpiProcessGroup(dist.ProcessGroup):
         out.done()
         return MpiWork([output])
 
-    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         for out, inp in zip(outputs, inputs):
             self._allgather_base(out, inp, opts)
         return MpiWork(outputs)
@@ -486,10 +516,15 @@ class MpiProcessGroup(dist.ProcessGroup):
         row_bytes = _nbytes(t) // rows if rows else 0
         if not splits:
             if rows % self._size:
-                raise ValueError(f"all_to_all: {what} has {rows} rows, not divisible by group size {self._size}")
+                raise ValueError(
+                    f"all_to_all: {what} has {rows} rows, not divisible by group size {self._size}"
+                )
             splits = [rows // self._size] * self._size
         if len(splits) != self._size or sum(splits) != rows:
-            raise ValueError(f"all_to_all: {what} split sizes {list(splits)} do not cover {rows} rows in {self._size} parts")
+            raise ValueError(
+                f"all_to_all: {what} split sizes {list(splits)} do not cover {rows} rows in {self._size}"
+                " parts"
+            )
         counts = [int(s) * row_bytes for s in splits]
         displs = [0] * len(counts)
         for i in range(1, len(counts)):
@@ -516,13 +551,17 @@ class MpiProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
         return self._allgather_base(output, input, opts)
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
         return self._reduce_scatter_base(output, input, opts)
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> MpiWork:  # noqa: D102
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> MpiWork:  # noqa: D102
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
     def all_to_all_single(  # noqa: D102
@@ -542,13 +581,13 @@ class MpiProcessGroup(dist.ProcessGroup):
         data = buf.bytes()
         req = self._call(self.comm.Isend, data, dest=dst, tag=tag)
         # The work keeps ``data`` (and so the buffer) alive until completion.
-        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: None, watch=self._watch)
+        return MpiWork(tensors, [req], finish=_Keep(data).finish, watch=self._watch)
 
     def _recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> MpiWork:
         buf = _Buf(tensors[0], "recv")
         data = buf.bytes()
         req = self._call(self.comm.Irecv, data, source=src, tag=tag)
-        return MpiWork(tensors, [req], finish=lambda _s, _keep=data: buf.done(), watch=self._watch)
+        return MpiWork(tensors, [req], finish=_Keep(data, buf.done).finish, watch=self._watch)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> MpiWork:  # noqa: D102
         self._check_root(src, "recv")

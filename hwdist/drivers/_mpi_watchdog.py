@@ -11,16 +11,16 @@ mpi4py process group is created (the default group), it covers three cases:
 * **a rank exits** (``sys.exit``, the end of its script, an exception caught
   and ignored) while others still call collectives with it: on exit it posts
   a notice on the process group's store; a rank whose MPI call involving
-  that rank is still in flight [`EXIT_GRACE`][hwdist.drivers._mpi_watchdog.EXIT_GRACE] seconds later prints the
-  reason and calls ``MPI_Abort``;
+  that rank is still in flight [`EXIT_GRACE`][hwdist.drivers._mpi_watchdog.EXIT_GRACE] seconds later prints
+  the reason and calls ``MPI_Abort``;
 * **a call exceeds the process-group timeout** (``init_dist(timeout=...)``,
   default 30 minutes): the waiting rank prints which call waited how long
   and calls ``MPI_Abort``.
 
 A thread checks the calls in flight every [`POLL`][hwdist.drivers._mpi_watchdog.POLL] seconds; it reads the
-store only while a call has been in flight for more than [`EXIT_GRACE`][hwdist.drivers._mpi_watchdog.EXIT_GRACE]
-seconds. Cost per MPI call: two dictionary updates. Measured figures and the
-limits are in docs/mpi.md.
+store only while a call has been in flight for more than
+[`EXIT_GRACE`][hwdist.drivers._mpi_watchdog.EXIT_GRACE] seconds. Cost per MPI call: two dictionary updates.
+Measured figures and the limits are in docs/mpi.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ __all__ = ["install", "watching", "POLL", "EXIT_GRACE", "STORE_EVERY", "Watch"]
 POLL = 0.25
 #: Seconds between two reads of the store (only while a call has been in flight for EXIT_GRACE).
 STORE_EVERY = 1.0
-#: A peer's exit notice must have been seen, with the call still in flight, this long before the job is aborted.
+#: A peer's exit notice must have been seen, with the call still in flight, this long before the job is
+#: aborted.
 EXIT_GRACE = 1.0
 _EXITS = "hwdist_mpi/exits"  # count of exit notices (store.add)
 _EXIT = "hwdist_mpi/exit/"  # notice n: "<world rank>|<reason>"
@@ -145,7 +146,8 @@ def _check(st: _State) -> None:
             why, seen = st.exited[who]
             if now - seen > EXIT_GRACE and now - start > EXIT_GRACE:
                 _abort(
-                    f"rank {who} {why} while rank {st.world_rank} waits for it in {what} ({now - start:.1f} s);"
+                    f"rank {who} {why} while rank {st.world_rank} waits for it in {what} ({now - start:.1f}"
+                    " s);"
                     " every rank must make the same collective calls before it exits"
                 )
 

@@ -1,8 +1,8 @@
 """CNCL: Cambricon MLUs through torch_mlu (imported lazily).
 
 The capability table is read from torch_mlu's source; every entry names its source in
-[`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md). Not run on MLU hardware by
-this project.
+[`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md). Not run on MLU hardware
+by this project.
 """
 
 from __future__ import annotations

@@ -14,7 +14,16 @@ from .base import ALL_OPS, Driver
 # all_gather always, broadcast and reduce from 2.9, all_to_all from 2.12, gather never), so hwdist
 # carries complex itself (as bytes to move, as real pairs to reduce) on every version.
 _GLOO_DTYPES = frozenset(
-    {torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}
+    {
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
     | ({torch.bfloat16} if _compat.GLOO_HAS_BFLOAT16 else set())
 )
 # Ops this torch's gloo lacks, or gets wrong (reduce_scatter ignores the op before 2.9): emulated.
@@ -35,18 +44,12 @@ class GlooDriver(Driver):
     env_vars = ("GLOO_*", "TORCH_GLOO_*")
     dtypes = _GLOO_DTYPES
     native_ops = frozenset(_GLOO_OPS)
-    # No native AVG: gloo has none before torch 2.8, and from 2.8 torch divides in place under autograd (a leaf
-    # that requires grad raises "a leaf Variable that requires grad is being used in an in-place operation").
-    # SUM then / n is exact and works on every version. No PREMUL_SUM on any version.
+    # No native AVG: gloo has none before torch 2.8, and from 2.8 torch divides in place under autograd (a
+    # leaf that requires grad raises "a leaf Variable that requires grad is being used in an in-place
+    # operation"). SUM then / n is exact and works on every version. No PREMUL_SUM on any version.
     reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
     # The flat all_gather_into_tensor exists from torch 2.2.
     flat_ops = frozenset({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
-    # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
-    pack_max_bytes = 1 << 20
-    # Gloo's ring all_reduce pays 2(n-1) synchronised steps even for a few bytes; its all_gather pays n-1.
-    # Measured on 2 cores, 20 floats to 16 KiB: all_gather + local sum 0.22-0.34x the all_reduce at 2 ranks,
-    # 0.75-0.87x at 3; a 64 KiB all_gather per rank was erratic (up to 5x slower), so stay well below it.
-    reduce_by_gather_max_bytes = 32 << 10
 
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""
@@ -59,7 +62,7 @@ class GlooDriver(Driver):
             return "torch was built without Gloo"
         return None
 
-    def local_device_type(self) -> str:
+    def compute_device_type(self) -> str:
         """The device a gloo-only process computes on ('mps' on Apple, else 'cpu')."""
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():

@@ -1,8 +1,8 @@
 """HCCL: Huawei Ascend NPUs through torch_npu (imported lazily).
 
 The capability table is read from torch_npu's source and its 2.14.0 wheel; every entry
-names its source in [`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md). It has not
-been run on Ascend hardware by this project.
+names its source in [`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md). It
+has not been run on Ascend hardware by this project.
 """
 
 from __future__ import annotations

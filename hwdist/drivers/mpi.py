@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -47,6 +47,13 @@ def _native() -> bool:
     return bool(dist.is_available() and dist.is_mpi_available())
 
 
+def _create_process_group(store: Any, rank: int, size: int, timeout: Any) -> Any:
+    """The mpi4py process group (imported on first use: mpi4py starts MPI when imported)."""
+    from ._mpi_pg import create_mpi_process_group
+
+    return create_mpi_process_group(store, rank, size, timeout)
+
+
 class MpiDriver(Driver):
     """MPI on the CPU (native torch MPI, else mpi4py)."""
 
@@ -58,50 +65,31 @@ class MpiDriver(Driver):
     env_vars = ("OMPI_MCA_*", "MPICH_*", "I_MPI_*", "HYDRA_*", "MPIEXEC_TIMEOUT")
     # Every rank must be a process of one MPI job (``hwdist check`` starts mpiexec for it).
     required_launcher = "mpi"
-    # On the CPU a packing copy costs about as much as the wire: big tensors go as they are.
-    pack_max_bytes = 1 << 20
-    # Capabilities differ between torch's own ProcessGroupMPI and the mpi4py
-    # process group (hwdist/drivers/_mpi_pg.py); see the properties below.
+    # What torch reports for the mpi4py process group maps back to this driver.
+    aliases = (PY_MPI_BACKEND,)
 
-    @property
-    def native_ops(self) -> frozenset[str]:  # type: ignore[override]
-        """Ops run natively (torch's ProcessGroupMPI has no reduce_scatter)."""
-        return _NATIVE_OPS if _native() else ALL_OPS
-
-    @property
-    def dtypes(self) -> Optional[frozenset[torch.dtype]]:  # type: ignore[override]
-        """dtypes moved as they are (the mpi4py group moves raw bytes: every dtype)."""
-        return _NATIVE_DTYPES if _native() else None
-
-    @property
-    def reduce_dtypes(self) -> Optional[frozenset[torch.dtype]]:  # type: ignore[override]
-        """dtypes MPI reduces; bfloat16 (numpy has none) is widened to float32 by the plan."""
-        return _NATIVE_DTYPES if _native() else _PY_REDUCE_DTYPES
-
-    @property
-    def torch_name(self) -> str:
-        """'mpi' when torch has MPI built in, else the mpi4py process group's name."""
-        return "mpi" if _native() else PY_MPI_BACKEND
-
-    @property
-    def aliases(self) -> tuple[str, ...]:
-        """Other names torch may report for this backend."""
-        return (PY_MPI_BACKEND,)
+    def __init__(self) -> None:
+        super().__init__()
+        # The table depends on which process group runs: torch's own ProcessGroupMPI (fixed dtypes, no
+        # reduce_scatter) or the mpi4py one (hwdist/drivers/_mpi_pg.py: raw bytes, every op). Which one is
+        # a fact of the installed torch, known once.
+        if _native():
+            self.torch_backend = "mpi"
+            self.native_ops = _NATIVE_OPS
+            self.dtypes = self.reduce_dtypes = _NATIVE_DTYPES
+        else:
+            self.torch_backend = PY_MPI_BACKEND
+            self.native_ops = ALL_OPS
+            self.dtypes = None  # the mpi4py group moves raw bytes: every dtype
+            # bfloat16 (numpy has none) is widened to float32 by the plan.
+            self.reduce_dtypes = _PY_REDUCE_DTYPES
+            self.process_group_factory = _create_process_group
 
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""
         if _native():
             return None
         return vendor_missing("mpi4py")
-
-    @property
-    def process_group_factory(self) -> Optional[Callable[..., Any]]:  # type: ignore[override]
-        """The mpi4py process group creator, when torch lacks native MPI."""
-        if _native():
-            return None
-        from ._mpi_pg import create_mpi_process_group
-
-        return create_mpi_process_group
 
     def details(self) -> dict[str, Any]:
         """Whether torch has MPI built in, the mpi4py version, MPI launchers on PATH."""

@@ -19,10 +19,16 @@ class NcclDriver(AcceleratorDriver):
     device_type = "cuda"
     priority = 20
     description = "NVIDIA NCCL (CUDA GPUs; RCCL on ROCm)"
-    env_vars = ("NCCL_*", "TORCH_NCCL_*", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "HIP_VISIBLE_DEVICES")
-    # torch's NCCL process group has gather/scatter since torch 1.11 (always, above hwdist's floor).
-    native_ops = ALL_OPS if _compat.NCCL_HAS_GATHER else ALL_OPS - {"gather", "scatter"}
-    reduce_ops = frozenset({"sum", "product", "min", "max", "avg"} | ({"premul_sum"} if _compat.HAS_PREMUL_SUM else set()))
+    env_vars = (
+        "NCCL_*",
+        "TORCH_NCCL_*",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_LAUNCH_BLOCKING",
+        "HIP_VISIBLE_DEVICES",
+    )
+    # torch's NCCL process group has every op (gather/scatter since torch 1.11, below hwdist's floor).
+    native_ops = ALL_OPS
+    reduce_ops = frozenset({"sum", "product", "min", "max", "avg"})
     # NCCL has no int16, no uint16/32/64 (torch>=2.3 dtypes; carried as bytes) and no complex reductions
     # of its own (torch views complex as real).
     dtypes = frozenset(
@@ -53,7 +59,9 @@ class NcclDriver(AcceleratorDriver):
         return super().unavailable_reason()
 
     def details(self) -> dict[str, Any]:
-        """The CUDA (or ROCm) runtime torch was built with, NCCL's version, the NVIDIA driver, the visible GPUs."""
+        """The CUDA (or ROCm) runtime torch was built with, NCCL's version, the NVIDIA driver, the visible
+        GPUs.
+        """
         import torch.distributed as dist
 
         facts: dict[str, Any] = {

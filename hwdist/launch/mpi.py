@@ -7,21 +7,25 @@ import os
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from .resolvers import Launcher, LaunchInfo, LauncherError, check_consistent, env_int
+from .resolvers import (
+    MPI_LOCAL_RANK_VARS,
+    MPI_LOCAL_SIZE_VARS,
+    MPI_RANK_VARS,
+    MPI_SIZE_VARS,
+    Launcher,
+    LaunchInfo,
+    LauncherError,
+    check_consistent,
+    env_int,
+)
 
 __all__ = ["MpiLauncher", "RANK_VARS", "SIZE_VARS", "LOCAL_RANK_VARS", "LOCAL_SIZE_VARS"]
 
-#: Variables carrying the global rank, per MPI family (Open MPI, MPICH/Intel MPI/PMI, MVAPICH).
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
-SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
-LOCAL_RANK_VARS = (
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "MPI_LOCALRANKID",
-    "MV2_COMM_WORLD_LOCAL_RANK",
-    "PMI_LOCAL_RANK",
-    "SLURM_LOCALID",  # srun --mpi=pmi2/pmix sets PMI_RANK but no MPI local rank
-)
-LOCAL_SIZE_VARS = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE", "PMI_LOCAL_SIZE")
+#: The MPI families' variables (Open MPI, MPICH/Intel MPI/PMI, MVAPICH), from the one launcher table.
+RANK_VARS = MPI_RANK_VARS
+SIZE_VARS = MPI_SIZE_VARS
+LOCAL_RANK_VARS = MPI_LOCAL_RANK_VARS
+LOCAL_SIZE_VARS = MPI_LOCAL_SIZE_VARS
 
 
 class MpiLauncher(Launcher):
@@ -58,7 +62,11 @@ class MpiLauncher(Launcher):
                     f" ({', '.join(LOCAL_RANK_VARS)}); set LOCAL_RANK for each process"
                 )
             local = rank
-        for var, value, src in (("RANK", rank, "MPI"), ("WORLD_SIZE", world, "MPI"), ("LOCAL_RANK", local, "MPI")):
+        for var, value, src in (
+            ("RANK", rank, "MPI"),
+            ("WORLD_SIZE", world, "MPI"),
+            ("LOCAL_RANK", local, "MPI"),
+        ):
             check_consistent(env, self.name, var, value, src)
         return LaunchInfo(
             launcher=self.name,
@@ -103,7 +111,9 @@ class MpiLauncher(Launcher):
         reply: tuple[str, Any] = ("", None)
         if info.rank == 0:
             try:
-                store = dist.TCPStore(addr, info.master_port or 0, info.world_size, True, td, wait_for_workers=False)
+                store = dist.TCPStore(
+                    addr, info.master_port or 0, info.world_size, True, td, wait_for_workers=False
+                )
                 reply = ("ok", (addr, store.port))
             except Exception as exc:  # every rank must hear about it, not hang
                 reply = ("error", f"{type(exc).__name__}: {exc}")

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..drivers.base import ALL_OPS, Driver
-from ..registry import _drivers, register_backend
+from ..registry import register_backend, registered
 
 __all__ = ["EmulatedDriver", "EmulatedProcessGroup", "EMULATED_BACKEND", "register_emulated"]
 
@@ -54,27 +54,34 @@ class EmulatedDriver(Driver):
         return EmulatedProcessGroup(store, rank, size, timeout)
 
 
-class EmulatedProcessGroup(dist.ProcessGroup):
-    """A gloo process group that rejects what [`EmulatedDriver`][hwdist.testing.emulated.EmulatedDriver] declares unsupported."""
+# torch's stubs overload these methods with their Python call forms; a Python process group implements
+# the options form torch calls (and ProcessGroupGloo's stub hides its ops), which no stub matches.
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class EmulatedProcessGroup(_ProcessGroup):
+    """A gloo process group that rejects what [`EmulatedDriver`][hwdist.testing.emulated.EmulatedDriver]
+    declares unsupported.
+    """
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any) -> None:
         super().__init__(rank, size)
-        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-        self._driver = EmulatedDriver
+        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._caps = EmulatedDriver().caps
 
     def getBackendName(self) -> str:  # noqa: N802 (torch's name)
         return EMULATED_BACKEND
 
     def _check(self, op: str, tensors: Any, opts: Any = None) -> None:
-        if op not in self._driver.native_ops:
+        if op not in self._caps.native_ops:
             raise RuntimeError(f"emulated accelerator: op '{op}' is not supported")
         for t in _flatten(tensors):
-            if t.dtype not in self._driver.dtypes:
+            if not self._caps.can_move(t.dtype):
                 raise RuntimeError(f"emulated accelerator: dtype {t.dtype} is not supported by '{op}'")
         rop = getattr(opts, "reduceOp", None)
         if rop is not None:
             name = _REDOP_NAMES.get(getattr(rop, "op", rop), str(rop))
-            if name not in self._driver.reduce_ops:
+            if name not in self._caps.reduce_ops:
                 raise RuntimeError(f"emulated accelerator: reduce op '{name}' is not supported")
 
     def allreduce(self, tensors: Any, opts: Any) -> Any:
@@ -95,11 +102,19 @@ class EmulatedProcessGroup(dist.ProcessGroup):
 
     def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
         self._check("all_gather", [outputs, inputs])
-        return self._gloo.allgather(outputs, inputs, opts) if opts is not None else self._gloo.allgather(outputs, inputs)
+        return (
+            self._gloo.allgather(outputs, inputs, opts)
+            if opts is not None
+            else self._gloo.allgather(outputs, inputs)
+        )
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
         self._check("all_gather", [output, input])
-        return self._gloo._allgather_base(output, input, opts) if opts is not None else self._gloo._allgather_base(output, input)
+        return (
+            self._gloo._allgather_base(output, input, opts)
+            if opts is not None
+            else self._gloo._allgather_base(output, input)
+        )
 
     def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:
         self._check("gather", [outputs, inputs])
@@ -132,7 +147,9 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
         return self._reduce_scatter_base(output, input, opts)
 
-    def all_to_all_single(self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None) -> Any:
+    def all_to_all_single(
+        self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None
+    ) -> Any:
         return self.alltoall_base(output, input, out_splits, in_splits, opts)
 
     def send(self, tensors: Any, dst: int, tag: int) -> Any:
@@ -163,7 +180,7 @@ def _flatten(obj: Any) -> list[torch.Tensor]:
 
 def register_emulated() -> Driver:
     """Register the emulated accelerator under ``'emu'`` (idempotent)."""
-    existing = _drivers.get(EMULATED_BACKEND)
+    existing = registered(EMULATED_BACKEND)
     if isinstance(existing, EmulatedDriver):
         return existing
     return register_backend(EMULATED_BACKEND, EmulatedDriver)

@@ -1,4 +1,5 @@
-"""The processes of one ``mpiexec`` job as ranks, with the ``RankPool`` interface ``hwdist check``/``bench`` use.
+"""The processes of one ``mpiexec`` job as ranks, with the ``RankPool`` interface ``hwdist check``/``bench``
+use.
 
 Under ``mpiexec -n N`` (Open MPI's ``OMPI_COMM_WORLD_SIZE``, MPICH/Intel
 MPI's ``PMI_SIZE``, MVAPICH's ``MV2_COMM_WORLD_SIZE``) nothing is spawned:
@@ -61,7 +62,9 @@ class JobRanks:
             outcome = ("init_error", None, f"{traceback.format_exc()}\n{type(exc).__name__}: {exc}")
         self._check(self.comm.allgather(outcome), "start-up")
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> list[Any]:
+    def run(
+        self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any
+    ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` here (on every process of the job); every rank's result, by rank."""
         try:
             outcome: tuple[str, Any, str] = ("ok", fn(*args, **kwargs), "")
@@ -87,7 +90,9 @@ class JobRanks:
         hwdist.destroy()
 
 
-def job_ranks(nproc: Optional[int], backend: str, timeout: float, err: TextIO) -> tuple[Callable[[], JobRanks], int]:
+def job_ranks(
+    nproc: Optional[int], backend: str, timeout: float, err: TextIO
+) -> tuple[Callable[[], JobRanks], int]:
     """``(factory of JobRanks, job size)`` for a process of an MPI job.
 
     Raises:
@@ -118,10 +123,14 @@ def rerun(argv: Sequence[str], n: int, limit: float, err: TextIO) -> int:
     ``limit`` unless already set.
 
     Raises:
-        ValueError: no mpiexec/mpirun on PATH, or this process was itself started by [`rerun`][hwdist.testing.mpi_ranks.rerun].
+        ValueError: no mpiexec/mpirun on PATH, or this process was itself started by
+            [`rerun`][hwdist.testing.mpi_ranks.rerun].
     """
     if os.environ.get(RERUN_ENV):
-        raise ValueError("started under mpiexec by hwdist, but no MPI rank variables are set (PMI_SIZE, OMPI_COMM_WORLD_SIZE)")
+        raise ValueError(
+            "started under mpiexec by hwdist, but no MPI rank variables are set (PMI_SIZE,"
+            " OMPI_COMM_WORLD_SIZE)"
+        )
     launcher = shutil.which("mpiexec") or shutil.which("mpirun")
     if launcher is None:
         raise ValueError(
@@ -131,7 +140,10 @@ def rerun(argv: Sequence[str], n: int, limit: float, err: TextIO) -> int:
     env = {**os.environ, RERUN_ENV: "1"}
     env.setdefault("MPIEXEC_TIMEOUT", str(int(math.ceil(limit))))
     cmd = [launcher, "-n", str(n), sys.executable, "-m", "hwdist", *argv]
-    err.write(f"hwdist: this backend needs one MPI job; running: {launcher} -n {n} {os.path.basename(sys.executable)} -m hwdist {' '.join(argv)}\n")
+    err.write(
+        f"hwdist: this backend needs one MPI job; running: {launcher} -n {n}"
+        f" {os.path.basename(sys.executable)} -m hwdist {' '.join(argv)}\n"
+    )
     err.flush()
     try:
         return subprocess.run(cmd, env=env, timeout=limit + 30).returncode

@@ -17,14 +17,18 @@ from typing import Optional
 import pytest
 
 import hwdist
-from hwdist import cli
+from hwdist import cli, cli_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cli(*args: str, env: Optional[dict[str, str]] = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: Optional[dict[str, str]] = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
     """``python -m hwdist ARGS`` from the worktree root; returns the finished process."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HWDIST_", "SLURM_", "OMPI_", "PMI_"))}
+    full_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HWDIST_", "SLURM_", "OMPI_", "PMI_"))
+    }
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(var, None)
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
@@ -99,7 +103,9 @@ def test_env_reports_drivers_detection_mpi_and_torch_map():
 
 
 def test_env_json_is_complete_and_consistent_with_the_registry():
-    proc = run_cli("env", "--json", env={"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "3"})
+    proc = run_cli(
+        "env", "--json", env={"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "3"}
+    )
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
     import numpy
@@ -122,7 +128,9 @@ def test_env_json_is_complete_and_consistent_with_the_registry():
     assert rep["detection"]["overridden"] is False
     variables = rep["launcher"]["variables"]
     assert variables["torchrun"]["RANK"] == "3" and variables["slurm"]["SLURM_PROCID"] == "3"
-    assert rep["launcher"]["inferred"] == hwdist.infer_launcher({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "3"})
+    assert rep["launcher"]["inferred"] == hwdist.infer_launcher(
+        {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "3"}
+    )
     assert set(rep["runtime_details"]["mpi"]) >= {"torch_built_with_mpi", "mpi4py", "launchers_on_path"}
     assert isinstance(rep["torch_backends"]["default_device_backend_map"], dict)
 
@@ -157,7 +165,11 @@ def test_check_json_on_the_emulated_accelerator():
     assert rep["backend"] == "emu" and rep["world_size"] == 2
     assert rep["failed"] == 0 and rep["passed"] >= 1
     statuses = {r["status"] for r in rep["results"]}
-    assert statuses <= {"pass", "n/a", "refused (as declared)"}  # emu refuses int64 reductions (no lossless plan)
+    assert statuses <= {
+        "pass",
+        "n/a",
+        "refused (as declared)",
+    }  # emu refuses int64 reductions (no lossless plan)
     assert rep["passed"] + rep["not_available"] + rep["refused"] == len(rep["results"])
 
 
@@ -171,7 +183,9 @@ def test_an_injected_wrong_result_gives_a_fail_row_and_exit_1():
 
 
 def test_a_rank_that_raises_gives_a_fail_row_naming_the_root_cause():
-    proc = run_cli("check", "-n", "2", "--only", "dist_info", "--json", env={"HWDIST_CHECK_INJECT": "dist_info::raise"})
+    proc = run_cli(
+        "check", "-n", "2", "--only", "dist_info", "--json", env={"HWDIST_CHECK_INJECT": "dist_info::raise"}
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rep = json.loads(proc.stdout)
     assert rep["failed"] == 1
@@ -205,8 +219,18 @@ def test_check_on_an_unknown_backend_lists_the_registered_ones():
 
 def test_bench_json_sweep_uses_nccl_tests_bus_bandwidth():
     proc = run_cli(
-        "bench", "-n", "2", "--ops", "all_reduce,all_gather,broadcast", "--sizes", "1K,4K",
-        "--iters", "3", "--warmup", "1", "--json",
+        "bench",
+        "-n",
+        "2",
+        "--ops",
+        "all_reduce,all_gather,broadcast",
+        "--sizes",
+        "1K,4K",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
     )
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
@@ -279,15 +303,15 @@ def test_an_unavailable_override_variable_is_a_usage_error(capsys, monkeypatch):
 
 
 def test_parse_sizes():
-    assert cli.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
-    assert cli.parse_sizes("1K:1M:32") == [1024, 32768, 1048576]
-    assert cli.parse_sizes("8, 1k ,2MiB,1G") == [8, 1024, 2 << 20, 1 << 30]
-    assert cli.parse_sizes("256M") == [256 << 20]
+    assert cli_bench.parse_sizes("1K:8K") == [1024, 2048, 4096, 8192]
+    assert cli_bench.parse_sizes("1K:1M:32") == [1024, 32768, 1048576]
+    assert cli_bench.parse_sizes("8, 1k ,2MiB,1G") == [8, 1024, 2 << 20, 1 << 30]
+    assert cli_bench.parse_sizes("256M") == [256 << 20]
 
 
 def test_bus_factor_matches_nccl_tests():
-    assert cli.bus_factor("all_reduce", 4) == pytest.approx(1.5)
-    assert cli.bus_factor("all_gather", 4) == pytest.approx(0.75)
-    assert cli.bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
-    assert cli.bus_factor("broadcast", 8) == 1.0
-    assert cli.bus_factor("all_reduce", 1) == 0.0
+    assert cli_bench.bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert cli_bench.bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert cli_bench.bus_factor("reduce_scatter", 8) == pytest.approx(7 / 8)
+    assert cli_bench.bus_factor("broadcast", 8) == 1.0
+    assert cli_bench.bus_factor("all_reduce", 1) == 0.0

@@ -89,7 +89,15 @@ def test_issue_mode_is_one_pasteable_block():
     assert f"torch: {torch.__version__} (distributed: yes)" in text
     assert f"numpy: {numpy.__version__}" in text
     assert f"hwdist: {hwdist.__version__}" in text
-    for needle in ("OS: ", "CPU: ", "RAM: ", "/dev/shm: ", "backends available: ", "detected: backend ", "mpi: "):
+    for needle in (
+        "OS: ",
+        "CPU: ",
+        "RAM: ",
+        "/dev/shm: ",
+        "backends available: ",
+        "detected: backend ",
+        "mpi: ",
+    ):
         assert needle in text
     assert "OMP_NUM_THREADS=3" in text and "MASTER_ADDR=10.1.2.3" in text
     assert len(lines) < 30  # short enough to paste
@@ -119,7 +127,73 @@ def test_accelerator_details_report_the_vendor_version_without_importing_it():
 
 def test_nccl_details_on_this_torch():
     facts = hwdist.get_driver("nccl").details()
-    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None and not os.path.exists("/proc/driver/nvidia/version"):
+    if (
+        torch.version.cuda is None
+        and getattr(torch.version, "hip", None) is None
+        and not os.path.exists("/proc/driver/nvidia/version")
+    ):
         assert facts == {}  # a CPU-only torch on a machine without NVIDIA's driver: nothing to say
     else:
-        assert facts.get("cuda_runtime") == torch.version.cuda or facts.get("rocm_runtime") == torch.version.hip
+        assert (
+            facts.get("cuda_runtime") == torch.version.cuda or facts.get("rocm_runtime") == torch.version.hip
+        )
+
+
+def test_env_lists_every_setting_with_its_value(monkeypatch):
+    from hwdist import settings
+
+    monkeypatch.setitem(
+        settings.SETTINGS,
+        "HWDIST_FAKE_TOKEN",
+        settings.Setting("HWDIST_FAKE_TOKEN", "text", "", "a secret (test)"),
+    )
+    env = {"HWDIST_DEBUG": "1", "HWDIST_FAKE_TOKEN": "tok-271828"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("HWDIST_OBJECT_PATH", raising=False)
+    rows = {r["name"]: r for r in cli_env.settings_report()}
+    assert set(rows) == set(settings.SETTINGS)
+    assert rows["HWDIST_DEBUG"]["value"] == "1" and rows["HWDIST_DEBUG"]["kind"] == "flag"
+    assert rows["HWDIST_FAKE_TOKEN"]["value"] == cli_env.MASK
+    assert rows["HWDIST_OBJECT_PATH"]["value"] is None and rows["HWDIST_OBJECT_PATH"]["default"] == "portable"
+    assert rows["HWDIST_OBJECT_PATH"]["choices"] == ["portable", "native"]
+    import io
+
+    out = io.StringIO()
+    cli_env._print_env(cli_env.env_report(), out)
+    text = out.getvalue()
+    for name in settings.SETTINGS:
+        assert name in text
+    assert "HWDIST_DEBUG=1" in text and "HWDIST_OBJECT_PATH (unset; default 'portable')" in text
+    assert "tok-271828" not in text
+
+
+def test_env_json_lists_the_settings():
+    proc = run_cli("env", "--json", env={"HWDIST_DEBUG": "0"})
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["settings"]}
+    from hwdist import settings
+
+    assert set(rows) == set(settings.SETTINGS) and rows["HWDIST_DEBUG"]["value"] == "0"
+
+
+def test_launcher_variables_come_from_one_table(monkeypatch):
+    """info, the MPI launcher and hwdist env read hwdist.launch.resolvers' table; cli_env names no variable.
+    """
+    from hwdist import info
+    from hwdist.launch import mpi, resolvers
+
+    assert info._LOCAL_RANK_VARS is resolvers.LOCAL_RANK_VARS
+    assert mpi.LOCAL_RANK_VARS == resolvers.MPI_LOCAL_RANK_VARS and mpi.SIZE_VARS == resolvers.MPI_SIZE_VARS
+    for var in resolvers.LOCAL_RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MV2_COMM_WORLD_LOCAL_RANK", "5")  # MVAPICH: once only the MPI launcher knew it
+    assert hwdist.get_local_rank() == 5
+    monkeypatch.setenv(
+        "SLURM_LOCALID", "0"
+    )  # mpirun inside sbatch: Slurm's variable describes the batch step
+    assert hwdist.get_local_rank() == 5
+    found = cli_env.environment_variables({"MV2_COMM_WORLD_SIZE": "4", "PMIX_RANK": "1"})
+    assert found == {"MV2_COMM_WORLD_SIZE": "4", "PMIX_RANK": "1"}
+    source = open(cli_env.__file__).read()
+    for word in ("OMPI_", "SLURM_", "PMI_", "LOCAL_RANK", "WORLD_SIZE"):
+        assert word not in source

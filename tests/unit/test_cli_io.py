@@ -23,9 +23,10 @@ from hwdist import cli, checks
 
 from .test_cli import ROOT, run_cli
 
-SITE = '''
+SITE = """
 import atexit, importlib.abc, importlib.util, os, sys
-_rank = "--multiprocessing-fork" in sys.argv or "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+_rank = ("--multiprocessing-fork" in sys.argv or "PMI_RANK" in os.environ
+         or "OMPI_COMM_WORLD_RANK" in os.environ)
 
 
 class _NoisyInit(importlib.abc.MetaPathFinder):
@@ -61,7 +62,7 @@ if _rank and os.environ.get("HWDIST_TEST_NOISE"):
 if _rank and os.environ.get("HWDIST_TEST_SLOW_RANKS"):
     import time
     time.sleep(float(os.environ["HWDIST_TEST_SLOW_RANKS"]))
-'''
+"""
 
 
 @pytest.fixture
@@ -72,7 +73,9 @@ def site(tmp_path: Path) -> str:
 
 
 def no_traceback(stderr: str) -> None:
-    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr, stderr
+    assert (
+        "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr
+    ), stderr
 
 
 # ---- closed pipes ----------------------------------------------------------------
@@ -80,7 +83,9 @@ def no_traceback(stderr: str) -> None:
 
 @pytest.mark.parametrize("argv, lines", [(["env"], 2), (["env", "--json"], 2), (["check", "-n", "2"], 3)])
 def test_head_closes_the_pipe_and_the_command_exits_quietly(argv, lines):
-    script = f'"{sys.executable}" -m hwdist {" ".join(argv)} | head -{lines}; echo "status=${{PIPESTATUS[0]}}" >&2'
+    script = (
+        f'"{sys.executable}" -m hwdist {" ".join(argv)} | head -{lines}; echo "status=${{PIPESTATUS[0]}}" >&2'
+    )
     proc = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert len(proc.stdout.splitlines()) == lines, proc.stdout
     status = int(re.search(r"status=(\d+)", proc.stderr).group(1))
@@ -92,7 +97,11 @@ def test_head_closes_the_pipe_and_the_command_exits_quietly(argv, lines):
 def test_a_pipe_closed_before_any_output_gives_141(argv):
     """The reader is gone before the command writes: every write fails, the exit is SIGPIPE's 141."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hwdist", *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "hwdist", *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     proc.stdout.close()
     err = proc.stderr.read()
@@ -119,11 +128,25 @@ def test_check_stops_early_when_its_reader_is_gone():
 
 
 def test_check_json_is_clean_while_ranks_print_to_stdout_and_fd_1(site):
-    proc = run_cli("check", "-n", "2", "--only", "dist_info,broadcast", "--json", env={"PYTHONPATH": site, "HWDIST_TEST_NOISE": "1"})
+    proc = run_cli(
+        "check",
+        "-n",
+        "2",
+        "--only",
+        "dist_info,broadcast",
+        "--json",
+        env={"PYTHONPATH": site, "HWDIST_TEST_NOISE": "1"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rep = json.loads(proc.stdout)  # nothing else on stdout
     assert rep["failed"] == 0 and rep["passed"] >= 2
-    for noise in ("NOISE from print", "NOISE from fd 1", "NOISE at exit on fd 1", "NOISE at init from print", "NOISE at init on fd 1"):
+    for noise in (
+        "NOISE from print",
+        "NOISE from fd 1",
+        "NOISE at exit on fd 1",
+        "NOISE at init from print",
+        "NOISE at init on fd 1",
+    ):
         assert proc.stderr.count(noise) == 2, proc.stderr  # each of the 2 ranks printed it, on stderr
 
 
@@ -133,7 +156,9 @@ def test_check_table_and_bench_json_are_clean_too(site):
     assert proc.returncode == 0, proc.stderr
     assert "NOISE" not in proc.stdout and "NOISE from fd 1" in proc.stderr
     assert proc.stdout.startswith("hwdist check: 2 rank(s)")
-    proc = run_cli("bench", "-n", "2", "--ops", "all_reduce", "--sizes", "1K", "--iters", "2", "--json", env=env)
+    proc = run_cli(
+        "bench", "-n", "2", "--ops", "all_reduce", "--sizes", "1K", "--iters", "2", "--json", env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["results"][0]["wrong"] == 0
     assert "NOISE from fd 1" in proc.stderr
@@ -143,7 +168,9 @@ def test_start_up_progress_goes_to_stderr():
     proc = run_cli("check", "-n", "2", "--only", "dist_info", "--json")
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)
-    assert re.search(r"hwdist: starting 2 rank\(s\) on backend '\w+' \(limit 60 s, --timeout\)\.\.\.", proc.stderr)
+    assert re.search(
+        r"hwdist: starting 2 rank\(s\) on backend '\w+' \(limit 60 s, --timeout\)\.\.\.", proc.stderr
+    )
     assert re.search(r"hwdist: 2 rank\(s\) ready in \d+\.\d s", proc.stderr), proc.stderr
 
 
@@ -168,22 +195,33 @@ def test_timeout_at_the_minimum_is_accepted():
 
 def test_ranks_that_do_not_start_in_time_name_the_limit_and_suggest_one(site):
     proc = run_cli(
-        "check", "-n", "2", "--only", "dist_info", "--timeout", "8",
-        env={"PYTHONPATH": site, "HWDIST_TEST_SLOW_RANKS": "60"}, timeout=120,
+        "check",
+        "-n",
+        "2",
+        "--only",
+        "dist_info",
+        "--timeout",
+        "8",
+        env={"PYTHONPATH": site, "HWDIST_TEST_SLOW_RANKS": "60"},
+        timeout=120,
     )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert lines[0] == "hwdist: starting 2 rank(s) on backend 'gloo' (limit 8 s, --timeout)..."
     assert re.fullmatch(r"hwdist: still starting 2 rank\(s\): [5-8] s of 8 s", lines[1]), lines  # every 5 s
     line = lines[-1]
-    assert line.startswith("hwdist: error: could not start 2 rank(s) on backend 'gloo' within 8 s (--timeout):"), line
+    assert line.startswith(
+        "hwdist: error: could not start 2 rank(s) on backend 'gloo' within 8 s (--timeout):"
+    ), line
     assert "0 of 2 ready; rank(s) 0-1 still starting" in line
     assert "HINT:" in line and "--timeout 40" in line
     assert proc.stdout == ""
 
 
 def test_a_rank_that_fails_to_start_gives_its_error():
-    proc = run_cli("check", "-n", "2", "--only", "dist_info", "--backend", "gloo", env={"GLOO_SOCKET_IFNAME": "nosuch0"})
+    proc = run_cli(
+        "check", "-n", "2", "--only", "dist_info", "--backend", "gloo", env={"GLOO_SOCKET_IFNAME": "nosuch0"}
+    )
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("hwdist: error: could not start 2 rank(s) on backend 'gloo': rank "), line
@@ -193,11 +231,17 @@ def test_a_rank_that_fails_to_start_gives_its_error():
 def test_startup_failure_messages():
     from hwdist.cli_ranks import startup_failure
 
-    report = "start-up failed on 4 rank(s), backend 'gloo':\n  hung ranks: 1, 2, 3 (timed out after 60s)\n\n(ranks that finished: 0)"
+    report = (
+        "start-up failed on 4 rank(s), backend 'gloo':\n  hung ranks: 1, 2, 3 (timed out after 60s)\n\n"
+        "(ranks that finished: 0)"
+    )
     text = startup_failure(AssertionError(report), 4, "gloo", 60)
     assert "within 60 s (--timeout): 1 of 4 ready; rank(s) 1-3 still starting" in text
     assert "--timeout 360" in text  # 60 s x 1.5 x 4 ranks / 1 ready
-    report = "start-up failed on 2 rank(s), backend 'gloo':\n  root cause: rank 1 init_error: RuntimeError: Timed out waiting"
+    report = (
+        "start-up failed on 2 rank(s), backend 'gloo':\n"
+        "  root cause: rank 1 init_error: RuntimeError: Timed out waiting"
+    )
     text = startup_failure(AssertionError(report), 2, "gloo", 30)
     assert text == (
         "could not start 2 rank(s) on backend 'gloo': rank 1 init_error: RuntimeError: Timed out waiting."
@@ -212,7 +256,9 @@ def test_check_help_describes_and_lists_every_check():
     proc = run_cli("check", "--help")
     assert proc.returncode == 0
     assert "verify every public collective" in proc.stdout
-    listed = proc.stdout.split("checks (--only takes a comma list of these):")[1].split("Exit status")[0].split()
+    listed = (
+        proc.stdout.split("checks (--only takes a comma list of these):")[1].split("Exit status")[0].split()
+    )
     assert listed == checks.check_names()
 
 

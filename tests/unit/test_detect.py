@@ -102,7 +102,8 @@ def test_device_bound_by_local_rank_modulo_count():
     code = (
         "import sys, types, importlib.machinery, torch\n"
         "from tests.unit.test_detect import FakeDeviceModule\n"
-        "mod = types.ModuleType('torch_npu'); mod.__spec__ = importlib.machinery.ModuleSpec('torch_npu', None)\n"
+        "mod = types.ModuleType('torch_npu'); mod.__spec__ = importlib.machinery.ModuleSpec('torch_npu',"
+        " None)\n"
         "sys.modules['torch_npu'] = mod\n"
         "torch.utils.rename_privateuse1_backend('npu')\n"
         "dev = FakeDeviceModule(4); torch.npu = dev\n"
@@ -113,7 +114,8 @@ def test_device_bound_by_local_rank_modulo_count():
         "assert drv.current_device() == torch.device('npu', 1)\n"
         "assert drv.comm_device() == torch.device('npu', 1)\n"
         "from hwdist import _compat  # torch 2.3-2.4 take only a CUDA device_id: hwdist passes none there\n"
-        "assert drv.device_id(2) == (torch.device('npu', 2) if _compat.init_accepts_device_id('npu') else None)\n"
+        "assert drv.device_id(2) == (torch.device('npu', 2) if _compat.init_accepts_device_id('npu') else"
+        " None)\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -122,7 +124,9 @@ def test_device_bound_by_local_rank_modulo_count():
 
 
 def test_binding_without_device_is_clear():
-    with pytest.raises(RuntimeError, match="backend 'hccl' cannot bind a device: the Python package 'torch_npu'"):
+    with pytest.raises(
+        RuntimeError, match="backend 'hccl' cannot bind a device: the Python package 'torch_npu'"
+    ):
         hwdist.get_driver("hccl").set_device(0)
 
 
@@ -130,7 +134,9 @@ def test_broken_vendor_install_does_not_crash_detection(monkeypatch):
     mod = types.ModuleType("torch_mlu")
     mod.__spec__ = importlib.machinery.ModuleSpec("torch_mlu", None)
     monkeypatch.setitem(sys.modules, "torch_mlu", None)  # import of it raises ImportError
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: mod.__spec__ if name == "torch_mlu" else None)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: mod.__spec__ if name == "torch_mlu" else None
+    )
     reason = hwdist.get_driver("cncl").unavailable_reason()
     assert reason is not None and reason.startswith("importing 'torch_mlu' failed")
     assert hwdist.detect().backend == "gloo"
@@ -166,7 +172,10 @@ def test_device_override(monkeypatch):
 
 def test_device_override_unavailable_is_clear(monkeypatch):
     monkeypatch.setenv(ENV_DEVICE, "mlu")
-    with pytest.raises(hwdist.BackendError, match=r"HWDIST_DEVICE='mlu' is not available here \(cncl: the Python package 'torch_mlu'"):
+    with pytest.raises(
+        hwdist.BackendError,
+        match=r"HWDIST_DEVICE='mlu' is not available here \(cncl: the Python package 'torch_mlu'",
+    ):
         hwdist.detect()
     monkeypatch.setenv(ENV_DEVICE, "quantum")
     with pytest.raises(hwdist.BackendError, match="known device types: cpu, cuda"):
@@ -176,7 +185,9 @@ def test_device_override_unavailable_is_clear(monkeypatch):
 def test_conflicting_overrides(monkeypatch):
     monkeypatch.setenv(ENV_BACKEND, "gloo")
     monkeypatch.setenv(ENV_DEVICE, "npu")
-    with pytest.raises(hwdist.BackendError, match="conflicts with HWDIST_BACKEND='gloo', which runs on 'cpu'"):
+    with pytest.raises(
+        hwdist.BackendError, match="conflicts with HWDIST_BACKEND='gloo', which runs on 'cpu'"
+    ):
         hwdist.detect()
 
 
@@ -187,7 +198,8 @@ def test_import_hwdist_is_clean():
         "before = set(sys.modules)\n"
         "import hwdist\n"
         "new = set(sys.modules) - before\n"
-        "bad = sorted(m for m in new if m.split('.')[0] in ('torch_npu','torch_mlu','torch_musa','mpi4py','hwdist_mpi'))\n"
+        "bad = sorted(m for m in new if m.split('.')[0] in"
+        " ('torch_npu','torch_mlu','torch_musa','mpi4py','hwdist_mpi'))\n"
         "assert not bad, bad\n"
         "assert not torch.distributed.is_initialized()\n"
         "assert 'hwdist.testing' not in sys.modules\n"
@@ -198,3 +210,23 @@ def test_import_hwdist_is_clean():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "clean"
+
+
+def test_detection_asks_the_driver_and_reads_settings(monkeypatch):
+    """No duck typing and no os.environ in detect.py: the driver says its compute device, settings the
+    overrides.
+    """
+    import inspect
+
+    from hwdist import detect as detect_mod
+    from hwdist.drivers.gloo import GlooDriver
+
+    source = inspect.getsource(detect_mod)
+    assert "os.environ" not in source and "getattr(" not in source
+    monkeypatch.setattr(GlooDriver, "compute_device_type", lambda self: "mps")
+    monkeypatch.delenv("HWDIST_BACKEND", raising=False)
+    monkeypatch.delenv("HWDIST_DEVICE", raising=False)
+    if hwdist.detect().backend == "gloo":  # a CPU machine
+        assert hwdist.get_device() == "mps"
+    monkeypatch.setenv("HWDIST_BACKEND", "  gloo ")  # read through hwdist.settings: stripped
+    assert hwdist.detect().source == "HWDIST_BACKEND"

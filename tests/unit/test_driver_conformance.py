@@ -16,18 +16,37 @@ import hwdist.testing  # noqa: F401  (registers the emulated accelerator)
 from hwdist.drivers.base import ALL_OPS, MOVE_OPS, REDUCE_OP_NAMES, REDUCE_OPS, Plan, PlanError, Post
 
 DTYPES = [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
 ]
 
 # Value casts that keep every value exactly (the only ones a plan may use).
 LOSSLESS = {
-    (torch.bool, torch.uint8), (torch.bool, torch.int32), (torch.bool, torch.int64),
-    (torch.uint8, torch.int32), (torch.uint8, torch.int64),
-    (torch.int8, torch.int32), (torch.int8, torch.int64),
-    (torch.int16, torch.int32), (torch.int16, torch.int64), (torch.int32, torch.int64),
-    (torch.float16, torch.float32), (torch.float16, torch.float64),
-    (torch.bfloat16, torch.float32), (torch.bfloat16, torch.float64), (torch.float32, torch.float64),
+    (torch.bool, torch.uint8),
+    (torch.bool, torch.int32),
+    (torch.bool, torch.int64),
+    (torch.uint8, torch.int32),
+    (torch.uint8, torch.int64),
+    (torch.int8, torch.int32),
+    (torch.int8, torch.int64),
+    (torch.int16, torch.int32),
+    (torch.int16, torch.int64),
+    (torch.int32, torch.int64),
+    (torch.float16, torch.float32),
+    (torch.float16, torch.float64),
+    (torch.bfloat16, torch.float32),
+    (torch.bfloat16, torch.float64),
+    (torch.float32, torch.float64),
 }
 
 
@@ -51,8 +70,16 @@ def test_members_and_types(name):
     assert drv.native_ops <= ALL_OPS
     assert set(drv.reduce_ops) <= set(REDUCE_OP_NAMES) | {"avg"}
     json.dumps(drv.capabilities())  # plain data
-    for method in ("is_available", "unavailable_reason", "device_count", "set_device",
-                   "current_device", "comm_device", "plan", "device_id"):
+    for method in (
+        "is_available",
+        "unavailable_reason",
+        "device_count",
+        "set_device",
+        "current_device",
+        "comm_device",
+        "plan",
+        "device_id",
+    ):
         doc = getattr(type(drv), method).__doc__
         assert doc and doc.strip(), f"{name}.{method} needs a one-line docstring"
 
@@ -80,11 +107,15 @@ def test_every_plan_is_correct_or_a_clear_error(name):
             else:
                 allowed = drv.reduce_dtypes if drv.reduce_dtypes is not None else drv.dtypes
                 assert allowed is None or comm in allowed, (name, op, dtype, rop, plan)
-                assert plan.reduce_op in drv.reduce_ops or (plan.reduce_op == "avg" and "avg" in drv.reduce_ops)
+                assert plan.reduce_op in drv.reduce_ops or (
+                    plan.reduce_op == "avg" and "avg" in drv.reduce_ops
+                )
                 if plan.cast and not plan.view:
                     assert (dtype, comm) in LOSSLESS, f"{name}: lossy cast {dtype} -> {comm}"
                 if plan.view:
-                    assert dtype.is_complex and comm == (torch.float32 if dtype == torch.complex64 else torch.float64)
+                    assert dtype.is_complex and comm == (
+                        torch.float32 if dtype == torch.complex64 else torch.float64
+                    )
                 if rop == "mean":
                     assert plan.reduce_op == "avg" or plan.post is Post.DIVIDE
             assert drv.plan(op, dtype, rop) is plan  # cached
@@ -127,7 +158,9 @@ def test_no_backend_or_device_names_outside_drivers():
     """Dispatch lives in drivers: no backend/device name string constants elsewhere in
     hwdist/ (docstrings may mention names; code may not branch on them)."""
     root = pathlib.Path(hwdist.__file__).parent
-    names = re.compile(r"(^|[^a-z_])(nccl|hccl|cncl|mccl|xccl|gloo|mpi|npu|mlu|musa|cuda|xpu|mps)([^a-z_-]|$)")
+    names = re.compile(
+        r"(^|[^a-z_])(nccl|hccl|cncl|mccl|xccl|gloo|mpi|npu|mlu|musa|cuda|xpu|mps)([^a-z_-]|$)"
+    )
     offenders = []
     for path in root.rglob("*.py"):
         rel = path.relative_to(root).as_posix()

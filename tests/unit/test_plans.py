@@ -13,7 +13,13 @@ import torch.distributed as tdist
 import hwdist
 from hwdist import _compat
 from hwdist.collectives import tensor as T
-from hwdist.collectives.flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unflatten_tensors
+from hwdist.collectives.flat import (
+    FlatLayout,
+    bucket_tensors,
+    copy_from_flat,
+    flatten_tensors,
+    unflatten_tensors,
+)
 from hwdist.drivers.base import Post
 from hwdist.testing import EmulatedDriver
 
@@ -46,7 +52,8 @@ def test_gloo_plans(gloo):
 
 
 def test_gloo_plans_follow_the_torch_version(gloo):
-    # Measured on torch's gloo (docs/hardware.md, "Versions"); the version, not the _compat flag, is the spec here.
+    # Measured on torch's gloo (docs/hardware.md, "Versions"); the version, not the _compat flag, is the spec
+    # here.
     version = _compat.TORCH_VERSION
     bf = gloo.plan("broadcast", torch.bfloat16)
     assert bf.passthrough if version >= (2, 2) else (bf.view and bf.comm_dtype == torch.uint8)
@@ -56,10 +63,15 @@ def test_gloo_plans_follow_the_torch_version(gloo):
     assert gloo.plan("reduce_scatter", torch.float32, "max").native_op == (
         "reduce_scatter" if version >= (2, 9) else "all_reduce"
     )
-    assert gloo.plan("all_to_all", torch.float32).native_op == ("all_to_all" if version >= (2, 12) else "all_gather")
+    assert gloo.plan("all_to_all", torch.float32).native_op == (
+        "all_to_all" if version >= (2, 12) else "all_gather"
+    )
     assert ("all_gather" in gloo.flat_ops) == (version >= (2, 2))
     # gloo has no complex type: hwdist moves bytes and reduces real pairs on every version
-    assert (gloo.plan("gather", torch.complex64).comm_dtype, gloo.plan("all_reduce", torch.complex64).comm_dtype) == (
+    assert (
+        gloo.plan("gather", torch.complex64).comm_dtype,
+        gloo.plan("all_reduce", torch.complex64).comm_dtype,
+    ) == (
         torch.uint8,
         torch.float32,
     )
@@ -76,9 +88,15 @@ def test_emulated_accelerator_plans(emu):
     assert (p.comm_dtype, p.reduce_op) == (torch.uint8, "max")
     p = emu.plan("all_reduce", torch.complex64, "sum")
     assert (p.comm_dtype, p.view) == (torch.float32, True)
-    assert {op: emu.plan(op, torch.float32, "sum" if op == "reduce_scatter" else None).native_op
-            for op in ("gather", "scatter", "reduce_scatter", "all_to_all")} == {
-        "gather": "all_gather", "scatter": "broadcast", "reduce_scatter": "all_reduce", "all_to_all": "all_gather"}
+    assert {
+        op: emu.plan(op, torch.float32, "sum" if op == "reduce_scatter" else None).native_op
+        for op in ("gather", "scatter", "reduce_scatter", "all_to_all")
+    } == {
+        "gather": "all_gather",
+        "scatter": "broadcast",
+        "reduce_scatter": "all_reduce",
+        "all_to_all": "all_gather",
+    }
     with pytest.raises(hwdist.PlanError, match="reduce op not supported"):
         emu.plan("all_reduce", torch.int32, "band")
     with pytest.raises(hwdist.PlanError, match="bitwise ops need an integer"):
@@ -172,7 +190,8 @@ def test_non_distributed_semantics(single):
 
 def test_public_names_are_exported():
     for name in (
-        "all_reduce all_gather gather broadcast reduce scatter reduce_scatter all_to_all send recv isend irecv"
+        "all_reduce all_gather gather broadcast reduce scatter reduce_scatter all_to_all send recv isend"
+        " irecv"
         " sync_random_seed reduce_mean pad_to_largest_tensor all_reduce_dict all_reduce_params"
     ).split():
         assert callable(getattr(hwdist, name)), name
@@ -215,3 +234,87 @@ def test_bucket_tensors():
     assert bucket_tensors([f, f, f, i], bucket_bytes=32) == [[0, 1], [2], [3]]
     assert bucket_tensors([torch.ones(100), f], bucket_bytes=8) == [[0], [1]]  # too big: alone
     assert bucket_tensors([]) == []
+
+
+# ---------------------------------------------------------------------------
+# capabilities as data, the pure planner, tuning (issue 15)
+# ---------------------------------------------------------------------------
+
+
+def test_capabilities_are_frozen_data_the_planner_alone_reads(gloo, emu):
+    from dataclasses import FrozenInstanceError
+
+    from hwdist.drivers.base import Capabilities, plan
+
+    caps = emu.caps
+    assert isinstance(caps, Capabilities) and hash(caps) == hash(emu.caps)
+    with pytest.raises(FrozenInstanceError):
+        caps.dtypes = None  # type: ignore[misc]
+    # The planner is a function of the capabilities only: an equal table built by hand plans the same.
+    twin = Capabilities(
+        backend="emu",
+        native_ops=caps.native_ops,
+        reduce_ops=caps.reduce_ops,
+        dtypes=caps.dtypes,
+        native_object_collectives=False,
+    )
+    assert twin == caps
+    for args in (
+        ("all_reduce", torch.bfloat16, "mean"),
+        ("all_gather", torch.int64, None),
+        ("gather", torch.float32, None),
+    ):
+        assert plan(twin, *args) is plan(caps, *args) == emu.plan(*args)  # cached once per argument tuple
+    with pytest.raises(hwdist.PlanError, match="with backend 'emu'"):
+        plan(twin, "all_reduce", torch.int64, "sum")
+    assert gloo.capabilities() == gloo.caps.as_dict()
+
+
+def test_a_subclass_declaration_becomes_its_capabilities():
+    from hwdist.drivers.base import Driver
+
+    class Small(Driver):
+        device_type = "cpu"
+        dtypes = frozenset({torch.float32, torch.int32})
+        reduce_ops = frozenset({"sum", "max"})
+
+    drv = Small()
+    drv.name = "small"
+    assert drv.caps.dtypes == frozenset({torch.float32, torch.int32}) and drv.caps.backend == "small"
+    assert drv.plan("all_reduce", torch.float16, "sum").comm_dtype == torch.float32
+    assert drv.plan("all_reduce", torch.float16, "sum") is drv.plan("all_reduce", torch.float16, "sum")
+    drv.name = "renamed"  # registration renames: the messages follow
+    with pytest.raises(hwdist.PlanError, match="backend 'renamed'"):
+        drv.plan("all_reduce", torch.float32, "product")
+
+
+def test_mpi_table_is_computed_not_property_overridden():
+    from hwdist.drivers.mpi import PY_MPI_BACKEND, MpiDriver, _native
+
+    for attr in ("native_ops", "dtypes", "reduce_dtypes", "torch_name", "aliases", "process_group_factory"):
+        assert not isinstance(MpiDriver.__dict__.get(attr), property), attr
+    drv = hwdist.get_driver("mpi")
+    assert drv.caps.dtypes == (drv.dtypes if _native() else None)
+    assert drv.torch_name == ("mpi" if _native() else PY_MPI_BACKEND)
+    assert (drv.process_group_factory is None) == _native()
+
+
+def test_tuning_is_a_table_outside_the_driver(gloo, emu):
+    from hwdist.drivers import tuning
+    from hwdist.drivers.base import Driver
+
+    assert "pack_max_bytes" not in vars(type(gloo)) and "reduce_by_gather_max_bytes" not in vars(type(gloo))
+    assert tuning.tuning(gloo) == tuning.Tuning(pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10)
+    assert tuning.tuning(hwdist.get_driver("mpi")).pack_max_bytes == 1 << 20
+    assert tuning.tuning(emu) == tuning.DEFAULT == tuning.Tuning()
+    # the compatibility accessors read the table
+    assert gloo.pack_max_bytes == 1 << 20 and gloo.reduce_by_gather_max_bytes == 32 << 10
+    assert isinstance(Driver.__dict__["pack_max_bytes"], property)
+    old = tuning.set_tuning("emu", tuning.Tuning(pack_max_bytes=7))
+    try:
+        assert emu.pack_max_bytes == 7
+    finally:
+        tuning.TUNING.pop("emu")
+    assert old == tuning.DEFAULT
+    with pytest.raises(TypeError, match="must be a hwdist.drivers.tuning.Tuning"):
+        tuning.set_tuning("emu", 1 << 20)  # type: ignore[arg-type]

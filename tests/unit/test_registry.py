@@ -75,13 +75,31 @@ def test_unregister_unknown_is_clear():
         hwdist.unregister_backend("nope")
 
 
-def test_driver_missing_members_is_refused():
+def test_only_a_driver_is_registered():
+    """Registration checks the Driver ABC: a look-alike object is refused, and so is a class without
+    device_type.
+    """
+
     class NotADriver:
         name = "x"
         device_type = "cpu"
 
-    with pytest.raises(hwdist.BackendError, match="missing required members: priority, is_available"):
+    with pytest.raises(
+        hwdist.BackendError, match="must be a hwdist.Driver subclass or instance, got NotADriver"
+    ):
         hwdist.register_backend("broken", NotADriver())
+    with pytest.raises(hwdist.BackendError, match="got NotADriver.*HINT: class MyDriver"):
+        hwdist.register_backend("broken", NotADriver)
+
+    class NoDevice(Driver):
+        description = "forgot device_type"
+
+    with pytest.raises(
+        hwdist.BackendError, match=r"driver class NoDevice for backend 'broken' does not set device_type"
+    ):
+        hwdist.register_backend("broken", NoDevice)
+    with pytest.raises(TypeError):
+        NoDevice()  # abstract: an ABC refuses it outright
     assert "broken" not in hwdist.list_backends()
 
 
@@ -176,8 +194,14 @@ def test_launcher_entry_points_load_lazily(monkeypatch):
 
     mod.EpLauncher = EpLauncher
     monkeypatch.setitem(sys.modules, "hwdist_ep_launcher", mod)
-    ep = EntryPoint(name="eplaunch", value="hwdist_ep_launcher:EpLauncher", group=resolvers.LAUNCHER_ENTRY_POINT_GROUP)
-    monkeypatch.setattr(_plugins, "entry_points", lambda group=None: [ep] if group == resolvers.LAUNCHER_ENTRY_POINT_GROUP else [])
+    ep = EntryPoint(
+        name="eplaunch", value="hwdist_ep_launcher:EpLauncher", group=resolvers.LAUNCHER_ENTRY_POINT_GROUP
+    )
+    monkeypatch.setattr(
+        _plugins,
+        "entry_points",
+        lambda group=None: [ep] if group == resolvers.LAUNCHER_ENTRY_POINT_GROUP else [],
+    )
     monkeypatch.setattr(resolvers, "_entry_points_loaded", False)
     try:
         assert isinstance(hwdist.get_launcher("eplaunch"), EpLauncher)
@@ -202,7 +226,9 @@ def test_name_differing_only_by_case_is_the_same_backend(clean_name):
 
 
 def test_torch_undefined_name_is_refused():
-    with pytest.raises(hwdist.BackendError, match=r"its torch name 'undefined' is torch.distributed.Backend.UNDEFINED"):
+    with pytest.raises(
+        hwdist.BackendError, match=r"its torch name 'undefined' is torch.distributed.Backend.UNDEFINED"
+    ):
         hwdist.register_backend("undefined", _ToyDriver)
 
     class Undefined(_ToyDriver):
@@ -252,7 +278,7 @@ def test_start_up_rule_without_process_group():
         registry.ensure_torch_backend(drv)
     msg = str(info.value)
     assert msg.startswith("backend 'toy_accel' cannot start: torch.distributed has no backend 'toy_accel'")
-    assert msg.endswith('or give process_group_factory') and "gloo" in msg
+    assert msg.endswith("or give process_group_factory") and "gloo" in msg
 
 
 class _PlanRaises(_ToyDriver):
@@ -278,16 +304,30 @@ class _PlanBadReduce(_ToyDriver):
 @pytest.mark.parametrize(
     "cls, dtype, expected",
     [
-        (_PlanRaises, torch.float32, r"plan\('all_reduce', torch.float32, 'sum'\) raised KeyError: 'all_reduce'"),
-        (_PlanNotAPlan, torch.float32, r"returned a malformed plan: expected a hwdist.Plan, got str: 'pass it through'"),
-        (_PlanWrongView, torch.int16, r"a torch.int16 element \(2 bytes\) cannot be viewed as torch.int64 \(8 bytes\)"),
+        (
+            _PlanRaises,
+            torch.float32,
+            r"plan\('all_reduce', torch.float32, 'sum'\) raised KeyError: 'all_reduce'",
+        ),
+        (
+            _PlanNotAPlan,
+            torch.float32,
+            r"returned a malformed plan: expected a hwdist.Plan, got str: 'pass it through'",
+        ),
+        (
+            _PlanWrongView,
+            torch.int16,
+            r"a torch.int16 element \(2 bytes\) cannot be viewed as torch.int64 \(8 bytes\)",
+        ),
         (_PlanBadReduce, torch.float32, r"reduce_op 'average' is not a reduce op"),
     ],
 )
 def test_broken_plan_is_an_error_naming_the_driver(clean_name, cls, dtype, expected):
     clean_name("toy_broken_plan")
     drv = hwdist.register_backend("toy_broken_plan", cls)
-    with pytest.raises(hwdist.BackendError, match=rf"^driver 'toy_broken_plan' \({cls.__name__}\): .*{expected}"):
+    with pytest.raises(
+        hwdist.BackendError, match=rf"^driver 'toy_broken_plan' \({cls.__name__}\): .*{expected}"
+    ):
         drv.plan("all_reduce", dtype, "sum")
 
 
@@ -340,5 +380,7 @@ def test_byte_carrier_names_what_it_needs():
     with pytest.raises(hwdist.PlanError) as info:
         byte_carrier(drv, "broadcast")
     msg = str(info.value)
-    assert msg.startswith("backend 'toy_floats' cannot carry bytes for 'broadcast' (object collectives need it)")
+    assert msg.startswith(
+        "backend 'toy_floats' cannot carry bytes for 'broadcast' (object collectives need it)"
+    )
     assert "none of uint8, int8, int16, int32, int64" in msg and "HINT: add one integer dtype" in msg

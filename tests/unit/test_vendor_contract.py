@@ -76,10 +76,28 @@ def _download(cache: Path) -> tuple[Optional[Path], str]:
                 errors.append(f"gave up after {DOWNLOAD_TIMEOUT_S} s")
                 break
             cmd = pip + [
-                "download", "--no-deps", "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64",
-                "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-                "--disable-pip-version-check", "--progress-bar", "off", "--timeout", "20", "--retries", "2",
-                "-q", "-d", tmp, f"torch-npu=={NPU_VERSION}",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "--abi",
+                "cp311",
+                "--disable-pip-version-check",
+                "--progress-bar",
+                "off",
+                "--timeout",
+                "20",
+                "--retries",
+                "2",
+                "-q",
+                "-d",
+                tmp,
+                f"torch-npu=={NPU_VERSION}",
             ]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
@@ -90,7 +108,9 @@ def _download(cache: Path) -> tuple[Optional[Path], str]:
             if out.returncode == 0 and got.is_file():
                 os.replace(got, cache / NPU_WHEEL)  # atomic: a concurrent run sees all or nothing
                 return cache / NPU_WHEEL, ""
-            errors.append(f"{' '.join(pip)} exited {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}")
+            errors.append(
+                f"{' '.join(pip)} exited {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"
+            )
     return None, "; ".join(dict.fromkeys(errors)) or "no pip found"
 
 
@@ -101,7 +121,10 @@ def _wheel_path() -> tuple[Optional[Path], str]:
     if not path.is_file():
         found, why = _download(cache)
         if found is None:
-            return None, f"torch-npu {NPU_VERSION} wheel could not be downloaded into {cache} (offline?): {why}"
+            return (
+                None,
+                f"torch-npu {NPU_VERSION} wheel could not be downloaded into {cache} (offline?): {why}",
+            )
     if _sha256(path) != NPU_SHA256:
         return None, f"{path} is not the torch-npu {NPU_VERSION} wheel read for these tests (sha256 differs)"
     return path, ""
@@ -154,7 +177,8 @@ class Wheel:
     def calls(self, member: str, attr: str) -> list[ast.Call]:
         """Every call ``<anything>.attr(...)`` in ``member``."""
         return [
-            n for n in ast.walk(self.tree(member))
+            n
+            for n in ast.walk(self.tree(member))
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr
         ]
 
@@ -174,9 +198,14 @@ def signature_of(fn: ast.FunctionDef) -> inspect.Signature:
     """An inspect.Signature built from a parsed ``def`` (defaults are placeholders)."""
     a = fn.args
     P = inspect.Parameter
-    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs] + [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
+    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs] + [
+        (x, P.POSITIONAL_OR_KEYWORD) for x in a.args
+    ]
     n_required = len(positional) - len(a.defaults)
-    params = [P(x.arg, kind, default=_DEFAULT if i >= n_required else P.empty) for i, (x, kind) in enumerate(positional)]
+    params = [
+        P(x.arg, kind, default=_DEFAULT if i >= n_required else P.empty)
+        for i, (x, kind) in enumerate(positional)
+    ]
     if a.vararg:
         params.append(P(a.vararg.arg, P.VAR_POSITIONAL))
     for x, d in zip(a.kwonlyargs, a.kw_defaults):
@@ -217,15 +246,30 @@ GATHER = "torch_npu/distributed/distributed_c10d.py"
 
 # hwdist op -> the c10d Backend methods ProcessGroupHCCL must override for it.
 C10D_METHODS = {
-    "all_reduce": ("allreduce",), "broadcast": ("broadcast",), "all_gather": ("allgather", "_allgather_base"),
-    "reduce": ("reduce",), "reduce_scatter": ("reduce_scatter", "_reduce_scatter_base"),
-    "all_to_all": ("alltoall", "alltoall_base"), "send": ("send",), "recv": ("recv",), "barrier": ("barrier",),
-    "gather": ("gather",), "scatter": ("scatter",),
+    "all_reduce": ("allreduce",),
+    "broadcast": ("broadcast",),
+    "all_gather": ("allgather", "_allgather_base"),
+    "reduce": ("reduce",),
+    "reduce_scatter": ("reduce_scatter", "_reduce_scatter_base"),
+    "all_to_all": ("alltoall", "alltoall_base"),
+    "send": ("send",),
+    "recv": ("recv",),
+    "barrier": ("barrier",),
+    "gather": ("gather",),
+    "scatter": ("scatter",),
 }
 # torch dtype name -> HCCL enum suffix it travels as (torch_npu carries bool as UINT8).
 HCCL_DTYPES = {
-    "uint8": "UINT8", "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16",
-    "bfloat16": "BFP16", "float32": "FP32", "float64": "FP64", "bool": "UINT8",
+    "uint8": "UINT8",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "bfloat16": "BFP16",
+    "float32": "FP32",
+    "float64": "FP64",
+    "bool": "UINT8",
 }
 HCCL_REDUCE = {"sum": "SUM", "product": "PROD", "min": "MIN", "max": "MAX", "avg": "AVG"}
 
@@ -269,10 +313,13 @@ def test_declared_native_ops_are_process_group_methods(wheel, hccl):
 
 
 def test_gather_is_emulated_as_torch_npu_does(wheel, hccl):
-    aliases = ast.literal_eval(next(
-        n.value for n in wheel.tree(PATCHES).body
-        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "_PUBLIC_API_ALIASES"
-    ))
+    aliases = ast.literal_eval(
+        next(
+            n.value
+            for n in wheel.tree(PATCHES).body
+            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "_PUBLIC_API_ALIASES"
+        )
+    )
     assert ("distributed.gather", "distributed.distributed_c10d._gather") in aliases
     gather = wheel.find_def("torch_npu.distributed.distributed_c10d", "_gather")
     assert gather is not None and "allgather" in ast.unparse(gather)
@@ -284,7 +331,9 @@ def test_declared_dtypes_and_reduce_ops_exist_in_hccl(wheel, hccl):
     enum = set(re.findall(r"HCCL_DATA_TYPE_(\w+)\s*=", types_h))
     reduce_enum = set(re.findall(r"HCCL_REDUCE_(\w+)\s*=", types_h))
     for name in hccl.capabilities()["dtypes"]:
-        assert HCCL_DTYPES[name] in enum, f"hccl declares {name}; hccl_types.h has no HCCL_DATA_TYPE_{HCCL_DTYPES[name]}"
+        assert HCCL_DTYPES[name] in enum, (
+            f"hccl declares {name}; hccl_types.h has no HCCL_DATA_TYPE_{HCCL_DTYPES[name]}"
+        )
     for op in hccl.reduce_ops:
         assert HCCL_REDUCE[op] in reduce_enum, f"hccl declares reduce op {op}; hccl_types.h lacks it"
     assert "AVG" not in reduce_enum and "avg" not in hccl.reduce_ops
@@ -294,8 +343,10 @@ def _device_id_refusal(helper: ast.FunctionDef, where: str) -> Any:
     """The compiled condition under which ``helper`` raises for its ``device_id`` argument."""
     assert "device_id" in signature_of(helper).parameters, f"{where}: no device_id parameter"
     check = next(
-        n.test for n in ast.walk(helper)
-        if isinstance(n, ast.If) and "device_id" in ast.unparse(n.test)
+        n.test
+        for n in ast.walk(helper)
+        if isinstance(n, ast.If)
+        and "device_id" in ast.unparse(n.test)
         and any(isinstance(s, ast.Raise) for s in n.body)
     )
     return compile(ast.Expression(check), where, "eval")
@@ -310,7 +361,8 @@ def test_device_id_binds_without_eager_init(wheel, hccl, recorded, where):
     assert passed in (None, [hccl.device_type, 2])
     if where == "torch_npu":
         helper = next(
-            n for n in ast.walk(wheel.tree(COMPAT))
+            n
+            for n in ast.walk(wheel.tree(COMPAT))
             if isinstance(n, ast.FunctionDef) and n.name == "_new_process_group_helper"
         )
     else:
@@ -367,7 +419,7 @@ mod = types.ModuleType('torch_npu'); mod.__spec__ = importlib.machinery.ModuleSp
 sys.modules['torch_npu'] = mod
 torch.utils.rename_privateuse1_backend('npu')
 torch.npu = Recorder(FakeDeviceModule(4))
-import hwdist, hwdist.cli
+import hwdist
 drv = hwdist.get_driver('hccl')
 assert hwdist.detect().backend == 'hccl'
 drv.set_device(5)
@@ -377,16 +429,16 @@ try:
     hwdist.check_fork_safe('fork')
 except RuntimeError:
     pass
-sync = getattr(hwdist.cli, '_sync', None)  # the benchmark timer's device synchronize
-if sync is not None:
-    sync(drv.comm_device())
+drv.synchronize()  # what the benchmark timer calls
 print(json.dumps({'calls': calls, 'device_id': None if dev is None else [dev.type, dev.index]}))
 """
 
 
 @pytest.fixture(scope="module")
 def recorded() -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", _RECORD], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _RECORD], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -411,5 +463,6 @@ def test_the_fake_has_torch_npus_signatures(wheel):
         assert real is not None, f"FakeDeviceModule.{name} has no counterpart in torch_npu.npu"
         fake = list(inspect.signature(getattr(FakeDeviceModule, name)).parameters.values())[1:]
         assert _shape(inspect.Signature(fake)) == _shape(signature_of(real)), (
-            f"FakeDeviceModule.{name}{inspect.Signature(fake)} drifted from torch_npu.npu.{name}{signature_of(real)}"
+            f"FakeDeviceModule.{name}{inspect.Signature(fake)} drifted from"
+            f" torch_npu.npu.{name}{signature_of(real)}"
         )

@@ -1,4 +1,4 @@
-"""hwdist on a torch it does not support: importing works, the first call that needs torch.distributed says why.
+"""hwdist on a torch it does not support: importing works, the first call needing torch.distributed says why.
 
 The real below-floor torch is not installed here, so these tests start a fresh interpreter that
 pretends to be one (``torch.__version__`` or ``torch.distributed.is_available`` replaced before hwdist
@@ -33,7 +33,11 @@ def _run(pretend: str) -> list[str]:
     env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     code = _SCRIPT.format(pretend=textwrap.dedent(pretend))
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**_base_env(), **env},
     )
     assert proc.returncode == 0, proc.stderr
@@ -43,7 +47,9 @@ def _run(pretend: str) -> list[str]:
 def _base_env() -> dict[str, str]:
     import os
 
-    return {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
 
 
 def test_torch_older_than_the_floor_imports_and_init_names_version_and_floor():
