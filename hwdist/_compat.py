@@ -90,10 +90,6 @@ GLOO_HAS_REDUCE_SCATTER: bool = _version_at_least(2, 9)
 # works on 2.13.0; all_to_all_single works on every supported version). Drop when torch>=2.12 is the floor.
 GLOO_HAS_ALL_TO_ALL: bool = _version_at_least(2, 12)
 
-# Below the floor, kept only while collectives/objects.py still reads it (object collectives appeared in
-# torch 1.8): always DIST_AVAILABLE. Delete with that read.
-HAS_OBJECT_COLLECTIVES: bool = DIST_AVAILABLE
-
 # init_process_group(device_id=...) binds eagerly; torch>=2.3. Drop when torch>=2.3 is the floor.
 INIT_HAS_DEVICE_ID: bool = DIST_AVAILABLE and _has_param(_dist.init_process_group, "device_id")
 
@@ -130,10 +126,6 @@ def init_accepts_device_id(device_type: str) -> bool:
 # Backend.register_backend(devices=...) maps a custom backend to device types; torch>=2.2.
 # Drop when torch>=2.2 is the floor.
 REGISTER_BACKEND_HAS_DEVICES: bool = DIST_AVAILABLE and _has_param(_dist.Backend.register_backend, "devices")
-
-# Below the floor, kept only while training.py still reads it (Tensor.register_post_accumulate_grad_hook is in
-# every torch >= 2.1): always True. Delete with that read.
-HAS_POST_ACCUMULATE_GRAD_HOOK: bool = True
 
 
 # destroy_process_group() hangs intermittently on torch < 2.8: ProcessGroupGloo's destructor joins its

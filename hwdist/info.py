@@ -43,7 +43,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _local_group: Any = None
 
 
-def _set_local_group(group: Any) -> None:
+def set_local_group(group: Any) -> None:
     global _local_group
     _local_group = group
 

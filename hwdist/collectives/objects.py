@@ -20,7 +20,7 @@ one of two paths, the same on every rank:
 * **native**: torch's own ``all_gather_object`` & co. Used only when asked
   ([`set_object_path`][hwdist.collectives.objects.set_object_path] ``('native')``), when the driver
   declares ``native_object_collectives`` and the torch version has them
-  (``_compat.HAS_OBJECT_COLLECTIVES``), and the call uses the default pickle
+  (``_compat.DIST_AVAILABLE``), and the call uses the default pickle
   serializer without ``map_location``; otherwise the portable path runs. The
   portable path is the default because it measured faster on every size
   (see ``docs/objects.md``).
@@ -204,7 +204,7 @@ def _native(driver: Any, map_location: MapLocation, serializer: Optional[Seriali
     return (
         _PATH.get() == "native"
         and bool(getattr(driver, "native_object_collectives", False))
-        and _compat.HAS_OBJECT_COLLECTIVES
+        and _compat.DIST_AVAILABLE
         and map_location is None
         and _ser.is_default_serializer(serializer)
     )

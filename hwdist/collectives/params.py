@@ -19,6 +19,7 @@ import torch.distributed as torch_dist
 from .. import _compat, _state, registry
 from .. import verify as _verify_mode
 from ..errors import ArgumentAssertionError
+from ..drivers.tuning import tuning
 from . import _layouts, _transport
 from . import tensor as _t
 from ._agree import agree
@@ -310,7 +311,7 @@ def all_reduce_params(
     driver = registry.resolve(group, tensors[0].device)
     cdev = driver.comm_device()
     # Big tensors go as they are (asynchronously) where the driver says packing costs more than it saves.
-    limit = int(getattr(driver, "pack_max_bytes", 0) or 0)
+    limit = tuning(driver).pack_max_bytes
     big = [limit > 0 and t.numel() * t.element_size() >= limit for t in tensors]
     if any(big) and len(tensors) > 1:
         # in place only over memory no other tensor views: overlapping in-place reductions count twice,

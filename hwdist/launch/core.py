@@ -107,7 +107,7 @@ _init_backend = init_backend  # init_dist's parameter of the same name (mmengine
 
 def destroy() -> None:
     """Destroy every process group hwdist or torch created; safe to call twice."""
-    info._set_local_group(None)
+    info.set_local_group(None)
     registry.clear_cache()
     _state.clear()
     if _compat.DIST_AVAILABLE and torch_dist.is_initialized():
@@ -318,7 +318,7 @@ def _create_local_groups(nodes: Sequence[Sequence[int]]) -> Any:
             if rank in ranks:
                 mine = group
                 registry.record_group(group, driver)
-    info._set_local_group(mine)
+    info.set_local_group(mine)
     registry.clear_cache()
     return mine
 

@@ -14,6 +14,7 @@ from ..collectives._calls import collective
 from ..collectives.flat import bucket_tensors, copy_from_flat, flatten_tensors
 from ..collectives.params import all_reduce_params
 from ..info import is_distributed
+from ...drivers.tuning import tuning
 from .arguments import check_rank, check_same_tensors, distributed_size, tensor_list
 
 Tensor = torch.Tensor
@@ -30,7 +31,7 @@ def broadcast_flat(tensors: Sequence[Tensor], src: int, group: Any) -> None:
     driver = registry.resolve(group, tensors[0].device)
     cdev = driver.comm_device()
     data = [t.detach() for t in tensors]
-    limit = int(getattr(driver, "pack_max_bytes", 0) or 0)
+    limit = tuning(driver).pack_max_bytes
     direct = [t for t in data if limit > 0 and t.numel() * t.element_size() >= limit]
     packed = [t for t in data if not (limit > 0 and t.numel() * t.element_size() >= limit)]
     is_src = torch_dist.get_rank() == src

@@ -11,11 +11,12 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 import torch
 import torch.distributed as torch_dist
 
-from .. import _compat, registry
+from .. import registry
 from ..collectives import tensor as _t
 from ..collectives.flat import flatten_tensors, unflatten_tensors, unique_tensors
 from ..collectives.params import mib_bytes
 from ..info import is_distributed
+from ...drivers.tuning import tuning
 from .broadcasts import broadcast_flat
 from .buckets import Bucket, plan_buckets
 from .arguments import check_rank, check_same_tensors, distributed_size, grad_op, tensor_list
@@ -122,7 +123,7 @@ class GradientSynchronizer:
         self._enabled = True
         self._verified = False
         self._hooks: list[Any] = []
-        self._overlap = bool(overlap) and _compat.HAS_POST_ACCUMULATE_GRAD_HOOK
+        self._overlap = bool(overlap)
         self._ws: Optional[int] = None  # world size of the current step (None: step not started)
         self._next = 0  # next bucket to launch (buckets go in order on every rank)
         self._seen = [False] * len(plist)
@@ -265,7 +266,7 @@ class GradientSynchronizer:
         if not self._params:
             return 0
         driver = registry.resolve(self._group, self._params[0].device)
-        return int(getattr(driver, "pack_max_bytes", 0) or 0)
+        return tuning(driver).pack_max_bytes
 
     def _build(self, direct_bytes: int) -> None:
         """Split the parameters into buckets (see [`plan_buckets`][hwdist.training.buckets.plan_buckets])."""

@@ -138,9 +138,6 @@ def check_overlap() -> dict:
     return out
 
 
-@pytest.mark.skipif(
-    not _compat.HAS_POST_ACCUMULATE_GRAD_HOOK, reason="torch without post-accumulate-grad hooks"
-)
 def test_buckets_launch_during_backward(dist, combo):
     ws, backend = combo
     if ws == 1:
