@@ -37,7 +37,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, registry
-from ..drivers.base import Driver, Plan
+from ..drivers.base import Driver, Plan, Post
 from ._handle import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device
 
@@ -46,6 +46,7 @@ __all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "exchange
 Tensor = torch.Tensor
 F = TypeVar("F", bound=Callable[..., Any])
 
+_NO_POST = Post.NONE
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
 
 
@@ -230,12 +231,23 @@ class GroupView:
             plan, cdev = strategy.plan(driver, data, rop), None
         else:
             driver = registry.resolve(group, data.device)
-            plan = strategy.plan(driver, data, rop)
             cdev = comm_device(driver, data)
+            if strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
+                plan = driver.plan(strategy.op, data.dtype, rop)
+                # Plan.passthrough spelled with identities, for speed: a false "no" only takes the general path
+                if (
+                    cdev is None
+                    and plan.comm_dtype is plan.dtype
+                    and plan.native_op is plan.op
+                    and plan.post is _NO_POST
+                    and data.is_contiguous()
+                ):
+                    use_async = async_op and driver.supports_async
+                    work = _DIRECT[plan.op](data, plan, root, group, use_async)
+                    return (CollectiveHandle(work) if use_async else CollectiveHandle()) if async_op else None
+            else:
+                plan = strategy.plan(driver, data, rop)
         use_async = async_op and driver.supports_async
-        if strategy.direct and cdev is None and plan.passthrough and data.is_contiguous():
-            work = _DIRECT[plan.op](data, plan, root, group, use_async)
-            return (CollectiveHandle(work) if use_async else CollectiveHandle()) if async_op else None
         c = Call()
         c.view, c.group, c.driver, c.plan, c.cdev, c.data = self, group, driver, plan, cdev, data
         c.root, c.rop, c.extra = root, rop, extra
@@ -287,9 +299,15 @@ class _Serial:
 #: The view of every group while torch.distributed is not initialised.
 SERIAL = _Serial()
 
+_DEFAULT_VIEW = GroupView(None)  # a view holds nothing but its group: the default group's is shared
+
+
 def view(group: Any) -> Any:
-    """The view of ``group`` (None: the default group): [`SERIAL`][hwdist.collectives._engine.SERIAL] when not distributed."""
-    return GroupView(group) if _is_initialized() else SERIAL
+    """The view of ``group`` (None: the default group); [`SERIAL`][hwdist.collectives._engine.SERIAL]
+    when torch.distributed is not initialised."""
+    if not _is_initialized():
+        return SERIAL
+    return _DEFAULT_VIEW if group is None else GroupView(group)
 
 
 # ---------------------------------------------------------------------------
