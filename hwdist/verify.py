@@ -64,7 +64,8 @@ def _env_flag(name: str) -> bool:
         on = settings.flag(name)
     if caught:
         warnings.warn(
-            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off) or 1/2/.../true/yes/on (on);"
+            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off)"
+            " or 1/2/.../true/yes/on (on);"
             " verification mode is ON",
             stacklevel=2,
         )
@@ -90,7 +91,8 @@ _MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
 )
 # Mirrors of _MODE for the modules that still test the flag themselves (objects, results, params).
 _enabled: bool
-_call_sites: bool  # whether the fingerprint holds the caller's line (catches a rank that skipped one of two calls)
+# whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
+_call_sites: bool
 _generation = 0  # bumped on every switch: a group's call numbers restart
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -146,7 +148,10 @@ def describe_tensor(t: Any) -> str:
 
 
 def rank_field(value: Any) -> Any:
-    """A ``src``/``dst`` argument as the fingerprint shows it: an int for any integer (``np.int64(0)`` is ``0``), else its repr."""
+    """A ``src``/``dst`` argument as the fingerprint shows it.
+
+    An int for any integer (``np.int64(0)`` is ``0``), else its repr.
+    """
     if not isinstance(value, bool):
         try:
             return operator.index(value)
@@ -178,7 +183,7 @@ def _next_seq(group: Any) -> int:
     gen, seq = getattr(state, "verify_seq", (-1, 0))
     if gen != _generation:
         seq = 0
-    state.verify_seq = (_generation, seq + 1)
+    vars(state)["verify_seq"] = (_generation, seq + 1)
     return seq
 
 

@@ -52,7 +52,8 @@ class AllToAll(Strategy):
             return EMULATED
         in_sizes, out_sizes = _sizes(c)
         c.state = (in_sizes, out_sizes)
-        if _verify.verification_enabled():  # the emulated transport always checks; the native ones in this mode
+        # the emulated transport always checks the sizes; the native ones in verification mode
+        if _verify.verification_enabled():
             ws = c.view.size
             bad = _piece_size_errors(_transport.gather_ints(in_sizes + out_sizes, c.group, c.driver), ws)
             if bad:

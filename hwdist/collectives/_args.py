@@ -138,5 +138,6 @@ def check_shapes(items: Sequence[Tensor], like: Tensor, argname: str, fn: str) -
     for i, t in enumerate(items):
         if t.shape != like.shape:
             raise ValueError(
-                f"{fn}: {argname}[{i}] has shape {tuple(t.shape)}, expected {tuple(like.shape)} (the shape of data)"
+                f"{fn}: {argname}[{i}] has shape {tuple(t.shape)}, expected {tuple(like.shape)}"
+                " (the shape of data)"
             )

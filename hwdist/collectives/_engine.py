@@ -15,7 +15,8 @@ One call goes through the same steps whatever the op (docs/architecture.md):
    with the buffers and the torch op to issue (no copy where none is needed).
 4. **issue**: one torch.distributed call, chosen by ``call.native`` (async where the driver supports it).
 5. **finish**: the strategy's ``finish`` (division, copy back, the result).
-6. **handle**: ``async_op=True`` always returns a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle].
+6. **handle**: ``async_op=True`` always returns a
+   [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle].
 
 A pure pass-through (the plan changes nothing, the tensor is contiguous and on
 the comm device) issues torch's call on the caller's tensor directly.
@@ -41,7 +42,10 @@ from ..drivers.base import Driver, Plan, Post
 from ._handle import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device
 
-__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "exchange_shapes", "described", "set_hook"]
+__all__ = [
+    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "described",
+    "set_hook",
+]
 
 Tensor = torch.Tensor
 F = TypeVar("F", bound=Callable[..., Any])
@@ -133,8 +137,8 @@ class Strategy:
     op: str = ""
     direct: bool = False
 
-    def plan(self, driver: Driver, data: Tensor, rop: Optional[str]) -> Plan:
-        """The plan of this call (the driver's, cached there)."""
+    def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
+        """The plan of this call (the driver's, cached there); ``data`` is the call's tensor."""
         return driver.plan(self.op, data.dtype, rop)
 
     def choose(self, c: Call) -> "Strategy":
@@ -201,7 +205,9 @@ class GroupView:
         if ranks is None:
             ws = self.size
             if not 0 <= value < ws:
-                raise ValueError(f"{fn}: {argname} must be a rank in 0..{ws - 1} (world size {ws}), got {value}")
+                raise ValueError(
+                    f"{fn}: {argname} must be a rank in 0..{ws - 1} (world size {ws}), got {value}"
+                )
         elif value not in ranks:
             raise ValueError(f"{fn}: {argname} must be a global rank of the group {ranks}, got {value}")
         return value
@@ -234,7 +240,7 @@ class GroupView:
             cdev = comm_device(driver, data)
             if strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
                 plan = driver.plan(strategy.op, data.dtype, rop)
-                # Plan.passthrough spelled with identities, for speed: a false "no" only takes the general path
+                # Plan.passthrough spelled with identities, for speed (a false "no" takes the general path)
                 if (
                     cdev is None
                     and plan.comm_dtype is plan.dtype
@@ -332,7 +338,8 @@ def _all_gather(c: Call, a: bool) -> Any:
 def _all_gather_flat(c: Call, a: bool) -> Any:
     if "all_gather" in c.driver.flat_ops:
         return _compat.all_gather_into_tensor(c.recv, c.send, c.group)  # type: ignore[misc]
-    return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group)  # no flat form here (gloo, torch 2.1)
+    # no flat form on this backend and torch (gloo on torch 2.1)
+    return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group)
 
 
 def _gather(c: Call, a: bool) -> Any:
@@ -405,7 +412,7 @@ def wire_call(
     driver: Optional[Driver] = None,
     reduce_op: Optional[str] = None,
 ) -> Call:
-    """A ``Call`` for hwdist's own traffic (``_transport``), ready for [`issue`][hwdist.collectives._engine.issue].
+    """A ``Call`` for hwdist's own traffic (``_transport``), for [`issue`][hwdist.collectives._engine.issue].
 
     ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions.
     """

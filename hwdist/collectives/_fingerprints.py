@@ -29,7 +29,9 @@ def all_reduce(data: Any, op: Any = "sum", group: Optional[Any] = None, *, async
     return group, data, {"data": describe_tensor(data), "reduce_op": op_field(op)}
 
 
-def reduce(data: Any, dst: Any = 0, op: Any = "sum", group: Optional[Any] = None, *, async_op: bool = False) -> Fields:
+def reduce(
+    data: Any, dst: Any = 0, op: Any = "sum", group: Optional[Any] = None, *, async_op: bool = False
+) -> Fields:
     return group, data, {"data": describe_tensor(data), "reduce_op": op_field(op), "dst": rank_field(dst)}
 
 
@@ -37,7 +39,9 @@ def broadcast(data: Any, src: Any = 0, group: Optional[Any] = None, *, async_op:
     return group, data, {"data": describe_tensor(data), "src": rank_field(src)}
 
 
-def all_gather(data: Any, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False) -> Fields:
+def all_gather(
+    data: Any, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False
+) -> Fields:
     desc = describe_tensor(data) if same_shape else describe_dtype(data)
     return group, data, {"data": desc, "same_shape": bool(same_shape)}
 
@@ -62,10 +66,13 @@ def scatter(
 def reduce_scatter(
     output: Any, input_list: Any, op: Any = "sum", group: Optional[Any] = None, *, async_op: bool = False
 ) -> Fields:
-    return group, output, {"output": describe_tensor(output), "input": _many(input_list), "reduce_op": op_field(op)}
+    fields = {"output": describe_tensor(output), "input": _many(input_list), "reduce_op": op_field(op)}
+    return group, output, fields
 
 
-def all_to_all(output_list: Any, input_list: Any, group: Optional[Any] = None, *, async_op: bool = False) -> Fields:
+def all_to_all(
+    output_list: Any, input_list: Any, group: Optional[Any] = None, *, async_op: bool = False
+) -> Fields:
     # piece sizes may differ by design: dtype and count here, sizes in the transport (_alltoall)
     first = input_list[0] if isinstance(input_list, (list, tuple)) and input_list else input_list
     pieces = [len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in (input_list, output_list)]

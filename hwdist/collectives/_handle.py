@@ -1,4 +1,4 @@
-"""What ``async_op=True`` returns, always: [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]."""
+"""What ``async_op=True`` always returns: [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ class Gather(Strategy):
     def __init__(self, op: str) -> None:
         self.op = op
 
-    def plan(self, driver: Driver, data: Tensor, rop: Optional[str]) -> Plan:
+    def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
         plan = driver.plan(self.op, data.dtype)
         if plan.native_op == "gather" and data.is_complex() and not plan.view:
             # torch.distributed.gather, unlike all_gather, does not view complex tensors as real pairs
@@ -140,7 +140,8 @@ class Gather(Strategy):
 
 
 class Scatter(Strategy):
-    """scatter from ``root`` (``extra``: the scatter_list); a broadcast of every row where the backend has no scatter.
+    """scatter from ``root`` (``extra``: the scatter_list); where the backend has no scatter, one broadcast
+    of every row.
 
     The root validates the list; when it is wrong the root still joins the
     collective with a failure flag in every row (a status slot as wide as one
@@ -175,7 +176,9 @@ class Scatter(Strategy):
             c.recv = torch.empty(h + n, dtype=plan.comm_dtype, device=device)
             c.send = list(rows.unbind(0)) if rows is not None else None
         else:  # emulated: one broadcast of every row
-            whole = rows if rows is not None else torch.empty((ws, h + n), dtype=plan.comm_dtype, device=device)
+            whole = rows
+            if whole is None:
+                whole = torch.empty((ws, h + n), dtype=plan.comm_dtype, device=device)
             c.send, c.recv = whole, whole[g.index(g.rank)]
         c.state = (error, h)
 
@@ -185,7 +188,8 @@ class Scatter(Strategy):
             raise ValueError(error)
         if bool(c.recv[0].item()):
             raise ValueError(
-                f"scatter: the scatter_list given on src rank {c.root} was invalid (see the error on rank {c.root})"
+                f"scatter: the scatter_list given on src rank {c.root} was invalid"
+                f" (see the error on rank {c.root})"
             )
         restore(c.data, c.recv[h:], c.plan)
 

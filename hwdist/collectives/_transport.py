@@ -53,7 +53,8 @@ _LOCAL: dict[str, Callable[[Tensor, Tensor], Any]] = {
 }
 
 def reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
-    """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...)."""
+    """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...).
+    """
     limit = driver.reduce_by_gather_max_bytes
     local = _LOCAL.get(reduce_op) if limit else None
     if local is not None and buf.numel() * buf.element_size() * world_size <= limit:
@@ -68,7 +69,7 @@ _MAX_PLANS: dict[Any, Any] = {}
 
 
 def max_and_min(values: list[int], group: Any, world_size: int, driver: Any) -> tuple[list[int], list[int]]:
-    """Element-wise max and min over the ranks of 31-bit ints: one small MAX of ``values`` and their negations.
+    """Element-wise max and min over the ranks of 31-bit ints: one small MAX of ``values`` and negations.
 
     Travels as int32, or as a lossless widening the driver plans, or as float64 (which holds 31-bit
     values exactly) where the driver has no integer MAX.

@@ -17,7 +17,10 @@ Tensor = torch.Tensor
 
 #: Reduce-op names a Plan issues -> torch values ('avg' is the native mean).
 TORCH_OPS: dict[str, Any] = (
-    {n: getattr(torch_dist.ReduceOp, n.upper()) for n in ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")}
+    {
+        n: getattr(torch_dist.ReduceOp, n.upper())
+        for n in ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+    }
     if torch_dist.is_available()
     else {}
 )
@@ -88,7 +91,7 @@ def as_comm_flat(t: Tensor, plan: Plan, cdev: Optional[torch.device]) -> Tensor:
 
 
 def copy_source(t: Tensor, plan: Plan, cdev: Optional[torch.device]) -> Tensor:
-    """``t`` flattened, to ``copy_`` into a comm buffer (which casts and moves): the byte view when planned."""
+    """``t`` flattened, to ``copy_`` into a comm buffer (which casts and moves); the byte view if planned."""
     return prepare(t, plan, cdev)[0].reshape(-1) if plan.view else t.reshape(-1)
 
 

@@ -74,7 +74,9 @@ _check_tensor = _args.check_tensor
 # ---------------------------------------------------------------------------
 @collective(2)
 @described(fp.all_reduce)
-def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False) -> Any:
+def all_reduce(
+    data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False
+) -> Any:
     """Reduce ``data`` across all ranks so that every rank gets the result, in place.
 
     ``op`` is one of ``'sum', 'mean', 'product', 'min', 'max', 'band', 'bor',
@@ -97,8 +99,9 @@ def all_reduce(data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = No
             when needed).
         op: the reduce op.
         group: process group (default group if None).
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle] whose ``wait()`` also
-            finishes the copy back (always a handle, whatever the plan and backend).
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]
+            whose ``wait()`` also finishes the copy back (always a handle,
+            whatever the plan and backend).
 
     Returns:
         None, or a handle when ``async_op`` is True.
@@ -167,7 +170,9 @@ def reduce(
 # ---------------------------------------------------------------------------
 @collective(1)
 @described(fp.all_gather)
-def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False) -> Any:
+def all_gather(
+    data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False
+) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
     Shapes may differ across ranks (any ndim): hwdist first exchanges the
@@ -185,7 +190,8 @@ def all_gather(data: Tensor, group: Optional[Any] = None, *, same_shape: bool = 
         data: this rank's tensor.
         group: process group (default group if None).
         same_shape: promise that every rank's ``data`` has the same shape.
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()`` returns the list.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle];
+            ``wait()`` returns the list.
 
     Returns:
         ``list[Tensor]`` in rank order, in ``data``'s dtype and device.
@@ -225,7 +231,8 @@ def gather(
         dst: global rank that receives the list.
         group: process group.
         same_shape: skip the shape exchange.
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()`` returns the list.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle];
+            ``wait()`` returns the list.
 
     Returns:
         On ``dst``: ``list[Tensor]`` in rank order; on other ranks: ``[]``.
@@ -272,7 +279,8 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
         return [flat.numel()], flat
     from .. import registry
 
-    numels = shape_numels(exchange_shapes(tensor, g, registry.resolve(group, tensor.device), "pad_to_largest_tensor"))
+    driver = registry.resolve(group, tensor.device)
+    numels = shape_numels(exchange_shapes(tensor, g, driver, "pad_to_largest_tensor"))
     width = max(numels)
     if flat.numel() < width:
         flat = torch.cat([flat, flat.new_zeros(width - flat.numel())])
@@ -425,7 +433,9 @@ def all_to_all(
     g = view(group)
     ws = g.size
     if not isinstance(input_list, (list, tuple)) or not input_list:
-        raise TypeError(f"all_to_all: input_list must be a list of {ws} tensors, got {type(input_list).__name__}")
+        raise TypeError(
+            f"all_to_all: input_list must be a list of {ws} tensors, got {type(input_list).__name__}"
+        )
     _check_tensor(input_list[0], "input_list[0]", "all_to_all")
     ins = _args.check_tensor_list(input_list, "input_list", "all_to_all", ws, input_list[0])
     outs = _args.check_tensor_list(output_list, "output_list", "all_to_all", ws, input_list[0])
@@ -490,7 +500,9 @@ def isend(data: Tensor, dst: int, group: Optional[Any] = None, tag: int = 0) -> 
 
 
 @collective(2)
-def irecv(data: Tensor, src: Optional[int] = None, group: Optional[Any] = None, tag: int = 0) -> CollectiveHandle:
+def irecv(
+    data: Tensor, src: Optional[int] = None, group: Optional[Any] = None, tag: int = 0
+) -> CollectiveHandle:
     """Start receiving into ``data``; the handle's ``wait()`` copies back and returns the sender rank.
 
     Examples:
