@@ -11,7 +11,7 @@ instead of hanging or returning garbage.
 
 The tensor collectives reach the check through the collective engine's hook
 (``collectives._engine.set_hook``), installed only while the mode is on; the
-mode is a [`settings.Switch`][hwdist.settings.Switch] and each group's call
+mode is a ``settings.Switch`` and each group's call
 numbers live in its state (``hwdist._state``). Cost when off: one global read
 per call. Cost when on: one all_reduce
 (MAX) of ten int32 per collective (a 124-bit digest of the description and
