@@ -198,6 +198,8 @@ class GroupView:
 
     def check_rank(self, value: Any, argname: str, fn: str) -> int:
         """``value`` as a plain int global rank of the group (numpy integers accepted)."""
+        if value.__class__ is int and self.group is None and 0 <= value < torch_dist.get_world_size():
+            return value  # the common case, checked first
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{fn}: {argname} must be an int rank, got {type(value).__name__}: {value!r}")
         value = int(value)
@@ -220,6 +222,27 @@ class GroupView:
         if value == self.rank:
             raise ValueError(f"{fn}: {argname} must be another rank, got this rank ({value})")
         return value
+
+    def _direct(
+        self, op: str, data: Tensor, plan: Plan, root: Optional[int], extra: Any, use_async: bool,
+        async_op: bool,
+    ) -> Any:
+        """A pure pass-through, issued on the caller's tensor (no ``Call``, no copy): the fast path."""
+        result: Any = None
+        if op == "all_reduce":
+            torch_op = TORCH_OPS[plan.reduce_op]  # type: ignore[index]
+            work = torch_dist.all_reduce(data, torch_op, self.group, use_async)
+        elif op == "broadcast":
+            work = torch_dist.broadcast(data, root, self.group, use_async)
+        else:  # all_gather with same_shape=True
+            ws = self.size
+            if ws == 1:  # nothing to communicate
+                return CollectiveHandle(result=[data]) if async_op else [data]
+            result = [torch.empty_like(data) for _ in range(ws)]
+            work = torch_dist.all_gather(result, data, self.group, use_async)
+        if not async_op:
+            return result
+        return CollectiveHandle(work, result=result) if use_async else CollectiveHandle(result=result)
 
     def run(
         self,
@@ -249,8 +272,7 @@ class GroupView:
                     and data.is_contiguous()
                 ):
                     use_async = async_op and driver.supports_async
-                    work = _DIRECT[plan.op](data, plan, root, group, use_async)
-                    return (CollectiveHandle(work) if use_async else CollectiveHandle()) if async_op else None
+                    return self._direct(plan.op, data, plan, root, extra, use_async, async_op)
             else:
                 plan = strategy.plan(driver, data, rop)
         use_async = async_op and driver.supports_async
@@ -423,21 +445,6 @@ def wire_call(
     if reduce_op is not None:
         c.torch_op = TORCH_OPS[reduce_op]
     return c
-
-
-def _direct_all_reduce(data: Tensor, plan: Plan, root: Optional[int], group: Any, a: bool) -> Any:
-    return torch_dist.all_reduce(data, TORCH_OPS[plan.reduce_op], group, a)  # type: ignore[index]
-
-
-def _direct_broadcast(data: Tensor, plan: Plan, root: Optional[int], group: Any, a: bool) -> Any:
-    return torch_dist.broadcast(data, root, group, a)
-
-
-#: Pass-through issue on the caller's tensor, for the ops whose strategy is ``direct``.
-_DIRECT: dict[str, Callable[[Tensor, Plan, Optional[int], Any, bool], Any]] = {
-    "all_reduce": _direct_all_reduce,
-    "broadcast": _direct_broadcast,
-}
 
 
 # ---------------------------------------------------------------------------

@@ -85,8 +85,9 @@ class Gather(Strategy):
     ([`exchange_shapes`][hwdist.collectives._engine.exchange_shapes]).
     """
 
-    def __init__(self, op: str) -> None:
+    def __init__(self, op: str, direct: bool = False) -> None:
         self.op = op
+        self.direct = direct  # only with same_shape=True: no exchange, so a pass-through needs nothing else
 
     def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
         plan = driver.plan(self.op, data.dtype)
@@ -273,6 +274,7 @@ ALL_REDUCE = AllReduce()
 REDUCE = Reduce()
 BROADCAST = Broadcast()
 ALL_GATHER = Gather("all_gather")
+ALL_GATHER_SAME_SHAPE = Gather("all_gather", direct=True)  # the engine may issue a pass-through directly
 GATHER = Gather("gather")
 SCATTER = Scatter()
 REDUCE_SCATTER = ReduceScatter()

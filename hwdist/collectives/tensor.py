@@ -35,6 +35,7 @@ from ._engine import described, exchange_shapes, shape_numels, view
 from ._handle import CollectiveHandle
 from ._strategies import (
     ALL_GATHER,
+    ALL_GATHER_SAME_SHAPE,
     ALL_REDUCE,
     BARRIER,
     BROADCAST,
@@ -204,7 +205,8 @@ def all_gather(
         >>> # rank 1: [tensor([0]), tensor([0, 1])]
     """
     _check_tensor(data, "data", "all_gather")
-    return view(group).run(ALL_GATHER, data, async_op, extra=same_shape)
+    strategy = ALL_GATHER_SAME_SHAPE if same_shape else ALL_GATHER
+    return view(group).run(strategy, data, async_op, extra=same_shape)
 
 
 @collective(2)
