@@ -519,6 +519,7 @@ def irecv(
 # ---------------------------------------------------------------------------
 # helpers from mmengine / vis4d
 # ---------------------------------------------------------------------------
+@collective(0)
 def sync_random_seed(group: Optional[Any] = None) -> int:
     """A random seed drawn on the group's first rank and shared with every rank.
 
@@ -543,6 +544,7 @@ def sync_random_seed(group: Optional[Any] = None) -> int:
     return int(t.item())
 
 
+@collective(1)
 def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     """The mean of ``tensor`` over the ranks, as a new tensor (the input is unchanged).
 
