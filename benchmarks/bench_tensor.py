@@ -262,31 +262,38 @@ def bench_solo_rank(quick: bool) -> list[dict[str, Any]]:
     return [row]
 
 
+def _passthrough_cases(t: torch.Tensor, ws: int) -> dict[str, dict[str, Callable[[], Any]]]:
+    """hwdist and raw torch for each pass-through case on ``t``."""
+
+    def raw_gather() -> None:
+        out = [torch.empty_like(t) for _ in range(ws)]
+        tdist.all_gather(out, t)
+
+    return {
+        "all_reduce": {"hw": lambda: hwdist.all_reduce(t), "raw": lambda: tdist.all_reduce(t)},
+        "all_reduce async_op=True + wait": {
+            "hw": lambda: hwdist.all_reduce(t, async_op=True).wait(),
+            "raw": lambda: tdist.all_reduce(t, async_op=True).wait(),
+        },
+        "broadcast": {"hw": lambda: hwdist.broadcast(t, 0), "raw": lambda: tdist.broadcast(t, 0)},
+        "all_gather same_shape=True": {
+            "hw": lambda: hwdist.all_gather(t, same_shape=True),
+            "raw": raw_gather,
+        },
+    }
+
+
 def bench_passthrough(quick: bool) -> list[dict[str, Any]]:
     """The pass-through rows: hwdist vs raw torch, each case with its own noise-floor row (raw vs raw)."""
     ws = tdist.get_world_size()
     rows: list[dict[str, Any]] = []
     for nbytes in (4 * KiB, MiB):
-        t = torch.ones(nbytes // 4)
         iters = _iters_for(nbytes, quick)[0]
         samples = 7 if quick else 51
-
-        def raw_gather() -> None:
-            out = [torch.empty_like(t) for _ in range(ws)]
-            tdist.all_gather(out, t)
-
-        cases: dict[str, dict[str, Callable[[], Any]]] = {
-            "all_reduce": {"hw": lambda: hwdist.all_reduce(t), "raw": lambda: tdist.all_reduce(t)},
-            "all_reduce async_op=True + wait": {
-                "hw": lambda: hwdist.all_reduce(t, async_op=True).wait(),
-                "raw": lambda: tdist.all_reduce(t, async_op=True).wait(),
-            },
-            "broadcast": {"hw": lambda: hwdist.broadcast(t, 0), "raw": lambda: tdist.broadcast(t, 0)},
-            "all_gather same_shape=True": {"hw": lambda: hwdist.all_gather(t, same_shape=True), "raw": raw_gather},
-        }
-        for name, pair in cases.items():
+        for name, pair in _passthrough_cases(torch.ones(nbytes // 4), ws).items():
             raw = pair["raw"]
-            times = measure({"hw": pair["hw"], "raw": raw, "raw_again": lambda raw=raw: raw()}, iters, samples)
+            cases: dict[str, Callable[[], Any]] = {"hw": pair["hw"], "raw": raw, "raw_again": raw}
+            times = measure(cases, iters, samples)
             rows.append(_row(f"{name} {_size(nbytes)}", times, "hw", "raw"))
             rows.append(_row(f"control: raw {name} {_size(nbytes)} vs itself", times, "raw_again", "raw"))
     return rows

@@ -57,9 +57,11 @@ def _async_everywhere() -> dict:
         hwdist.all_gather(torch.arange(r + 1), async_op=True),
         lambda res: [x.tolist() for x in res],
     )
-    handle("gather", hwdist.gather(torch.tensor([r]), dst=0, async_op=True), lambda res: [x.tolist() for x in res])
+    lists = lambda res: [x.tolist() for x in res]  # noqa: E731
+    handle("gather", hwdist.gather(torch.tensor([r]), dst=0, async_op=True), lists)
     d = torch.tensor([r + 1], dtype=torch.int32)
-    handle("reduce", hwdist.reduce(d, dst=0, op="max", async_op=True), lambda res: (res, d.tolist() if r == 0 else None))
+    on_dst = lambda res: (res, d.tolist() if r == 0 else None)  # noqa: E731
+    handle("reduce", hwdist.reduce(d, dst=0, op="max", async_op=True), on_dst)
     s = torch.zeros(1)
     lst = [torch.tensor([float(i)]) for i in range(ws)] if r == 0 else None
     handle("scatter", hwdist.scatter(s, lst, src=0, async_op=True), lambda res: (res, s.tolist()))
@@ -210,7 +212,9 @@ def test_verification_is_a_hook_of_the_engine(dist, world_size, backend):
         if world_size == 1:
             assert got["mismatch"] is None  # nothing to compare with
         else:
-            text = "data: " + "; ".join(f"rank {r}: float32[{2 if r == 1 else 1}]@cpu" for r in range(world_size))
+            text = "data: " + "; ".join(
+                f"rank {r}: float32[{2 if r == 1 else 1}]@cpu" for r in range(world_size)
+            )
             assert text in got["mismatch"], got["mismatch"]
 
 
