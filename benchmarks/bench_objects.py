@@ -142,15 +142,50 @@ def _cases(quick: bool) -> dict[str, float]:
 
 #: (label, hwdist key, torch key, target ratio or None)
 ROWS = [
-    ("all_gather_object, 32 MiB numpy array", "big/hwdist all_gather_object", "big/torch all_gather_object", 0.25),
-    ("gather_object, 32 MiB numpy array (vs torch all_gather_object)", "big/hwdist gather_object", "big/torch all_gather_object", 0.25),
-    ("gather_object, 32 MiB numpy array (vs torch gather_object)", "big/hwdist gather_object", "big/torch gather_object", None),
-    ("collect_results, 20k dicts (comm)", "results/hwdist collect_results(comm)", "results/torch gather_object", 1.0),
-    ("collect_results, 20k dicts (tmpdir)", "results/hwdist collect_results(tmpdir)", "results/torch gather_object", 1.0),
-    ("collect_results, 20k dicts (comm) vs mmengine cpu", "results/hwdist collect_results(comm)", "results/mmengine collect_results(cpu)", 0.5),
+    (
+        "all_gather_object, 32 MiB numpy array",
+        "big/hwdist all_gather_object",
+        "big/torch all_gather_object",
+        0.25,
+    ),
+    (
+        "gather_object, 32 MiB numpy array (vs torch all_gather_object)",
+        "big/hwdist gather_object",
+        "big/torch all_gather_object",
+        0.25,
+    ),
+    (
+        "gather_object, 32 MiB numpy array (vs torch gather_object)",
+        "big/hwdist gather_object",
+        "big/torch gather_object",
+        None,
+    ),
+    (
+        "collect_results, 20k dicts (comm)",
+        "results/hwdist collect_results(comm)",
+        "results/torch gather_object",
+        1.0,
+    ),
+    (
+        "collect_results, 20k dicts (tmpdir)",
+        "results/hwdist collect_results(tmpdir)",
+        "results/torch gather_object",
+        1.0,
+    ),
+    (
+        "collect_results, 20k dicts (comm) vs mmengine cpu",
+        "results/hwdist collect_results(comm)",
+        "results/mmengine collect_results(cpu)",
+        0.5,
+    ),
     ("all_gather_object, small dict", "small/hwdist all_gather_object", "small/torch all_gather_object", 1.0),
     ("gather_object, small dict", "small/hwdist gather_object", "small/torch gather_object", 1.0),
-    ("broadcast_object_list, small dict", "small/hwdist broadcast_object_list", "small/torch broadcast_object_list", 1.0),
+    (
+        "broadcast_object_list, small dict",
+        "small/hwdist broadcast_object_list",
+        "small/torch broadcast_object_list",
+        1.0,
+    ),
 ]
 
 
@@ -170,7 +205,9 @@ def table(results: dict[int, dict[str, float]]) -> str:
                 continue
             ratio = res[ours] / res[theirs]
             mark = "" if target is None else (f"<= {target:g}x " + ("ok" if ratio <= target else "MISSED"))
-            lines.append(f"| {world} | {label} | {_fmt(res[ours])} | {_fmt(res[theirs])} | {ratio:.2f}x | {mark} |")
+            lines.append(
+                f"| {world} | {label} | {_fmt(res[ours])} | {_fmt(res[theirs])} | {ratio:.2f}x | {mark} |"
+            )
     return "\n".join(lines)
 
 

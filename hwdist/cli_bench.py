@@ -128,8 +128,6 @@ def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Cas
 
     import hwdist
 
-    from .checks import _out_first_or_returning
-
     n, rank = hwdist.get_world_size(), hwdist.get_rank()
     dev = hwdist.get_comm_device()
     per = count // n
@@ -170,14 +168,14 @@ def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Cas
     if op == "reduce_scatter":
         ins = [data(rank, per, shift=j) for j in range(n)]
         out = torch.zeros(per, dtype=dtype, device=dev)
-        call = (lambda: _out_first_or_returning(fn, out, ins)) if fn else (lambda: tdist.reduce_scatter(out, ins))
+        call = (lambda: fn(out, ins)) if fn else (lambda: tdist.reduce_scatter(out, ins))
         got = (lambda ret: [ret if isinstance(ret, torch.Tensor) else out])
         return call, got, lambda: [total(per, shift=rank)]
     if op == "all_to_all":
         m = max(per // n, 1)
         ins = [data(rank, m, shift=2 * j) for j in range(n)]
         outs = [torch.empty_like(t) for t in ins]
-        call = (lambda: _out_first_or_returning(fn, outs, ins)) if fn else (lambda: tdist.all_to_all(outs, ins))
+        call = (lambda: fn(outs, ins)) if fn else (lambda: tdist.all_to_all(outs, ins))
         got = (lambda ret: list(ret) if isinstance(ret, (list, tuple)) else outs)
         return call, got, lambda: [_pattern(j, m, shift=2 * rank) for j in range(n)]
     raise ValueError(f"unknown op {op!r}")

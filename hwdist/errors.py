@@ -22,6 +22,10 @@ __all__ = [
     "CollectiveArgumentError",
     "PeerFailure",
     "UnpicklingRefused",
+    "ArgumentAssertionError",
+    "NotInitializedError",
+    "LegacyBackendError",
+    "MissingPackageError",
 ]
 
 
@@ -82,3 +86,29 @@ class UnpicklingRefused(HwdistError, pickle.UnpicklingError):
 
     Nothing the payload named was called, and no object outside the payload was changed.
     """
+
+
+class ArgumentAssertionError(CollectiveArgumentError, AssertionError):
+    """A bad argument that the API hwdist stands in for rejected with ``assert``.
+
+    mmengine checks ``all_reduce_dict``'s and ``broadcast_object_list``'s
+    arguments with ``assert``; code that catches ``AssertionError`` around them
+    keeps working, and code that catches hwdist's ``TypeError`` /
+    [`CollectiveArgumentError`][hwdist.errors.CollectiveArgumentError] does too.
+    """
+
+
+class NotInitializedError(HwdistError, AssertionError, RuntimeError):
+    """A call that needs a process group, made before one exists.
+
+    An ``AssertionError`` because the torch 0.3/0.4 API asserted it
+    ([`hwdist.compat.legacy`][hwdist.compat.legacy]); a ``RuntimeError`` as today's torch raises.
+    """
+
+
+class LegacyBackendError(BackendError, RuntimeError):
+    """A backend name or id the legacy ``init_process_group`` cannot use (it raised ``RuntimeError``)."""
+
+
+class MissingPackageError(HwdistError, ImportError):
+    """An optional package a call needs is not installed (the message says which one to install)."""

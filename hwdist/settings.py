@@ -46,7 +46,10 @@ SETTINGS: dict[str, Setting] = {
             "HWDIST_OBJECT_PATH", "choice", "portable", "object collectives: hwdist's portable path or torch's own",
             ("portable", "native"),
         ),
-        Setting("HWDIST_TEST_BACKENDS", "text", "gloo,emu", "pytest plugin: the backends the dist fixtures run on"),
+        Setting(
+            "HWDIST_TEST_BACKENDS", "text", "",
+            "pytest plugin: the backends the dist fixtures run on (default: the CPU one and the emulated accelerator)",
+        ),
         Setting("HWDIST_TEST_WORLD_SIZES", "text", "1,2,3", "pytest plugin: the world sizes the dist fixtures run"),
         Setting("HWDIST_TEST_MAX_POOLS", "integer", "6", "pytest plugin: rank pools kept alive at once"),
         Setting("HWDIST_TEST_TIMEOUT", "number", "120", "testing harness: seconds one multi-rank call may take"),

@@ -19,8 +19,9 @@ values to a constructor unchecked:
 * nesting that CPython cannot hash or free without deep C recursion is
   refused.
 
-Everything that is not accepted raises [`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused]. The trust
-model is described in ``docs/objects.md`` and ``docs/reliability.md``.
+Everything that is not accepted raises
+[`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused].
+The trust model is described in ``docs/objects.md`` and ``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -48,14 +49,34 @@ from ._restricted_checks import (
 )
 from ._restricted_opcodes import _DISPATCH
 
-__all__ = ["UnpicklingRefused", "RestrictedUnpickler", "register_safe_class", "safe_globals", "restricted_loads"]
+__all__ = [
+    "UnpicklingRefused",
+    "RestrictedUnpickler",
+    "register_safe_class",
+    "safe_globals",
+    "restricted_loads",
+]
 
 # ---- the allow-list -------------------------------------------------------------------
 
 _SAFE_BUILTINS = frozenset(
     {
-        "bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int",
-        "list", "range", "set", "slice", "str", "tuple", "NoneType", "Ellipsis",
+        "bool",
+        "bytearray",
+        "bytes",
+        "complex",
+        "dict",
+        "float",
+        "frozenset",
+        "int",
+        "list",
+        "range",
+        "set",
+        "slice",
+        "str",
+        "tuple",
+        "NoneType",
+        "Ellipsis",
         "NotImplemented",
     }
 )
@@ -117,11 +138,14 @@ def _pair(where: str, item: Union[type, Callable[..., Any], str]) -> tuple[str, 
         if not module or not name:
             raise ValueError(f"{where}: expected 'module.QualName', got {item!r}")
         return module, name
-    module = getattr(item, "__module__", None)
-    name = getattr(item, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(name, str) or not module or not name:
-        raise TypeError(f"{where}: expected a class, function or 'module.QualName' string, got {type(item).__name__}: {item!r}")
-    return module, name
+    owner = getattr(item, "__module__", None)
+    qualname = getattr(item, "__qualname__", None)
+    if not isinstance(owner, str) or not isinstance(qualname, str) or not owner or not qualname:
+        raise TypeError(
+            f"{where}: expected a class, function or 'module.QualName' string,"
+            f" got {type(item).__name__}: {item!r}"
+        )
+    return owner, qualname
 
 
 def safe_globals() -> frozenset[tuple[str, str]]:
@@ -131,6 +155,7 @@ def safe_globals() -> frozenset[tuple[str, str]]:
 
 
 # ---- the interpreter ------------------------------------------------------------------------
+
 
 class _Loader:
     """One run of the restricted pickle interpreter over ``data``."""
@@ -180,7 +205,9 @@ class _Loader:
 
     def check_unsafe_child(self, where: str, x: Any) -> None:
         if isinstance(x, _UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
-            raise _refuse(f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)")
+            raise _refuse(
+                f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)"
+            )
 
     # -- reading
     def read(self, n: int) -> bytes:
@@ -277,11 +304,15 @@ class _Loader:
                     self.memo[key] = obj
             return
         if isinstance(inst, type):
-            raise _refuse(f"BUILD on the class {_describe(inst)}: it would change the class for the whole process")
+            raise _refuse(
+                f"BUILD on the class {_describe(inst)}: it would change the class for the whole process"
+            )
         if self.trusted(type(inst)):
             _set_state(inst, state)
         elif not (state is None or (type(state) is dict and not state)):
-            raise _refuse(f"setting state on a {_describe(type(inst))} is not allowed (only on registered classes)")
+            raise _refuse(
+                f"setting state on a {_describe(type(inst))} is not allowed (only on registered classes)"
+            )
 
     def memoize(self, key: int) -> None:
         value = self.top()
@@ -312,7 +343,6 @@ class _Loader:
             raise
         except Exception as exc:  # the payload's data made a check or a constructor fail
             raise _refuse(f"at byte {self.pos - 1}: {type(exc).__name__}: {exc}") from None
-
 
 
 def _set_state(inst: Any, state: Any) -> None:
@@ -354,22 +384,34 @@ class RestrictedUnpickler:
         [1, 'a']
     """
 
-    def __init__(self, file: Any, *, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self, file: Any, *, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()
+    ) -> None:
         self._file = file
         self._buffers = buffers
         self._extra = tuple(extra)
 
     def find_class(self, module: str, name: str) -> Any:
-        """What ``module.name`` resolves to, or [`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused] when it is not allowed."""
+        """What ``module.name`` resolves to.
+
+        Raises:
+            UnpicklingRefused: it is not allowed.
+        """
         return _Loader(b"", None, self._extra).find_class(module, name)
 
     def load(self) -> Any:
-        """The object in the stream; [`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused] for anything not accepted."""
+        """The object in the stream.
+
+        Raises:
+            UnpicklingRefused: for anything not accepted.
+        """
         return _Loader(bytes(self._file.read()), self._buffers, self._extra).load()
 
 
 def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
-    """``pickle.loads`` through the restricted unpickler ([`RestrictedUnpickler`][hwdist.collectives._restricted.RestrictedUnpickler]).
+    """``pickle.loads`` through the restricted unpickler.
+
+    See [`RestrictedUnpickler`][hwdist.collectives._restricted.RestrictedUnpickler].
 
     Examples:
         >>> hwdist.restricted_loads(pickle.dumps({"a": np.arange(3)}))

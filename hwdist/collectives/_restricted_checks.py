@@ -58,7 +58,9 @@ class _Pending:
     __slots__ = ("finish", "keys", "done")
 
     def __init__(self, finish: Callable[[_Loader, Any], Any]) -> None:
-        self.finish, self.keys, self.done = finish, [], False
+        self.finish = finish
+        self.keys: list[Any] = []
+        self.done = False
 
     def __repr__(self) -> str:
         return "<unfinished restricted object>"
@@ -79,7 +81,9 @@ def _int(name: str, x: Any, lo: int = 0) -> int:
 def _shape(name: str, shape: Any) -> tuple[int, int]:
     """``(ndim, number of elements)`` of a checked shape."""
     if type(shape) not in (tuple, list, torch.Size) or len(shape) > _MAX_DIMS:
-        raise _refuse(f"{name}: shape must be a tuple of at most {_MAX_DIMS} ints, got {type(shape).__name__}")
+        raise _refuse(
+            f"{name}: shape must be a tuple of at most {_MAX_DIMS} ints, got {type(shape).__name__}"
+        )
     count = 1
     for d in shape:
         count *= _int(f"{name}: shape entry", d)
@@ -118,7 +122,13 @@ def _array_dtype(name: str, dt: Any, allow_object: bool = False) -> np.dtype:
     if isinstance(dt, np.dtype) and dt.fields is not None and dt.kind == "V":
         if all(_plain_dtype(f[0]) and f[0].kind != "b" and len(f) == 2 for f in dt.fields.values()):
             return dt
-    if allow_object and isinstance(dt, np.dtype) and dt.kind == "O" and dt.fields is None and dt.metadata is None:
+    if (
+        allow_object
+        and isinstance(dt, np.dtype)
+        and dt.kind == "O"
+        and dt.fields is None
+        and dt.metadata is None
+    ):
         return dt
     raise _refuse(
         f"{name}: dtype {dt!r} is not a plain numeric dtype (bool, int, uint, float, complex, or a record of"
@@ -144,8 +154,14 @@ def _np_dtype_state(spec: str, state: Any) -> np.dtype:
     if type(state) is not tuple or len(state) not in (8, 9) or state[0] not in (3, 4):
         raise _refuse("numpy.dtype state must be numpy's 8-tuple (version 3 or 4)")
     endian, subarray, names, fields, elsize = state[1:6]
-    if endian not in ("<", ">", "|", "=") or subarray is not None or (len(state) == 9 and state[8] is not None):
-        raise _refuse(f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted")
+    if (
+        endian not in ("<", ">", "|", "=")
+        or subarray is not None
+        or (len(state) == 9 and state[8] is not None)
+    ):
+        raise _refuse(
+            f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted"
+        )
     if spec[0] == "V":
         if type(names) is not tuple or not names or type(fields) is not dict or len(fields) != len(names):
             raise _refuse(f"numpy.dtype {spec!r}: a record needs names and fields")
@@ -158,7 +174,9 @@ def _np_dtype_state(spec: str, state: Any) -> np.dtype:
             dt = _array_dtype(f"numpy.dtype field {key!r}", entry[0])
             off = _int(f"numpy.dtype field {key!r} offset", entry[1])
             if dt.fields is not None or dt.kind == "b" or off + dt.itemsize > itemsize:
-                raise _refuse(f"numpy.dtype {spec!r}: field {key!r} does not fit a plain field in {itemsize} bytes")
+                raise _refuse(
+                    f"numpy.dtype {spec!r}: field {key!r} does not fit a plain field in {itemsize} bytes"
+                )
             formats.append(dt)
             offsets.append(off)
         return np.dtype({"names": list(names), "formats": formats, "offsets": offsets, "itemsize": itemsize})
@@ -189,12 +207,15 @@ def _np_array_state(u: _Loader, state: Any) -> np.ndarray:
         u.charge(count)
         for x in raw:
             u.check_unsafe_child("numpy object array", x)
-        out = np.fromiter(raw, dtype=object, count=count).reshape(shape, order=order)
+        flat: Any = np.fromiter(raw, dtype=object, count=count)
+        out = flat.reshape(shape, order=order)
         u.mark_unsafe(out)
         return out
     view = _byte_view("numpy array data", raw)
     if view.nbytes != count * dt.itemsize:
-        raise _refuse(f"numpy array: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}")
+        raise _refuse(
+            f"numpy array: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}"
+        )
     u.charge(view.nbytes)
     if dt.kind == "b":
         _check_bool_bytes("numpy array", view)
@@ -213,7 +234,10 @@ def _np_frombuffer(u: _Loader, args: tuple) -> np.ndarray:
     if order not in ("C", "F"):
         raise _refuse(f"numpy _frombuffer: order must be 'C' or 'F', got {order!r}")
     if view.nbytes != count * dt.itemsize:
-        raise _refuse(f"numpy _frombuffer: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}")
+        raise _refuse(
+            f"numpy _frombuffer: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes,"
+            f" got {view.nbytes}"
+        )
     u.charge(view.nbytes)
     if dt.kind == "b":
         _check_bool_bytes("numpy _frombuffer", view)
@@ -236,9 +260,25 @@ def _np_scalar(u: _Loader, args: tuple) -> Any:
 _TORCH_DTYPES = {
     name: getattr(torch, name)
     for name in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
     )
     if isinstance(getattr(torch, name, None), torch.dtype)
 }
@@ -253,9 +293,13 @@ def _tensor(u: _Loader, args: tuple) -> torch.Tensor:
         raise _refuse(f"tensor dtype {name!r} is not one of {', '.join(sorted(_TORCH_DTYPES))}")
     _, count = _shape("tensor", shape)
     if view.nbytes != count * dt.itemsize:
-        raise _refuse(f"tensor: shape {tuple(shape)} of {name} needs {count * dt.itemsize} bytes, got {view.nbytes}")
+        raise _refuse(
+            f"tensor: shape {tuple(shape)} of {name} needs {count * dt.itemsize} bytes, got {view.nbytes}"
+        )
     if type(requires_grad) is not bool or (requires_grad and not (dt.is_floating_point or dt.is_complex)):
-        raise _refuse(f"tensor: requires_grad must be a bool (True only for float or complex), got {requires_grad!r}")
+        raise _refuse(
+            f"tensor: requires_grad must be a bool (True only for float or complex), got {requires_grad!r}"
+        )
     u.charge(view.nbytes)
     if dt is torch.bool:
         _check_bool_bytes("tensor", view)
@@ -283,7 +327,11 @@ def _size(u: _Loader, args: tuple) -> torch.Size:
 
 def _device(u: _Loader, args: tuple) -> torch.device:
     _arity("torch.device", args, 1, 2)
-    if type(args[0]) is not str or len(args[0]) > 64 or (len(args) == 2 and args[1] is not None and type(args[1]) is not int):
+    if (
+        type(args[0]) is not str
+        or len(args[0]) > 64
+        or (len(args) == 2 and args[1] is not None and type(args[1]) is not int)
+    ):
         raise _refuse("torch.device takes (type string, index)")
     return torch.device(*args)
 
@@ -351,7 +399,9 @@ def _slice(u: _Loader, args: tuple) -> slice:
 
 def _mapping(cls: type) -> Callable[[_Loader, tuple], Any]:
     def build(u: _Loader, args: tuple) -> Any:
-        _primitive(cls.__name__, args, 0, 1, (dict, list, tuple) if cls is not collections.Counter else (dict,))
+        _primitive(
+            cls.__name__, args, 0, 1, (dict, list, tuple) if cls is not collections.Counter else (dict,)
+        )
         if args:
             u.charge(len(args[0]))
         return cls(*args)
@@ -367,7 +417,7 @@ def _defaultdict(u: _Loader, args: tuple) -> collections.defaultdict:
     rest = _primitive("defaultdict", args[1:], 0, 1, (dict, list))
     if rest:
         u.charge(len(rest[0]))
-        for v in (rest[0].values() if type(rest[0]) is dict else ()):
+        for v in rest[0].values() if type(rest[0]) is dict else ():
             u.check_unsafe_child("defaultdict", v)
     out = collections.defaultdict(factory, *rest)
     u.mark_unsafe(out)
@@ -376,13 +426,15 @@ def _defaultdict(u: _Loader, args: tuple) -> collections.defaultdict:
 
 def _deque(u: _Loader, args: tuple) -> collections.deque:
     _primitive("deque", args, 0, 2, (list, tuple, int, type(None)))
-    if (args and type(args[0]) is int) or (len(args) == 2 and type(args[1]) is not int and args[1] is not None):
+    if (args and type(args[0]) is int) or (
+        len(args) == 2 and type(args[1]) is not int and args[1] is not None
+    ):
         raise _refuse("deque takes (items, maxlen)")
     if args:
         u.charge(len(args[0]))
         for x in args[0]:
             u.check_unsafe_child("deque", x)
-    out = collections.deque(*args)
+    out: collections.deque[Any] = collections.deque(*args)
     u.mark_unsafe(out)
     return out
 
@@ -451,12 +503,27 @@ _CALLS: dict[Any, Callable[[_Loader, tuple], Any]] = {
     np.dtype: _np_dtype,
 }
 _FACTORIES = frozenset(
-    {int, float, complex, str, bytes, bool, list, dict, set, frozenset, tuple, collections.OrderedDict,
-     collections.Counter, decimal.Decimal, fractions.Fraction}
+    {
+        int,
+        float,
+        complex,
+        str,
+        bytes,
+        bool,
+        list,
+        dict,
+        set,
+        frozenset,
+        tuple,
+        collections.OrderedDict,
+        collections.Counter,
+        decimal.Decimal,
+        fractions.Fraction,
+    }
 )
 #: Containers whose deallocation recurses in C without CPython's trashcan: never directly nested.
 _UNSAFE_NESTING = (collections.deque, collections.defaultdict, np.ndarray)
-_HANDLERS = {
+_HANDLERS: dict[tuple[str, str], Callable[[_Loader, tuple], Any]] = {
     ("torch._utils", "_rebuild_parameter"): _parameter,
     ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
     (_SERIALIZATION, "_rebuild_tensor"): _tensor,
@@ -491,6 +558,7 @@ def _hashable_in(x: Any, table: Any) -> bool:
         return x in table
     except TypeError:
         return False
+
 
 def _describe(obj: Any) -> str:
     if isinstance(obj, (type, _Handler)) or callable(obj):

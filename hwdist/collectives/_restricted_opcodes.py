@@ -314,7 +314,9 @@ _DISPATCH: dict[int, Callable[[_Loader], None]] = {
         "C": _op_counted("", 1, bytes),
         "\x8e": _op_counted("<Q", 8, bytes),
         "\x96": _op_counted("<Q", 8, bytearray),
-        "V": _push(lambda u: codecs.raw_unicode_escape_decode(u.readline())[0]),  # no codec lookup (no import)
+        "V": _push(
+            lambda u: codecs.raw_unicode_escape_decode(u.readline())[0]
+        ),  # no codec lookup (no import)
         "X": _op_counted("<I", 4, _utf8),
         "\x8c": _op_counted("", 1, _utf8),
         "\x8d": _op_counted("<Q", 8, _utf8),

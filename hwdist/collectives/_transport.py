@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from .. import registry
 from ..drivers.base import byte_carrier
+from ..errors import PlanError
 from ._engine import issue, view, wire_call
 
 Tensor = torch.Tensor
@@ -123,6 +125,20 @@ def _gather_padded(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any
     issue(wire_call(group, "all_gather", send=inp.view(carrier), recv=chunks))
 
 
+def gather_equal(buf: Tensor, group: Any = None, driver: Any = None) -> Tensor:
+    """Every rank's ``buf`` (uint8, the same length on every rank, a multiple of 8): one all_gather.
+
+    No length exchange: the caller guarantees the length (e.g. a predicted size,
+    [`_sizes`][hwdist.collectives._sizes]). Returns a ``(world, len)`` uint8 tensor on CPU.
+    """
+    driver = driver if driver is not None else registry.resolve(group)
+    world = _world(group)
+    dev = driver.comm_device()
+    out = torch.empty(world * buf.numel(), dtype=torch.uint8, device=dev)
+    _gather_padded(out, buf.reshape(-1).to(dev), group, driver)
+    return out.cpu().view(world, buf.numel())
+
+
 def gather_bytes(data: bytes, group: Any = None, driver: Any = None) -> list[bytes]:
     """Every rank's ``data`` (any lengths): the lengths first, then one padded all_gather.
 
@@ -163,3 +179,129 @@ def broadcast_bytes(data: Optional[bytes], src: int, group: Any = None, driver: 
         buf = torch.empty(width, dtype=torch.uint8, device=dev)
     issue(wire_call(group, "broadcast", send=buf.view(carrier), root=src))
     return buf.cpu().numpy().tobytes()[:n]
+
+
+# ---- bytes of a size every rank already knows (object collectives, results collection) ----------
+
+#: Waits for one issued work: ``wait(work, p2p)``. With no waiter the exchange is issued blocking.
+Waiter = Callable[[Any, bool], None]
+
+_ITEMSIZE: dict[torch.dtype, int] = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
+def _wire(data: np.ndarray, carrier: torch.dtype, dev: torch.device) -> Tensor:
+    # uint8 bytes as a tensor of the carrier dtype on ``dev``, zero-padded to a whole carrier element
+    t = torch.from_numpy(data)
+    k = _itemsize(carrier)
+    if k > 1:
+        pad = -t.numel() % k
+        if pad:
+            t = torch.cat([t, t.new_zeros(pad)])
+        t = t.view(carrier)
+    return t if t.device == dev else t.to(dev)
+
+
+def _room(n: int, carrier: torch.dtype, dev: torch.device) -> Tensor:
+    return torch.empty(-(-n // _itemsize(carrier)), dtype=carrier, device=dev)
+
+
+def _host(t: Tensor, n: int) -> np.ndarray:
+    host = t.cpu().numpy() if t.dtype == torch.uint8 else t.view(torch.uint8).cpu().numpy()
+    return host if host.size == n else host[:n]
+
+
+def _settle(work: Any, wait: Optional[Waiter], p2p: bool) -> None:
+    if wait is not None:
+        wait(work, p2p)
+    elif work is not None:
+        work.wait()
+
+
+def carries(driver: Any, op: str) -> bool:
+    """Whether ``driver`` moves bytes for ``op`` ('all_gather', 'broadcast', 'send', 'recv')."""
+    try:
+        byte_carrier(driver, op)
+    except PlanError:
+        return False
+    return True
+
+
+def gather_rows(
+    data: np.ndarray, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> np.ndarray:
+    """Every rank's ``data`` (uint8, the same length on every rank) as the rows of one array: one all_gather.
+
+    Args:
+        data: this rank's bytes.
+        group: the process group (None: the default group).
+        driver: the group's driver when the caller already has it.
+        wait: waits for the issued work (None: issued blocking).
+
+    Returns:
+        A ``(world, len(data))`` uint8 array, rows in group-rank order.
+    """
+    driver = driver if driver is not None else registry.resolve(group)
+    world = _world(group)
+    dev = driver.comm_device()
+    carrier = byte_carrier(driver, "all_gather")
+    n = data.size
+    inp = _wire(data, carrier, dev)
+    out = torch.empty(inp.numel() * world, dtype=carrier, device=dev)
+    work = issue(wire_call(group, "all_gather", send=inp, recv=list(out.chunk(world))), wait is not None)
+    _settle(work, wait, False)
+    width = inp.numel() * _itemsize(carrier)
+    rows = _host(out, width * world).reshape(world, width)
+    return rows if width == n else rows[:, :n]
+
+
+def broadcast_sized(
+    data: Optional[np.ndarray],
+    n: int,
+    src: int,
+    group: Any = None,
+    driver: Any = None,
+    wait: Optional[Waiter] = None,
+) -> np.ndarray:
+    """The ``n`` bytes of global rank ``src`` on every rank (every rank knows ``n``): one broadcast.
+
+    Args:
+        data: the bytes on ``src`` (``n`` of them; ignored elsewhere, pass None).
+        n: their length.
+        src: the global rank that sends.
+
+    Returns:
+        The bytes (``data`` itself on ``src``).
+    """
+    driver = driver if driver is not None else registry.resolve(group)
+    dev = driver.comm_device()
+    carrier = byte_carrier(driver, "broadcast")
+    t = _wire(data, carrier, dev) if data is not None else _room(n, carrier, dev)
+    work = issue(wire_call(group, "broadcast", send=t, root=src), wait is not None)
+    _settle(work, wait, False)
+    return data if data is not None else _host(t, n)
+
+
+def send_bytes(
+    data: np.ndarray, dst: int, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> None:
+    """Send ``data`` (uint8) to global rank ``dst``, which receives it with ``recv_bytes(len(data), ...)``."""
+    driver = driver if driver is not None else registry.resolve(group)
+    t = _wire(data, byte_carrier(driver, "send"), driver.comm_device())
+    _settle(issue(wire_call(group, "send", send=t, root=dst), True), wait, True)
+
+
+def recv_bytes(
+    n: int, src: int, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> np.ndarray:
+    """``n`` bytes from global rank ``src``, sent with ``send_bytes``."""
+    driver = driver if driver is not None else registry.resolve(group)
+    t = _room(n, byte_carrier(driver, "recv"), driver.comm_device())
+    _settle(issue(wire_call(group, "recv", send=t, root=src), True), wait, True)
+    return _host(t, n)

@@ -20,6 +20,7 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from .. import verify as _verify_mode
 from ..drivers.base import Plan, Post
+from ..errors import ArgumentAssertionError
 from . import _layouts, _transport
 from ._calls import collective
 from . import tensor as _t
@@ -200,7 +201,7 @@ def all_reduce_dict(data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Op
     except ValueError as exc:
         bad, rop = exc, "sum"
     if bad is None and type(data) is not dict and not isinstance(data, MutableMapping):
-        bad = TypeError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")
+        bad = ArgumentAssertionError(f"all_reduce_dict: data must be a dict of tensors, got {type(data).__name__}")  # noqa: E501
     ws = 1
     if torch_dist.is_initialized():
         hist = _layouts.history(group if group is not None else _compat.default_group())

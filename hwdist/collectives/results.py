@@ -31,28 +31,12 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import verify as _verify
+from .. import verify
+from ..errors import CollectiveArgumentError, ObjectCollectiveError
 from . import serialization as _ser
-from .objects import (
-    _ARGUMENT,
-    _IO,
-    _OPS,
-    _SERIALIZE,
-    INLINE_BYTES,
-    CollectiveArgumentError,
-    ObjectCollectiveError,
-    _Comm,
-    _CONFIRM,
-    _decode,
-    _Decoder,
-    _describe,
-    _failure_record,
-    _LocalFailure,
-    _closing_status,
-    _make_record,
-    _may_refuse,
-    _world,
-)
+from ._calls import collective
+from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, describe, may_refuse, world_size
+from ._records import ARGUMENT, INLINE_BYTES, IO, OPS, SERIALIZE, LocalFailure, failure_record, make_record
 from .serialization import Frame, MapLocation, Serializer
 
 __all__ = ["collect_results", "collect_results_cpu", "collect_results_gpu", "create_tmpdir"]
@@ -69,9 +53,9 @@ _PRIVATE = 0o700
 
 def _check_args(result_part: Any, size: Any) -> list[Any]:
     if not isinstance(result_part, Sequence) or isinstance(result_part, (str, bytes)):
-        raise _LocalFailure(_ARGUMENT, f"results must be a list, got {type(result_part).__name__}")
+        raise LocalFailure(ARGUMENT, f"results must be a list, got {type(result_part).__name__}")
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
-        raise _LocalFailure(_ARGUMENT, f"size must be a non-negative int, got {type(size).__name__}: {size!r}")
+        raise LocalFailure(ARGUMENT, f"size must be a non-negative int, got {type(size).__name__}: {size!r}")
     return result_part if isinstance(result_part, list) else list(result_part)
 
 
@@ -79,7 +63,7 @@ def _local(result_part: Any, size: Any) -> list[Any]:
     """Non-distributed result (mmengine): ``result_part[:size]``, bad input raised here."""
     try:
         part = _check_args(result_part, size)
-    except _LocalFailure as fail:
+    except LocalFailure as fail:
         raise CollectiveArgumentError(f"collect_results: {fail}") from None
     return part[: int(size)]
 
@@ -110,7 +94,7 @@ def _encode_chunks(items: list[Any], serializer: Optional[Serializer], target: i
         try:
             frame = _ser.encode(chunk, serializer)
         except Exception as exc:
-            raise _LocalFailure(_SERIALIZE, _which_item(chunk, i, serializer, exc)) from exc
+            raise LocalFailure(SERIALIZE, _which_item(chunk, i, serializer, exc)) from exc
         frames.append(frame)
         i += len(chunk)
         per_item = max(1.0, frame.nbytes / len(chunk))
@@ -123,15 +107,15 @@ def _which_item(chunk: list[Any], start: int, serializer: Optional[Serializer], 
         try:
             _ser.encode(item, serializer)
         except Exception as inner:
-            return _describe(inner, item, serializer, f"result item {start + j} (of its part)")
-    return _describe(exc, chunk, serializer, "its results")
+            return describe(inner, item, serializer, f"result item {start + j} (of its part)")
+    return describe(exc, chunk, serializer, "its results")
 
 
 def _part_record(op: int, frames: list[Frame], token: int = 0) -> np.ndarray:
     total = sum(f.nbytes for f in frames)
     if len(frames) == 1 and total <= INLINE_BYTES:
-        return _make_record(op, total=total, nchunks=1, root=0, token=token, inline=frames[0].to_numpy())
-    return _make_record(op, total=total, nchunks=len(frames), root=0, token=token)
+        return make_record(op, total=total, nchunks=1, root=0, token=token, inline=frames[0].to_numpy())
+    return make_record(op, total=total, nchunks=len(frames), root=0, token=token)
 
 
 def _chunk_table(frames: list[Frame]) -> np.ndarray:
@@ -150,33 +134,33 @@ def _collect_comm(
     map_location: MapLocation,
     bad: str = "",
 ) -> Optional[list[Any]]:
-    comm = _Comm(group)
-    if _verify._enabled:
-        _verify.check_call(what, group, comm.driver, size=repr(size), transport="communication")
-    op = _OPS["collect_results"]
+    comm = Link(group)
+    if verify.verification_enabled():
+        verify.check_call(what, group, comm.driver, size=repr(size), transport="communication")
+    op = OPS["collect_results"]
     frames: list[Frame] = []
     part: list[Any] = []
     try:
         if bad:
-            raise _LocalFailure(_ARGUMENT, bad)
+            raise LocalFailure(ARGUMENT, bad)
         part = _check_args(result_part, size)
         if comm.rank != 0:
             frames = _encode_chunks(part, serializer, CHUNK_BYTES)
         if comm.rank != 0:
             rec = _part_record(op, frames)
         else:
-            rec = _make_record(op, root=0, token=_CONFIRM if _may_refuse(serializer) else 0)
-    except _LocalFailure as fail:
-        rec = _failure_record(op, fail, root=0)
+            rec = make_record(op, root=0, token=CONFIRM if may_refuse(serializer) else 0)
+    except LocalFailure as fail:
+        rec = failure_record(op, fail, root=0)
     records = comm.exchange(rec, what, op, 0)
     p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
-    decode = _Decoder(serializer, map_location, comm)  # a refused chunk: keep receiving, report at the end
+    decoder = Decoder(serializer, map_location, comm)  # a refused chunk: keep receiving, report at the end
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
-                parts[r.rank] = decode(r.rank, r.inline.copy()) or []
+                parts[r.rank] = decoder(r.rank, r.inline.copy()) or []
             continue
         nbytes = 8 * r.nchunks
         if p2p:
@@ -187,14 +171,18 @@ def _collect_comm(
             elif me == 0:
                 table = comm.recv(nbytes, r.rank).view("<i8").tolist()
                 for n in table:
-                    parts[r.rank].extend(decode(r.rank, comm.recv(int(n), r.rank)) or [])
+                    parts[r.rank].extend(decoder(r.rank, comm.recv(int(n), r.rank)) or [])
         else:  # no point to point: broadcast chunk by chunk, only rank 0 keeps them
-            table = comm.broadcast(_chunk_table(frames) if me == r.rank else None, nbytes, r.rank).view("<i8").tolist()
+            table = (
+                comm.broadcast(_chunk_table(frames) if me == r.rank else None, nbytes, r.rank)
+                .view("<i8")
+                .tolist()
+            )
             for k, n in enumerate(table):
                 buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
                 if me == 0:
-                    parts[r.rank].extend(decode(r.rank, buf) or [])
-    _closing_status(comm, records, 0, decode, what, op)
+                    parts[r.rank].extend(decoder(r.rank, buf) or [])
+    closing_status(comm, records, 0, decoder, what, op)
     if me != 0:
         return None
     return _interleave(parts, int(size))
@@ -203,7 +191,9 @@ def _collect_comm(
 # ---- through a shared directory -------------------------------------------------------------
 
 
-def _read_part(path: str, nchunks: int, serializer: Optional[Serializer], map_location: MapLocation) -> list[Any]:
+def _read_part(
+    path: str, nchunks: int, serializer: Optional[Serializer], map_location: MapLocation
+) -> list[Any]:
     items: list[Any] = []
     with open(path, "rb") as fh:
         for _ in range(nchunks):
@@ -215,7 +205,7 @@ def _read_part(path: str, nchunks: int, serializer: Optional[Serializer], map_lo
             buf[:64] = head
             if fh.readinto(memoryview(buf)[64:]) != total - 64:  # type: ignore[arg-type]
                 raise EOFError(f"result part file {path!r} is truncated")
-            items.extend(_decode(buf, serializer, map_location))
+            items.extend(decode(buf, serializer, map_location))
     return items
 
 
@@ -224,7 +214,7 @@ def _write_part(path: str, frames: list[Frame]) -> None:
     try:
         with open(tmp, "wb") as fh:
             for f in frames:
-                fh.write(memoryview(f.to_numpy()))
+                fh.write(f.to_numpy().data)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -256,9 +246,9 @@ def _write_probe(path: str, token: int) -> None:
     os.replace(tmp, path)
 
 
-def _not_shared(tmpdir: str, why: str) -> _LocalFailure:
-    return _LocalFailure(
-        _IO,
+def _not_shared(tmpdir: str, why: str) -> LocalFailure:
+    return LocalFailure(
+        IO,
         f"tmpdir {tmpdir!r} is not shared with rank 0 ({why}); checked before any rank wrote results."
         " Use a directory on a filesystem every rank sees, or tmpdir=None to collect over communication",
     )
@@ -272,11 +262,11 @@ def _collect_files(
     serializer: Optional[Serializer],
     map_location: MapLocation,
 ) -> Optional[list[Any]]:
-    comm = _Comm(group)
-    op = _OPS["collect_results(tmpdir)"]
+    comm = Link(group)
+    op = OPS["collect_results(tmpdir)"]
     what = "collect_results(device='cpu', tmpdir=...)"
-    if _verify._enabled:
-        _verify.check_call("collect_results", group, comm.driver, size=repr(size), transport="tmpdir")
+    if verify.verification_enabled():
+        verify.check_call("collect_results", group, comm.driver, size=repr(size), transport="tmpdir")
     me = comm.rank
     frames: list[Frame] = []
     part: list[Any] = []
@@ -287,7 +277,7 @@ def _collect_files(
         try:
             part = _check_args(result_part, size)
             if not isinstance(tmpdir, (str, os.PathLike)):
-                raise _LocalFailure(_ARGUMENT, f"tmpdir must be a path (str), got {type(tmpdir).__name__}")
+                raise LocalFailure(ARGUMENT, f"tmpdir must be a path (str), got {type(tmpdir).__name__}")
             tmpdir = os.fspath(tmpdir)
             token = 0
             if me != 0:
@@ -302,43 +292,55 @@ def _collect_files(
                     os.mkdir(workdir, mode=_PRIVATE)
                     _write_probe(os.path.join(workdir, "probe"), token)
                 except OSError as exc:
-                    raise _LocalFailure(_IO, f"cannot create a working directory in tmpdir {tmpdir!r}: {exc}") from exc
-            rec = _make_record(op, total=sum(f.nbytes for f in frames), nchunks=len(frames), root=0, token=token)
-        except _LocalFailure as fail:
-            rec = _failure_record(op, fail, root=0)
+                    raise LocalFailure(
+                        IO, f"cannot create a working directory in tmpdir {tmpdir!r}: {exc}"
+                    ) from exc
+            rec = make_record(
+                op, total=sum(f.nbytes for f in frames), nchunks=len(frames), root=0, token=token
+            )
+        except LocalFailure as fail:
+            rec = failure_record(op, fail, root=0)
         records = comm.exchange(rec, what, op, 0)
         token = records[0].token
         shared_token = token
         # 1. is the directory shared? (nobody has written results yet)
-        status = _make_record(op, root=0)
+        status = make_record(op, root=0)
         if me != 0:
             wd = _workdir(tmpdir, token)
             why = _probe_ok(os.path.join(wd, "probe"), token)
             if why is not None:
-                status = _failure_record(op, _not_shared(tmpdir, why), root=0)
+                status = failure_record(op, _not_shared(tmpdir, why), root=0)
         comm.exchange(status, what, op, 0)
         # 2. write the parts (atomically), then tell everyone how it went
-        status = _make_record(op, root=0)
+        status = make_record(op, root=0)
         if me != 0:
             try:
                 _write_part(os.path.join(_workdir(tmpdir, token), f"part_{me}.bin"), frames)
             except OSError as exc:
-                status = _failure_record(op, _LocalFailure(_IO, f"cannot write its results into {tmpdir!r}: {exc}"), root=0)
+                status = failure_record(
+                    op, LocalFailure(IO, f"cannot write its results into {tmpdir!r}: {exc}"), root=0
+                )
         frames = []
         comm.exchange(status, what, op, 0)
         # 3. rank 0 reads the parts while the others wait for its status: if it dies or fails
         # there, they know, and clean up (below) instead of leaving their parts behind
         parts: list[list[Any]] = [part]
-        status = _make_record(op, root=0)
+        status = make_record(op, root=0)
         read_error: Optional[BaseException] = None
         if me == 0:
             assert workdir is not None
             try:
                 for r in records[1:]:
-                    parts.append(_read_part(os.path.join(workdir, f"part_{r.rank}.bin"), r.nchunks, serializer, map_location))
+                    parts.append(
+                        _read_part(
+                            os.path.join(workdir, f"part_{r.rank}.bin"), r.nchunks, serializer, map_location
+                        )
+                    )
             except Exception as exc:
                 read_error = exc
-                status = _failure_record(op, _LocalFailure(_IO, f"could not read the results: {type(exc).__name__}: {exc}"), root=0)
+                status = failure_record(
+                    op, LocalFailure(IO, f"could not read the results: {type(exc).__name__}: {exc}"), root=0
+                )
             except BaseException as exc:  # KeyboardInterrupt & co.: the others must not wait for the status
                 comm.post_failure(f"{type(exc).__name__} while reading the results")
                 raise
@@ -367,6 +369,7 @@ def _collect_files(
 # ---- public ------------------------------------------------------------------------------------
 
 
+@collective(4)
 def collect_results(
     results: list[Any],
     size: int,
@@ -411,7 +414,7 @@ def collect_results(
         bad = f"device must be 'cpu' or 'gpu', got {device!r}"
     elif device == "gpu" and tmpdir is not None:
         bad = f"tmpdir must be None when device='gpu', got {tmpdir!r}"
-    if _world(group) == 1:
+    if world_size(group) == 1:
         if bad:
             raise CollectiveArgumentError(f"collect_results: {bad}")
         return _local(results, size)
@@ -422,6 +425,7 @@ def collect_results(
     return _collect_comm(results, size, group, "collect_results", serializer, map_location)
 
 
+@collective(3)
 def collect_results_cpu(
     result_part: list[Any],
     size: int,
@@ -431,16 +435,21 @@ def collect_results_cpu(
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
 ) -> Optional[list[Any]]:
-    """[`collect_results`][hwdist.collectives.results.collect_results] with ``device='cpu'``: through ``tmpdir`` if given, else over communication.
+    """[`collect_results`][hwdist.collectives.results.collect_results] with ``device='cpu'``.
+
+    Through ``tmpdir`` if given, else over communication.
 
     Examples:
         >>> hwdist.collect_results_cpu([hwdist.get_rank()] * 2, size=4, tmpdir="/shared/tmp")
         [0, 1, 0, 1]   # rank 0
         None           # rank 1
     """
-    return collect_results(result_part, size, "cpu", tmpdir, group=group, map_location=map_location, serializer=serializer)
+    return collect_results(
+        result_part, size, "cpu", tmpdir, group=group, map_location=map_location, serializer=serializer
+    )
 
 
+@collective(2)
 def collect_results_gpu(
     result_part: list[Any],
     size: int,
@@ -449,17 +458,24 @@ def collect_results_gpu(
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
 ) -> Optional[list[Any]]:
-    """[`collect_results`][hwdist.collectives.results.collect_results] over communication on the backend's device (mmengine's gpu mode).
+    """[`collect_results`][hwdist.collectives.results.collect_results] over communication (mmengine's gpu).
+
+    The bytes travel on the backend's communication device.
 
     Examples:
         >>> hwdist.collect_results_gpu([hwdist.get_rank()], size=2)
         [0, 1]   # rank 0
         None     # rank 1
     """
-    return collect_results(result_part, size, "gpu", None, group=group, map_location=map_location, serializer=serializer)
+    return collect_results(
+        result_part, size, "gpu", None, group=group, map_location=map_location, serializer=serializer
+    )
 
 
-def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, group: Optional[Any] = None) -> str:
+@collective(2)
+def create_tmpdir(
+    rank: Optional[int] = None, tmpdir: Optional[str] = None, *, group: Optional[Any] = None
+) -> str:
     """One temporary directory, created by rank 0 and checked to be visible on every rank (vis4d).
 
     Args:
@@ -480,15 +496,15 @@ def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, g
         '/tmp/hwdist-k2j3h4'   # rank 1
     """
     del rank
-    if _world(group) == 1:
+    if world_size(group) == 1:
         if tmpdir is None:
             return tempfile.mkdtemp(prefix="hwdist-")
         os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
         return os.fspath(tmpdir)
-    comm = _Comm(group)
-    if _verify._enabled:
-        _verify.check_call("create_tmpdir", group, comm.driver, tmpdir_given=tmpdir is not None)
-    op = _OPS["create_tmpdir"]
+    comm = Link(group)
+    if verify.verification_enabled():
+        verify.check_call("create_tmpdir", group, comm.driver, tmpdir_given=tmpdir is not None)
+    op = OPS["create_tmpdir"]
     what = "create_tmpdir"
     probe: Optional[str] = None
     try:
@@ -504,23 +520,25 @@ def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, g
                 _write_probe(probe, token)
                 raw = np.frombuffer(path.encode(), dtype=np.uint8)
                 if raw.size > INLINE_BYTES:
-                    raise _LocalFailure(_ARGUMENT, f"tmpdir path is longer than {INLINE_BYTES} bytes: {path!r}")
-                rec = _make_record(op, root=0, token=token, inline=raw)
+                    raise LocalFailure(ARGUMENT, f"tmpdir path is longer than {INLINE_BYTES} bytes: {path!r}")
+                rec = make_record(op, root=0, token=token, inline=raw)
             except OSError as exc:
-                rec = _failure_record(op, _LocalFailure(_IO, f"cannot create tmpdir {path!r}: {exc}"), root=0)
-            except _LocalFailure as fail:
-                rec = _failure_record(op, fail, root=0)
+                rec = failure_record(op, LocalFailure(IO, f"cannot create tmpdir {path!r}: {exc}"), root=0)
+            except LocalFailure as fail:
+                rec = failure_record(op, fail, root=0)
         else:
-            rec = _make_record(op, root=0)
+            rec = make_record(op, root=0)
         records = comm.exchange(rec, what, op, 0)
         head = records[0]
         if tmpdir is None:
             path = bytes(head.inline).decode() if head.inline is not None else ""
-        status = _make_record(op, root=0)
+        status = make_record(op, root=0)
         if comm.rank != 0:
             why = _probe_ok(os.path.join(path, f".hwdist-probe-{head.token:016x}"), head.token)
             if why is not None:
-                status = _failure_record(op, _LocalFailure(_IO, f"directory {path!r} is not shared with rank 0 ({why})"), root=0)
+                status = failure_record(
+                    op, LocalFailure(IO, f"directory {path!r} is not shared with rank 0 ({why})"), root=0
+                )
         try:
             comm.exchange(status, what, op, 0)
         except BaseException:
@@ -534,4 +552,3 @@ def create_tmpdir(rank: Optional[int] = None, tmpdir: Optional[str] = None, *, g
                 os.unlink(probe)
             except OSError:
                 pass
-

@@ -8,10 +8,13 @@ is 64-byte aligned, so a frame can travel as any byte-view dtype a driver
 asks for and tensors rebuilt from it need no copy.
 
 Tensors are rebuilt on the CPU (or a ``map_location``), never on the device
-they left. The serializer is pluggable ([`Serializer`][hwdist.collectives.serialization.Serializer]); the one in
+they left. The serializer is pluggable
+([`Serializer`][hwdist.collectives.serialization.Serializer]); the one in
 force is a ``serializer=`` argument, else the calling thread's
-[`use_serializer`][hwdist.collectives.serialization.use_serializer] block (a context variable), else the process default
-([`set_serializer`][hwdist.collectives.serialization.set_serializer]). [`RestrictedPickleSerializer`][hwdist.collectives.serialization.RestrictedPickleSerializer] reads payloads
+[`use_serializer`][hwdist.collectives.serialization.use_serializer] block (a
+context variable), else the process default
+([`set_serializer`][hwdist.collectives.serialization.set_serializer]).
+[`RestrictedPickleSerializer`][hwdist.collectives.serialization.RestrictedPickleSerializer] reads payloads
 with hwdist's own pickle interpreter (``_restricted.py``), which builds only
 allow-listed objects with checked arguments, for jobs that do not trust
 every peer. See ``docs/objects.md`` for the trust model.
@@ -24,7 +27,7 @@ import contextvars
 import copyreg
 import io
 import pickle
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union, cast
 
 import numpy as np
 import torch
@@ -108,7 +111,7 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
     if d.device.type != "cpu":
         d = d.cpu()  # tensors land on CPU (or map_location) on the other side
     d = d.resolve_conj().resolve_neg().contiguous()
-    data = d.reshape(-1).view(torch.uint8).numpy()
+    data: Any = d.reshape(-1).view(torch.uint8).numpy()  # a buffer (numpy's stubs say otherwise on 3.9)
     name = str(t.dtype).replace("torch.", "")
     return _rebuild_tensor, (pickle.PickleBuffer(data), name, tuple(t.shape), bool(t.requires_grad))
 
@@ -125,8 +128,10 @@ def _reduce_ndarray(a: np.ndarray) -> Any:
 class Serializer:
     """Turns an object into a pickle-like stream plus out-of-band buffers and back.
 
-    Subclass and override [`dumps`][hwdist.collectives.serialization.PickleSerializer.dumps] and [`loads`][hwdist.collectives.serialization.PickleSerializer.loads] to plug in another
-    format; install it with [`set_serializer`][hwdist.collectives.serialization.set_serializer] or [`use_serializer`][hwdist.collectives.serialization.use_serializer],
+    Subclass and override [`dumps`][hwdist.collectives.serialization.PickleSerializer.dumps] and
+    [`loads`][hwdist.collectives.serialization.PickleSerializer.loads] to plug in another
+    format; install it with [`set_serializer`][hwdist.collectives.serialization.set_serializer] or
+    [`use_serializer`][hwdist.collectives.serialization.use_serializer],
     or pass ``serializer=`` to a collective. Every rank must use a compatible
     serializer.
     """
@@ -150,9 +155,14 @@ class PickleSerializer(Serializer):
 
     protocol = 5
 
-    def __init__(self, oob_threshold: int = OOB_THRESHOLD, reducers: Optional[dict[type, Callable[..., Any]]] = None) -> None:
+    def __init__(
+        self, oob_threshold: int = OOB_THRESHOLD, reducers: Optional[dict[type, Callable[..., Any]]] = None
+    ) -> None:
         self.oob_threshold = int(oob_threshold)
-        self.reducers: dict[type, Callable[..., Any]] = {torch.Tensor: _reduce_tensor, np.ndarray: _reduce_ndarray}
+        self.reducers: dict[type, Callable[..., Any]] = {
+            torch.Tensor: _reduce_tensor,
+            np.ndarray: _reduce_ndarray,
+        }
         if reducers:
             self.reducers.update(reducers)
 
@@ -183,19 +193,28 @@ class PickleSerializer(Serializer):
 
 # ---- the restricted unpickler (hwdist's own pickle interpreter: _restricted.py) ------------
 
+
 class RestrictedPickleSerializer(PickleSerializer):
-    """[`PickleSerializer`][hwdist.collectives.serialization.PickleSerializer] whose loads refuse every global outside the allow-list.
+    """A pickle serializer whose loads refuse every global outside the allow-list.
+
+    A [`PickleSerializer`][hwdist.collectives.serialization.PickleSerializer] otherwise.
 
     Args:
         allow: more classes/functions/``'module.QualName'`` strings allowed by this serializer only.
     """
 
-    def __init__(self, allow: Sequence[Union[type, Callable[..., Any], str]] = (), oob_threshold: int = OOB_THRESHOLD) -> None:
+    def __init__(
+        self, allow: Sequence[Union[type, Callable[..., Any], str]] = (), oob_threshold: int = OOB_THRESHOLD
+    ) -> None:
         super().__init__(oob_threshold)
         self.extra = tuple(_pair("RestrictedPickleSerializer", item) for item in allow)
 
     def loads(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
-        """Unpickle through the restricted unpickler ([`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused] for anything not accepted)."""
+        """Unpickle through the restricted unpickler.
+
+        Raises:
+            UnpicklingRefused: for anything not accepted.
+        """
         return restricted_loads(stream, buffers, self.extra)
 
 
@@ -203,14 +222,17 @@ _DEFAULT = PickleSerializer()
 _process_default: Serializer = _DEFAULT
 # The serializer of a use_serializer() block: per thread and per task (a context variable), so one
 # thread's block never changes what another thread's collectives use.
-_SCOPED: contextvars.ContextVar[Optional[Serializer]] = contextvars.ContextVar("hwdist_serializer", default=None)
+_SCOPED: contextvars.ContextVar[Optional[Serializer]] = contextvars.ContextVar(
+    "hwdist_serializer", default=None
+)
 
 
 def get_serializer() -> Serializer:
     """The serializer object collectives use when none is passed.
 
-    That is the innermost [`use_serializer`][hwdist.collectives.serialization.use_serializer] block of this thread (or
-    task), else the process default ([`set_serializer`][hwdist.collectives.serialization.set_serializer]).
+    That is the innermost [`use_serializer`][hwdist.collectives.serialization.use_serializer] block
+    of this thread (or task), else the process default
+    ([`set_serializer`][hwdist.collectives.serialization.set_serializer]).
 
     Examples:
         >>> hwdist.get_serializer()                  # every rank: the pickle default
@@ -229,7 +251,8 @@ def set_serializer(serializer: Optional[Serializer]) -> Serializer:
     """Install ``serializer`` as the process default (None: pickle); returns the previous default.
 
     The default applies in every thread that is not inside a
-    [`use_serializer`][hwdist.collectives.serialization.use_serializer] block; set it once at start-up, on every rank.
+    [`use_serializer`][hwdist.collectives.serialization.use_serializer] block; set it once at
+    start-up, on every rank.
 
     Examples:
         >>> hwdist.set_serializer(hwdist.RestrictedPickleSerializer())   # every rank
@@ -243,7 +266,9 @@ def set_serializer(serializer: Optional[Serializer]) -> Serializer:
 
 @contextlib.contextmanager
 def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
-    """Context manager: collectives in this block use ``serializer`` (None: pickle), in this thread or task only.
+    """Context manager: collectives in this block use ``serializer`` (None: pickle).
+
+    In this thread or task only.
 
     Other threads keep theirs; on exit the previous one is restored exactly.
 
@@ -272,8 +297,10 @@ def is_default_serializer(serializer: Optional[Serializer]) -> bool:
 class Frame:
     """One serialized object: header + stream + out-of-band buffers, 64-byte aligned.
 
-    ``nbytes`` is the frame length; [`write_into`][hwdist.collectives.serialization.Frame.write_into] copies it into a byte
-    array (the one copy of the buffers); [`to_numpy`][hwdist.collectives.serialization.Frame.to_numpy] allocates and fills one.
+    ``nbytes`` is the frame length;
+    [`write_into`][hwdist.collectives.serialization.Frame.write_into] copies it into a byte
+    array (the one copy of the buffers);
+    [`to_numpy`][hwdist.collectives.serialization.Frame.to_numpy] allocates and fills one.
     """
 
     __slots__ = ("stream", "buffers", "header", "nbytes", "_offsets")
@@ -331,7 +358,9 @@ def _byte_view(buf: Any) -> memoryview:
 def frame_length(data: np.ndarray, offset: int = 0) -> int:
     """The length of the frame starting at ``data[offset]`` (checks the magic)."""
     if data.size - offset < 8 * _FIXED:
-        raise ValueError(f"not an hwdist object payload: {data.size - offset} bytes is shorter than a frame header")
+        raise ValueError(
+            f"not an hwdist object payload: {data.size - offset} bytes is shorter than a frame header"
+        )
     head = np.frombuffer(data, dtype="<i8", count=_FIXED, offset=offset)
     if int(head[0]) != MAGIC:
         raise ValueError("not an hwdist object payload (bad magic); was it made by hwdist.object_to_tensor?")
@@ -359,13 +388,15 @@ def decode(
     if total < 8 * _FIXED or not 0 <= n <= (total - 8 * _FIXED) // 8:
         raise ValueError(f"corrupt hwdist object payload: header says {n} buffers in {total} bytes")
     lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist() if n else []
-    view = memoryview(data)
+    view = memoryview(cast(Any, data))  # numpy's stubs miss the buffer protocol on 3.9
     pos = offset + _aligned(8 * (_FIXED + n))
     sections = []
     for ln in [stream_len, *lens]:
         if ln < 0 or pos + ln > offset + total:
-            raise ValueError(f"corrupt hwdist object payload: a section of {ln} bytes at byte {pos - offset}"
-                             f" does not fit its {total}-byte frame")
+            raise ValueError(
+                f"corrupt hwdist object payload: a section of {ln} bytes at byte {pos - offset}"
+                f" does not fit its {total}-byte frame"
+            )
         sections.append(view[pos : pos + ln])
         pos = _aligned(pos + ln)
     stream, buffers = sections[0], sections[1:]
@@ -376,14 +407,17 @@ def decode(
         _MAP_LOCATION.reset(token)
 
 
-def object_to_tensor(obj: Any, device: Union[None, str, torch.device] = None, serializer: Optional[Serializer] = None) -> torch.Tensor:
+def object_to_tensor(
+    obj: Any, device: Union[None, str, torch.device] = None, serializer: Optional[Serializer] = None
+) -> torch.Tensor:
     """Serialize ``obj`` into a 1-D uint8 tensor (the vis4d ``obj2tensor``).
 
     Args:
         obj: any object the serializer accepts.
         device: where the tensor goes; default: the communication device of
             the default group (CPU when not distributed).
-        serializer: default: the current one ([`get_serializer`][hwdist.collectives.serialization.get_serializer]).
+        serializer: default: the current one
+            ([`get_serializer`][hwdist.collectives.serialization.get_serializer]).
 
     Examples:
         >>> t = hwdist.object_to_tensor({"a": 1})      # tensor([...], dtype=torch.uint8)
@@ -399,8 +433,12 @@ def object_to_tensor(obj: Any, device: Union[None, str, torch.device] = None, se
     return out.to(device)
 
 
-def tensor_to_object(tensor: torch.Tensor, map_location: MapLocation = None, serializer: Optional[Serializer] = None) -> Any:
-    """The object in a tensor made by [`object_to_tensor`][hwdist.collectives.serialization.object_to_tensor] (the vis4d ``tensor2obj``).
+def tensor_to_object(
+    tensor: torch.Tensor, map_location: MapLocation = None, serializer: Optional[Serializer] = None
+) -> Any:
+    """The object in a tensor made by [`object_to_tensor`][hwdist.collectives.serialization.object_to_tensor].
+
+    The vis4d ``tensor2obj``.
 
     Trailing padding is ignored; tensors inside land on CPU, or ``map_location``.
     """

@@ -24,6 +24,7 @@ import torch.distributed as torch_dist
 from .. import _compat, _state, info, registry
 from ..collectives import _transport
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
+from ..errors import MissingPackageError
 from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
 
 __all__ = ["init_backend", "destroy", "as_timedelta", "init_dist", "init_local_group", "new_group", "LEGACY_BACKEND_IDS"]
@@ -101,6 +102,9 @@ def init_backend(
     return driver
 
 
+_init_backend = init_backend  # init_dist's parameter of the same name (mmengine's) hides the function
+
+
 def destroy() -> None:
     """Destroy every process group hwdist or torch created; safe to call twice."""
     info._set_local_group(None)
@@ -139,10 +143,51 @@ def _backend_name(backend: Any) -> str:
     raise TypeError(f"backend must be a str, an int legacy id or None, got {type(backend).__name__}: {backend!r}")
 
 
+#: ``init_backend`` values of mmengine's ``init_dist``: the package each needs and its initialiser.
+_INITIALISERS = {
+    "deepspeed": ("deepspeed", "init_distributed"),
+    "colossalai": ("colossalai", "launch_from_torch"),
+}
+
+
+def _check_init_backend(init_with: Any) -> None:
+    """Raise (before any rendezvous) unless ``init_with`` names an initialiser that can run here."""
+    if init_with == "torch":
+        return
+    if not isinstance(init_with, str) or init_with not in _INITIALISERS:
+        raise ValueError(
+            f"init_backend must be one of 'torch', {', '.join(repr(k) for k in _INITIALISERS)},"
+            f" got {init_with!r}"
+        )
+    import importlib.util
+
+    package = _INITIALISERS[init_with][0]
+    if importlib.util.find_spec(package) is None:
+        raise MissingPackageError(
+            f"init_backend={init_with!r} needs the {package!r} package, which is not installed."
+            f" HINT: pip install {package}, or use init_backend='torch'"
+        )
+
+
+def _init_with_package(init_with: str, driver: Any, launch: LaunchInfo, **kwargs: Any) -> Any:
+    """Create the default group with DeepSpeed's or ColossalAI's initialiser, as mmengine does."""
+    import importlib
+
+    package, function = _INITIALISERS[init_with]
+    driver.set_device(launch.local_rank)
+    start = getattr(importlib.import_module(package), function)
+    if init_with == "deepspeed":
+        start(dist_backend=driver.torch_name, **kwargs)
+    else:
+        start(backend=driver.torch_name, **kwargs)
+    registry.record_group(_compat.default_group(), driver)
+    return driver
+
+
 def init_dist(
     launcher: str = "auto",
     backend: Union[str, int, None] = None,
-    timeout: Union[None, float, datetime.timedelta] = None,
+    init_backend: str = "torch",
     **kwargs: Any,
 ) -> Optional[LaunchInfo]:
     """Initialise the default process group from the launcher's environment.
@@ -158,11 +203,16 @@ def init_dist(
         backend: a backend name, used as named (never replaced by an
             accelerator's); a legacy integer id (``1`` mpi, ``2`` gloo,
             ``3`` nccl); or None for what [`hwdist.detect`][hwdist.detect] chooses.
-        timeout: seconds (or a timedelta) for rendezvous and collectives.
-        **kwargs: ``local_group`` (default True: create the local groups),
-            ``port`` (rendezvous port; wins over ``MASTER_PORT``, as in
-            mmengine), ``init_backend`` (only ``'torch'``); the rest goes to
-            ``torch.distributed.init_process_group`` (``init_method``,
+        init_backend: what creates the group, as in mmengine: ``'torch'``
+            (hwdist's driver), ``'deepspeed'`` (``deepspeed.init_distributed``)
+            or ``'colossalai'`` (``colossalai.launch_from_torch``); the latter
+            two need their package installed (else a
+            [`MissingPackageError`][hwdist.errors.MissingPackageError] naming it, before any rendezvous).
+        **kwargs: ``timeout`` (seconds or a timedelta, for rendezvous and
+            collectives), ``local_group`` (default True: create the local
+            groups), ``port`` (rendezvous port; wins over ``MASTER_PORT``, as
+            in mmengine); the rest goes to the initialiser
+            (``torch.distributed.init_process_group``: ``init_method``,
             ``store``, ``pg_options``, ...).
 
     Returns:
@@ -173,6 +223,8 @@ def init_dist(
         hwdist.BackendError: unknown or unavailable backend (lists available ones).
         hwdist.LauncherError: unknown launcher, or its environment is incomplete.
         RuntimeError: a default process group already exists.
+        ValueError: an unknown ``init_backend``.
+        hwdist.errors.MissingPackageError: ``init_backend``'s package is not installed.
 
     Examples:
         >>> # torchrun --nproc-per-node 2 train.py
@@ -182,9 +234,9 @@ def init_dist(
     """
     local_group = bool(kwargs.pop("local_group", True))
     port = kwargs.pop("port", None)
-    init_with = kwargs.pop("init_backend", "torch")
-    if init_with != "torch":
-        raise ValueError(f"init_backend must be 'torch' (hwdist creates the group itself), got {init_with!r}")
+    timeout = kwargs.pop("timeout", None)
+    init_with = init_backend
+    _check_init_backend(init_with)
     if _compat.DIST_AVAILABLE and torch_dist.is_initialized():
         raise RuntimeError(
             f"a default process group already exists (backend {torch_dist.get_backend()!r});"
@@ -216,6 +268,13 @@ def init_dist(
     if mp.get_start_method(allow_none=True) is None:  # as mmengine does
         mp.set_start_method("spawn")
     td = as_timedelta(timeout)
+    if init_with != "torch":  # the package reads the exported variables itself, as under mmengine
+        if td is not None:
+            kwargs["timeout"] = td
+        used = _init_with_package(init_with, driver, launch, **kwargs)
+        if local_group:
+            _auto_local_group(launch)
+        return dataclasses.replace(launch, backend=used.name)
     store = kwargs.pop("store", None)
     init_method = kwargs.pop("init_method", None)
     if store is None and init_method is None:
@@ -230,7 +289,7 @@ def init_dist(
                     f"launcher {resolver.name!r}: MASTER_ADDR and MASTER_PORT must be set for"
                     f" {launch.world_size} ranks to meet (or pass init_method= / store=)"
                 )
-    used = init_backend(
+    used = _init_backend(
         backend_name,
         rank=launch.rank,
         world_size=launch.world_size,

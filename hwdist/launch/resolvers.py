@@ -288,29 +288,59 @@ def get_launcher(name: str) -> Launcher:
     return found
 
 
-def infer_launcher(env: Optional[Mapping[str, str]] = None) -> str:
-    """The launcher that started this process, from its environment (mmengine names).
+def _mmengine_rules() -> list[tuple[str, str]]:
+    """mmengine's ``infer_launcher`` rules, in its order: the first variable set names the launcher."""
+    from .mpi import MpiLauncher
+    from .slurm import SlurmLauncher
+    from .torchrun import TorchrunLauncher
 
-    Tried in priority order: ``'pytorch'`` (``WORLD_SIZE`` set: torchrun,
-    ``torch.distributed.launch``, manual env), ``'mpi'`` (Open MPI's
-    ``OMPI_COMM_WORLD_*``, MPICH/Intel MPI's ``PMI_RANK``/``PMI_SIZE``),
-    ``'slurm'`` (``SLURM_NTASKS``), else ``'none'``. Unlike mmengine, MPI is
-    checked before Slurm: ``mpirun`` inside an ``sbatch`` allocation inherits
-    ``SLURM_*`` variables that do not describe its ranks.
+    return [
+        ("WORLD_SIZE", TorchrunLauncher.name),
+        ("SLURM_NTASKS", SlurmLauncher.name),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", MpiLauncher.name),
+    ]
+
+
+def infer_launcher(env: Optional[Mapping[str, str]] = None) -> str:
+    """The launcher that started this process, from its environment (mmengine's answer).
+
+    Every environment mmengine recognises gets mmengine's answer, in its order:
+    ``WORLD_SIZE`` set: ``'pytorch'`` (torchrun, ``torch.distributed.launch``,
+    manual env); else ``SLURM_NTASKS``: ``'slurm'``; else
+    ``OMPI_COMM_WORLD_LOCAL_RANK``: ``'mpi'``. So ``mpirun`` inside an
+    ``sbatch`` allocation is ``'slurm'``, as in mmengine: pass
+    ``init_dist('mpi')`` there. Where mmengine answers ``'none'``, hwdist
+    goes on: a launcher registered with a higher priority than the built-in
+    one that matched is tried first, and the built-in launchers' own
+    detection adds MPICH/Intel MPI/MVAPICH (``PMI_SIZE``, ``MV2_COMM_WORLD_SIZE``)
+    as ``'mpi'``; else ``'none'``.
 
     Args:
         env: the environment to read (default ``os.environ``).
 
     Returns:
         A registered launcher name.
+
+    Examples:
+        >>> hwdist.infer_launcher({"SLURM_NTASKS": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0"})
+        'slurm'
+        >>> hwdist.infer_launcher({"PMI_RANK": "0", "PMI_SIZE": "2"})   # mmengine: 'none'
+        'mpi'
     """
     import os
 
     env = os.environ if env is None else env
+    rules = _mmengine_rules()
+    answer = next((name for var, name in rules if var in env), None)
+    builtin = {name for _, name in rules}
     for name in list_launchers():
+        if name == answer:
+            return name
+        if name in builtin and answer is not None:
+            continue  # a built-in launcher never overrides mmengine's answer
         if _launchers[name].detect(env):
             return name
-    return "none"
+    return answer or "none"
 
 
 class NoLauncher(Launcher):

@@ -30,7 +30,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Collection, Optional
 
 __all__ = [
     "RankPool",
@@ -205,7 +205,9 @@ class RankPool:
         return os.path.join(self._dir, f"rank{rank}.stack")
 
     # -- public ---------------------------------------------------------------
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any) -> list[Any]:
+    def run(
+        self, fn: Callable[..., Any], *args: Any, timeout: Optional[float] = None, **kwargs: Any
+    ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the results by rank.
 
         Raises:
@@ -280,7 +282,8 @@ class RankPool:
                     self._procs[rank].join(1)
                     code = self._procs[rank].exitcode
                     summary = _exit_text(code)
-                outcomes[rank] = _Outcome(status, value if status in ("ok", "ready") else summary, text or summary)
+                kept = value if status in ("ok", "ready") else summary
+                outcomes[rank] = _Outcome(status, kept, text or summary)
                 pending.discard(rank)
                 if status not in ("ok", "ready", "skip") and first_failure is None:
                     first_failure = time.monotonic()
@@ -295,7 +298,7 @@ class RankPool:
         report = self._report(what, outcomes, pending, stacks, timeout if first_failure is None else None)
         raise RankFailure(report, {r: o.text for r, o in outcomes.items()})
 
-    def _dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
+    def _dump_stacks(self, ranks: Collection[int]) -> dict[int, str]:
         for r in ranks:
             if self._procs[r].is_alive() and self._procs[r].pid:
                 try:
@@ -329,9 +332,11 @@ class RankPool:
         lines = [head]
         if failed:
             root = failed[0]
-            lines.append(f"  root cause: rank {root} {outcomes[root].status}: {_last_line(outcomes[root].text)}")
+            first = outcomes[root]
+            lines.append(f"  root cause: rank {root} {first.status}: {_last_line(first.text)}")
         if pending:
-            why = f"timed out after {timed_out:g}s" if timed_out else "still running when another rank failed; killed"
+            killed = "still running when another rank failed; killed"
+            why = f"timed out after {timed_out:g}s" if timed_out else killed
             lines.append(f"  hung ranks: {', '.join(map(str, sorted(pending)))} ({why})")
         for r in failed:
             o = outcomes[r]

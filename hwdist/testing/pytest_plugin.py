@@ -52,7 +52,8 @@ def backends() -> list[str]:
 
 
 class PoolCache:
-    """Live [`RankPool`][hwdist.testing.harness.RankPool] objects keyed by (world size, backend), LRU-bounded."""
+    """Live [`RankPool`][hwdist.testing.harness.RankPool] objects keyed by (world size, backend),
+    LRU-bounded."""
 
     def __init__(self, max_pools: int = 4) -> None:
         self.max_pools = max_pools
@@ -73,7 +74,14 @@ class PoolCache:
         self._pools[key] = pool
         return pool
 
-    def run(self, fn: Callable[..., Any], world_size: int = 2, backend: Optional[str] = "gloo", *args: Any, **kwargs: Any) -> list[Any]:
+    def run(
+        self,
+        fn: Callable[..., Any],
+        world_size: int = 2,
+        backend: Optional[str] = "gloo",
+        *args: Any,
+        **kwargs: Any,
+    ) -> list[Any]:
         """Run ``fn`` on a pooled (world_size, backend) group; results by rank."""
         return self.get(world_size, backend).run(fn, *args, **kwargs)
 

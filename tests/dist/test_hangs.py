@@ -18,7 +18,7 @@ Every check measures how long each rank took to raise and asserts it is
 far below the process-group timeout (30 s in the pooled harness, 60 s in
 the dead-peer tests). Fault injection: a class whose unpickling raises on
 the destination, and ``os.kill(SIGKILL)`` (from a patched hwdist-internal
-``_Comm.recv`` / ``results._read_part`` in rank 0); torch.distributed is never mocked.
+``_objwire.Link.recv`` / ``results._read_part`` in rank 0); torch.distributed is never mocked.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def test_destination_that_leaves_in_the_middle_makes_every_sender_raise_fast(op)
 
 
 def _collect_then_rank0_dies(outdir: str, tmpdir: str, where: str) -> None:
-    from hwdist.collectives import objects as objmod
+    from hwdist.collectives import _objwire
     from hwdist.collectives import results as resmod
 
     if hwdist.get_rank() == 0:
@@ -212,7 +212,7 @@ def _collect_then_rank0_dies(outdir: str, tmpdir: str, where: str) -> None:
         if where == "reading":
             resmod._read_part = die  # the parts are written; rank 0 dies reading them
         else:
-            objmod._Comm.recv = die  # over the network: dies at its first receive
+            _objwire.Link.recv = die  # over the network: dies at its first receive
     part = [{"rank": hwdist.get_rank(), "pad": np.zeros(50_000)}]
     _write_outcome(outdir, _timed(lambda: hwdist.collect_results(part, 3, tmpdir=tmpdir or None)))
 

@@ -297,3 +297,92 @@ def test_non_distributed_semantics():
     with pytest.raises(ValueError, match="object path must be one of"):
         hwdist.set_object_path("fast")
     assert objmod.get_object_path() == "portable"
+
+
+def _scatter_src_disagreement() -> list:
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    out: list = []
+    start = time.monotonic()
+    try:  # rank 0 says src=0, the others src=1: an argument check that needs agreement only
+        hwdist.scatter_object_list([None], [f"item{i}" for i in range(world)], src=min(rank, 1))
+        out.append(None)
+    except hwdist.CollectiveArgumentError as exc:
+        out.append(str(exc))
+    assert time.monotonic() - start < 10
+    got = [None]
+    hwdist.scatter_object_list(got, [i * 10 for i in range(world)] if rank == world - 1 else None, src=world - 1)
+    out.append(got[0])
+    return out
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_scatter_object_list_ranks_disagreeing_on_src_raise_on_every_rank(dist, backend):
+    for rank, (msg, item) in enumerate(dist(_scatter_src_disagreement, 2, backend)):
+        assert msg is not None and "ranks disagree on src (group ranks 0 to 1)" in msg, msg
+        assert item == rank * 10  # the group still works
+
+
+class _Calls:
+    def __init__(self) -> None:
+        self.ops: list = []
+
+    def begin(self, op: str, group: object, args: tuple, kwargs: dict) -> str:
+        return op
+
+    def end(self, token: str, error: object) -> None:
+        self.ops.append((token, error is None))
+
+
+def _observed_calls() -> list:
+    import shutil
+
+    from hwdist.collectives import _calls
+
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    seen = _Calls()
+    _calls.add_observer(seen)
+    try:
+        hwdist.all_gather_object(rank)
+        hwdist.all_gather_object(rank, rank_zero_return_only=True)  # built on gather_object: seen once
+        hwdist.gather_object(rank)
+        hwdist.broadcast_object_list([rank])
+        hwdist.broadcast_object(rank)  # built on broadcast_object_list: seen once
+        hwdist.scatter_object_list([None], list(range(world)) if rank == 0 else None)
+        hwdist.collect_results([rank], world)
+        tmp = hwdist.create_tmpdir()  # shared by every rank (rank 0 makes it; the ranks may have their own tmp_path)
+        hwdist.collect_results_cpu([rank], world, tmp)
+        hwdist.collect_results_gpu([rank], world)
+    finally:
+        _calls.remove_observer(seen)
+    hwdist.barrier()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return seen.ops
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_every_object_collective_is_one_observed_call(dist, backend):
+    expected = [
+        "all_gather_object", "all_gather_object", "gather_object", "broadcast_object_list", "broadcast_object",
+        "scatter_object_list", "collect_results", "create_tmpdir", "collect_results_cpu", "collect_results_gpu",
+    ]
+    for ops in dist(_observed_calls, 2, backend):
+        assert ops == [(name, True) for name in expected]
+
+
+def test_object_path_setting_from_the_environment():
+    import os
+    import subprocess
+
+    code = "import hwdist; print(hwdist.get_object_path())"
+    env = dict(os.environ, HWDIST_OBJECT_PATH="Native")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "native", out.stderr
+    env["HWDIST_OBJECT_PATH"] = "fast"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "HWDIST_OBJECT_PATH must be one of portable, native, got 'fast'" in out.stderr
+    assert "HWDIST_OBJECT_PATH" in hwdist.settings.SETTINGS
+    with hwdist.object_path("native") as value:
+        assert value == "native" and hwdist.get_object_path() == "native"
+    assert hwdist.get_object_path() == "portable"

@@ -71,7 +71,7 @@ def test_all_reduce_dict(dist, combo):
         assert s["grid"] == ((torch.arange(6.0).reshape(2, 3) * ws + sum(range(ws))).tolist(), "torch.float32", (2, 3))
         assert got["mean"] == {"loss": sum(i + 1 for i in range(ws)) / ws, "n": [sum(-i - 1 for i in range(ws)) // ws]}
         assert got["empty"] is None
-        assert got["not_dict"] == ("TypeError", "all_reduce_dict: data must be a dict of tensors, got list")
+        assert got["not_dict"] == ("ArgumentAssertionError", "all_reduce_dict: data must be a dict of tensors, got list")
         if backend == "emu" and ws > 1:
             kind, msg = got["i64"]
             assert kind == "ValueError" and "int64" in msg and "lossless" in msg

@@ -1,11 +1,13 @@
-"""The same check bodies as tests/dist, on the machine's real accelerator backend.
+"""The same check bodies as tests/dist and ``hwdist check``, on the machine's real accelerator backend.
 
 Gated: runs only with ``HWDIST_RUN_HARDWARE=1`` and an available driver whose
 device is not the CPU (detection's choice, e.g. NCCL on CUDA GPUs, HCCL on
 Ascend). World sizes are bounded by the device count (one rank per device).
-The check functions keep their CPU inputs: on an accelerator backend hwdist
-moves them to the driver's comm device and back, which is part of what is
-checked here.
+Every body of ``hwdist.checks`` runs twice: with its inputs on the backend's
+device (``placement="comm"``, what ``hwdist check`` does) and on the CPU
+(``placement="cpu"``: hwdist moves them to the driver's comm device and back,
+which is part of what is checked here). The tests/dist functions the bodies do
+not cover (bad input, dict history, object specifics) run on their CPU inputs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import hwdist
+from hwdist import checks
 from tests.dist import test_objects, test_params, test_tensor_collectives
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,12 +60,17 @@ def test_hwdist_check_passes_on_the_accelerator(nproc):
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("placement", ["comm", "cpu"])
+@pytest.mark.parametrize("name", checks.check_names())
+def test_check_bodies_on_the_accelerator(dist, name, placement):
+    backend, count = _accelerator()
+    for ws in _world_sizes(count):
+        test_tensor_collectives.run_bodies(dist, ws, backend, name, placement)
+
+
 @pytest.mark.parametrize(
     "body",
     [
-        test_tensor_collectives.test_all_reduce_and_reduce,
-        test_tensor_collectives.test_all_gather_gather_any_dtype_and_shape,
-        test_tensor_collectives.test_broadcast_scatter_reduce_scatter_all_to_all_p2p,
         test_tensor_collectives.test_bad_input_raises_on_every_rank,
         test_params.test_all_reduce_dict,
         test_params.test_all_reduce_dict_history,

@@ -59,7 +59,7 @@ SLURM = {
         (MPICH, "mpi"),
         (SLURM, "slurm"),
         ({**SLURM, **TORCHRUN}, "pytorch"),  # torchrun inside an sbatch job
-        ({**SLURM, **OPENMPI}, "mpi"),  # mpirun inside an sbatch job: SLURM_PROCID is the batch step's
+        ({**SLURM, **OPENMPI}, "slurm"),  # mpirun inside an sbatch job: mmengine's answer (pass 'mpi')
     ],
 )
 def test_infer_launcher(env, expected):
@@ -314,8 +314,8 @@ def test_init_dist_errors_before_touching_anything(monkeypatch, absent_backend):
         hwdist.init_dist("pbs", backend="gloo")
     with pytest.raises(LauncherError, match="none of RANK is set"):
         hwdist.init_dist("pytorch", backend="gloo")
-    with pytest.raises(ValueError, match="init_backend must be 'torch'"):
-        hwdist.init_dist("pytorch", backend="gloo", init_backend="deepspeed")
+    with pytest.raises(ValueError, match="init_backend must be one of 'torch', 'deepspeed', 'colossalai'"):
+        hwdist.init_dist("pytorch", backend="gloo", init_backend="nosuch")
     assert dict(os.environ) == before
     assert not hwdist.is_distributed()
 
