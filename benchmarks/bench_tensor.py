@@ -8,7 +8,11 @@ on a shared machine cancels) and the ratio of the minimums. Nothing here asserts
 
 Usage::
 
-    python -m benchmarks.bench_tensor [--quick] [--json PATH]
+    python -m benchmarks.bench_tensor [--quick] [--passthrough] [--json PATH]
+
+``--passthrough`` runs only the pass-through rows (the engine's fast path:
+``all_reduce``, ``broadcast``, ``all_gather(same_shape=True)``, sync and async,
+each with the raw call timed against itself as the noise floor of that case).
 
 Cases: all_reduce 4 KiB / 1 MiB / 64 MiB, mean, all_gather (with and without
 the shape exchange), broadcast, all_reduce_dict of 20 metrics vs a
@@ -258,6 +262,61 @@ def bench_solo_rank(quick: bool) -> list[dict[str, Any]]:
     return [row]
 
 
+def _passthrough_cases(t: torch.Tensor, ws: int) -> dict[str, dict[str, Callable[[], Any]]]:
+    """hwdist and raw torch for each pass-through case on ``t``."""
+
+    def raw_gather() -> None:
+        out = [torch.empty_like(t) for _ in range(ws)]
+        tdist.all_gather(out, t)
+
+    return {
+        "all_reduce": {"hw": lambda: hwdist.all_reduce(t), "raw": lambda: tdist.all_reduce(t)},
+        "all_reduce async_op=True + wait": {
+            "hw": lambda: hwdist.all_reduce(t, async_op=True).wait(),
+            "raw": lambda: tdist.all_reduce(t, async_op=True).wait(),
+        },
+        "broadcast": {"hw": lambda: hwdist.broadcast(t, 0), "raw": lambda: tdist.broadcast(t, 0)},
+        "all_gather same_shape=True": {
+            "hw": lambda: hwdist.all_gather(t, same_shape=True),
+            "raw": raw_gather,
+        },
+    }
+
+
+def bench_passthrough(quick: bool) -> list[dict[str, Any]]:
+    """The pass-through rows: hwdist vs raw torch, each case with its own noise-floor row (raw vs raw)."""
+    ws = tdist.get_world_size()
+    rows: list[dict[str, Any]] = []
+    for nbytes in (4 * KiB, MiB):
+        iters = _iters_for(nbytes, quick)[0]
+        samples = 7 if quick else 51
+        for name, pair in _passthrough_cases(torch.ones(nbytes // 4), ws).items():
+            raw = pair["raw"]
+            cases: dict[str, Callable[[], Any]] = {"hw": pair["hw"], "raw": raw, "raw_again": raw}
+            times = measure(cases, iters, samples)
+            rows.append(_row(f"{name} {_size(nbytes)}", times, "hw", "raw"))
+            rows.append(_row(f"control: raw {name} {_size(nbytes)} vs itself", times, "raw_again", "raw"))
+    return rows
+
+
+def bench_passthrough_solo(quick: bool) -> list[dict[str, Any]]:
+    """The wrapper's own cost on a 1-rank group, where the raw call is cheapest."""
+    one = torch.ones(1)
+    iters, samples = (1000 if quick else 2000), (7 if quick else 31)
+    rows = []
+    for name, hw, raw in (
+        ("all_reduce", lambda: hwdist.all_reduce(one), lambda: tdist.all_reduce(one)),
+        ("broadcast", lambda: hwdist.broadcast(one, 0), lambda: tdist.broadcast(one, 0)),
+        ("all_gather same_shape=True", lambda: hwdist.all_gather(one, same_shape=True),
+         lambda: tdist.all_gather([torch.empty_like(one)], one)),
+    ):
+        times = measure({"hw": hw, "raw": raw}, iters, samples)
+        row = _row(f"{name} 1 element, 1-rank group", times, "hw", "raw")
+        row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
+        rows.append(row)
+    return rows
+
+
 def _size(nbytes: int) -> str:
     return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
 
@@ -280,6 +339,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     """Run the benchmark and print the table (and write JSON if asked)."""
+    if "--passthrough" in argv:
+        argv = [a for a in argv if a != "--passthrough"]
+        stages = [(2, bench_passthrough), (1, bench_passthrough_solo)]
+        return bench_main(argv, __doc__.splitlines()[0], stages, format_table)
     return bench_main(argv, __doc__.splitlines()[0], [(2, bench_rank), (1, bench_solo_rank)], format_table)
 
 

@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional, TypeVar, Union
 import torch
 import torch.distributed as torch_dist
 
-from . import _compat, registry, verify
-from .collectives._calls import collective
+from . import _compat, registry
+from .collectives.tensor import barrier  # the engine's barrier; listed here with mmengine's names
 from .launch.resolvers import LOCAL_RANK_VARS, LOCAL_SIZE_VARS
 
 __all__ = [
@@ -169,20 +169,6 @@ def master_only(func: F) -> F:
 
 rank_zero_only = master_only
 """Alias of [`master_only`][hwdist.info.master_only] (vis4d / Lightning name)."""
-
-
-@collective(0)
-def barrier(group: Optional[Any] = None) -> None:
-    """Block until every rank of ``group`` arrives; no-op when not distributed.
-
-    In verification mode a rank that meets another collective instead raises
-    [`hwdist.CollectiveMismatch`][hwdist.verify.CollectiveMismatch] on every rank.
-    """
-    if not is_distributed():
-        return
-    if verify._enabled:
-        verify.check_call("barrier", group, registry.resolve(group))
-    torch_dist.barrier(group)
 
 
 def get_data_device(data: Any) -> torch.device:

@@ -9,7 +9,11 @@ If the ranks disagree, every rank raises [`CollectiveMismatch`][hwdist.verify.Co
 each rank's value, e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
 instead of hanging or returning garbage.
 
-Cost when off: one global flag test per call. Cost when on: one all_reduce
+The tensor collectives reach the check through the collective engine's hook
+(``collectives._engine.set_hook``), installed only while the mode is on; the
+mode is a ``settings.Switch`` and each group's call
+numbers live in its state (``hwdist._state``). Cost when off: one global read
+per call. Cost when on: one all_reduce
 (MAX) of ten int32 per collective (a 124-bit digest of the description and
 its length, and their negations: every rank agrees iff max == -max(-x)), plus
 an exchange of the full descriptions only when they differ (figures in
@@ -25,12 +29,15 @@ import operator
 import os
 import struct
 import sys
+import warnings
 from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as torch_dist
 
-from .collectives import _transport
+from . import _state, registry, settings
+from .collectives import _engine, _transport
+from .errors import CollectiveMismatch
 
 __all__ = [
     "CollectiveMismatch",
@@ -47,42 +54,52 @@ ENV_DEBUG = "HWDIST_DEBUG"
 
 
 def _env_flag(name: str) -> bool:
-    """Off for unset, empty, 0, false, no, off; on for 1, 2, ... (any integer >= 1), true, yes, on.
+    """``settings.flag(name)``: off for unset, empty, 0, false, no, off; on for 1, 2, ..., true, yes, on.
 
     A value that is none of those words turns the mode on with a warning: asking for debugging
     and silently not getting it is the worse mistake (docs/reliability.md).
     """
-    value = os.environ.get(name, "").strip().lower()
-    if value.isascii() and value.isdigit():
-        return int(value) > 0
-    if value in ("", "false", "no", "off"):
-        return False
-    if value not in ("true", "yes", "on"):
-        import warnings
-
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        on = settings.flag(name)
+    if caught:
         warnings.warn(
-            f"{name}={os.environ[name]!r} is not one of 0/false/no/off (off) or 1/2/.../true/yes/on (on);"
+            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off)"
+            " or 1/2/.../true/yes/on (on);"
             " verification mode is ON",
             stacklevel=2,
         )
-    return True
+    return on
 
 
-_enabled: bool = _env_flag(ENV_DEBUG)
+def _check_mode(value: Any) -> tuple[bool, bool]:
+    enabled, call_sites = value
+    return bool(enabled), bool(call_sites)
+
+
+def _mode_changed() -> None:
+    """The switch moved: mirror it, restart the call numbers, install or remove the engine's hook."""
+    global _enabled, _call_sites, _generation
+    _enabled, _call_sites = _MODE.get()
+    _generation += 1
+    _engine.set_hook(_hook if _enabled else None)
+
+
+#: Verification mode as (enabled, call_sites): ``HWDIST_DEBUG`` gives the initial value.
+_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
+    lambda: (_env_flag(ENV_DEBUG), True), _check_mode, _mode_changed
+)
+# Mirrors of _MODE for the modules that still test the flag themselves (objects, results, params).
+_enabled: bool
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
-_call_sites: bool = True
+_call_sites: bool
+_generation = 0  # bumped on every switch: a group's call numbers restart
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# per group: (the group object, next sequence number). Holding the group keeps its id unique;
-# a new default group (destroy + init) restarts the count.
-_sequence: dict[int, tuple[Any, int]] = {}
-
-
-from .errors import CollectiveMismatch  # noqa: E402
 
 
 def verification_enabled() -> bool:
     """Whether verification mode is on in this process."""
-    return _enabled
+    return _MODE.get()[0]
 
 
 def set_verification(enabled: bool, *, call_sites: bool = True) -> bool:
@@ -98,10 +115,7 @@ def set_verification(enabled: bool, *, call_sites: bool = True) -> bool:
         >>> hwdist.set_verification(True)   # same on every rank
         False
     """
-    global _enabled, _call_sites
-    old, _enabled, _call_sites = _enabled, bool(enabled), bool(call_sites)
-    _sequence.clear()
-    return old
+    return _MODE.set((enabled, call_sites))[0]
 
 
 @contextlib.contextmanager
@@ -112,12 +126,16 @@ def verification(enabled: bool = True, *, call_sites: bool = True) -> Iterator[N
         >>> with hwdist.verification():
         ...     hwdist.all_reduce(t)   # raises on every rank if shapes differ
     """
-    old_sites = _call_sites
-    old = set_verification(enabled, call_sites=call_sites)
-    try:
+    with _MODE.override((enabled, call_sites)):
         yield
-    finally:
-        set_verification(old, call_sites=old_sites)
+
+
+def _hook(op: str, group: Any, sample: Any, fields: dict[str, Any]) -> None:
+    """The engine's hook while the mode is on: check the call described by a tensor collective."""
+    if not torch_dist.is_initialized():
+        return
+    device = sample.device if isinstance(sample, torch.Tensor) else None
+    check_call(op, group, registry.resolve(group, device), **fields)
 
 
 def describe_tensor(t: Any) -> str:
@@ -130,7 +148,10 @@ def describe_tensor(t: Any) -> str:
 
 
 def rank_field(value: Any) -> Any:
-    """A ``src``/``dst`` argument as the fingerprint shows it: an int for any integer (``np.int64(0)`` is ``0``), else its repr."""
+    """A ``src``/``dst`` argument as the fingerprint shows it.
+
+    An int for any integer (``np.int64(0)`` is ``0``), else its repr.
+    """
     if not isinstance(value, bool):
         try:
             return operator.index(value)
@@ -157,21 +178,22 @@ def _call_site() -> str:
 
 
 def _next_seq(group: Any) -> int:
-    if group is None:
-        group = torch_dist.GroupMember.WORLD
-    key = id(group)
-    entry = _sequence.get(key)
-    seq = 0 if entry is None or entry[0] is not group else entry[1]
-    _sequence[key] = (group, seq + 1)
+    """This group's next call number (kept in the group's state; restarts when the mode is switched)."""
+    state = _state.of(group if group is not None else torch_dist.GroupMember.WORLD)
+    gen, seq = getattr(state, "verify_seq", (-1, 0))
+    if gen != _generation:
+        seq = 0
+    vars(state)["verify_seq"] = (_generation, seq + 1)
     return seq
 
 
 def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     """Verify that every rank of ``group`` makes the same call; no-op when off.
 
-    Callers test ``verify._enabled`` first, so a collective pays nothing when
-    verification mode is off. Every rank of the group must reach this call
-    (it is itself a collective: one small MAX reduction of ten int32).
+    The tensor collectives reach it through the engine's hook, installed only
+    while the mode is on, so they pay nothing when it is off. Every rank of the
+    group must reach this call (it is itself a collective: one small MAX
+    reduction of ten int32).
 
     Args:
         op: the collective's name.
@@ -278,7 +300,11 @@ def _show(value: Any) -> str:
 
 def seq_reset(group: Optional[Any] = None) -> None:
     """Forget call sequence numbers (all groups, or one)."""
+    global _generation
     if group is None:
-        _sequence.clear()
+        _generation += 1
     else:
-        _sequence.pop(id(group), None)
+        vars(_state.of(group)).pop("verify_seq", None)
+
+
+_mode_changed()  # the initial value (HWDIST_DEBUG): mirrors and the engine's hook

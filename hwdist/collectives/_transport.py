@@ -10,9 +10,13 @@ through the registry; what travels is chosen by the driver's plan (a lossless
 widening, a byte view), so it works on every backend that can move one integer
 dtype.
 
-A driver with ``reduce_by_gather_max_bytes`` (gloo) gets small buffers as one
+A driver whose tuning has ``reduce_by_gather_max_bytes`` (gloo; ``hwdist.drivers.tuning``) gets small buffers as one
 all_gather plus a local reduction: every rank reduces the same rows in the
 same order, so every rank gets the same bits.
+
+Every exchange is issued by the collective engine
+([`issue`][hwdist.collectives._engine.issue]); nothing here calls
+torch.distributed.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 
-from .. import _compat, registry
+from .. import registry
 from ..drivers.base import byte_carrier
 from ..errors import PlanError
+from ..drivers.tuning import tuning
+from ._engine import issue, view, wire_call
 
 Tensor = torch.Tensor
 
@@ -50,33 +55,24 @@ _LOCAL: dict[str, Callable[[Tensor, Tensor], Any]] = {
     "bxor": _bitwise(torch.bitwise_xor),
 }
 
-_TORCH_OPS: dict[str, Any] = (
-    {name: getattr(torch_dist.ReduceOp, name.upper()) for name in ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")}
-    if torch_dist.is_available()
-    else {}
-)
-
-
 def reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
-    """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...)."""
-    limit = driver.reduce_by_gather_max_bytes
+    """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...).
+    """
+    limit = tuning(driver).reduce_by_gather_max_bytes
     local = _LOCAL.get(reduce_op) if limit else None
     if local is not None and buf.numel() * buf.element_size() * world_size <= limit:
         gathered = torch.empty(world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
-        if "all_gather" in driver.flat_ops:
-            _compat.all_gather_into_tensor(gathered, buf.reshape(-1), group)
-        else:  # no flat form on this backend/torch (gloo on torch 2.1)
-            _compat.all_gather_into_tensor_by_list(gathered, buf.reshape(-1), group)
+        issue(wire_call(group, "all_gather_flat", send=buf.reshape(-1), recv=gathered, driver=driver))
         local(gathered.view(world_size, *buf.shape), buf)
     else:
-        torch_dist.all_reduce(buf, _TORCH_OPS[reduce_op], group)
+        issue(wire_call(group, "all_reduce", send=buf, reduce_op=reduce_op))
 
 
 _MAX_PLANS: dict[Any, Any] = {}
 
 
 def max_and_min(values: list[int], group: Any, world_size: int, driver: Any) -> tuple[list[int], list[int]]:
-    """Element-wise max and min over the ranks of 31-bit ints: one small MAX of ``values`` and their negations.
+    """Element-wise max and min over the ranks of 31-bit ints: one small MAX of ``values`` and negations.
 
     Travels as int32, or as a lossless widening the driver plans, or as float64 (which holds 31-bit
     values exactly) where the driver has no integer MAX.
@@ -97,7 +93,7 @@ def max_and_min(values: list[int], group: Any, world_size: int, driver: Any) -> 
 
 
 def _world(group: Any) -> int:
-    return torch_dist.get_world_size(group)
+    return int(view(group).size)
 
 
 def gather_ints(values: Sequence[int], group: Any = None, driver: Any = None) -> list[list[int]]:
@@ -117,7 +113,7 @@ def gather_ints(values: Sequence[int], group: Any = None, driver: Any = None) ->
     wire = mine.view(plan.comm_dtype) if plan.view else mine.to(plan.comm_dtype)
     wire = wire.to(driver.comm_device())
     outs = [torch.empty_like(wire) for _ in range(_world(group))]
-    torch_dist.all_gather(outs, wire, group)
+    issue(wire_call(group, "all_gather", send=wire, recv=outs))
     stacked = torch.stack(outs).cpu()
     back = stacked.view(torch.int64) if plan.view else stacked.to(torch.int64)
     return back.tolist()
@@ -127,7 +123,7 @@ def _gather_padded(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any
     # Lengths are multiples of 8, so the bytes fit any integer carrier up to int64.
     carrier = byte_carrier(driver, "all_gather")
     chunks = list(out.view(carrier).chunk(_world(group)))
-    torch_dist.all_gather(chunks, inp.view(carrier), group=group)
+    issue(wire_call(group, "all_gather", send=inp.view(carrier), recv=chunks))
 
 
 def gather_equal(buf: Tensor, group: Any = None, driver: Any = None) -> Tensor:
@@ -171,18 +167,18 @@ def broadcast_bytes(data: Optional[bytes], src: int, group: Any = None, driver: 
     """
     driver = driver if driver is not None else registry.resolve(group)
     dev = driver.comm_device()
-    me = torch_dist.get_rank()
+    me = view(group).rank
     head = torch.tensor([len(data or b"") if me == src else 0], dtype=torch.int64)
     carrier = byte_carrier(driver, "broadcast")
     head_wire = head.view(torch.uint8).to(dev)
-    torch_dist.broadcast(head_wire.view(carrier), src, group)
+    issue(wire_call(group, "broadcast", send=head_wire.view(carrier), root=src))
     n = int(head_wire.cpu().view(torch.int64)[0])
     width = max(8, (n + 7) // 8 * 8)
     if me == src:
         buf = torch.frombuffer(bytearray(data or b"") + bytearray(width - n), dtype=torch.uint8).to(dev)
     else:
         buf = torch.empty(width, dtype=torch.uint8, device=dev)
-    torch_dist.broadcast(buf.view(carrier), src, group)
+    issue(wire_call(group, "broadcast", send=buf.view(carrier), root=src))
     return buf.cpu().numpy().tobytes()[:n]
 
 
@@ -259,7 +255,7 @@ def gather_rows(
     n = data.size
     inp = _wire(data, carrier, dev)
     out = torch.empty(inp.numel() * world, dtype=carrier, device=dev)
-    work = torch_dist.all_gather(list(out.chunk(world)), inp, group=group, async_op=wait is not None)
+    work = issue(wire_call(group, "all_gather", send=inp, recv=list(out.chunk(world))), wait is not None)
     _settle(work, wait, False)
     width = inp.numel() * _itemsize(carrier)
     rows = _host(out, width * world).reshape(world, width)
@@ -288,7 +284,7 @@ def broadcast_sized(
     dev = driver.comm_device()
     carrier = byte_carrier(driver, "broadcast")
     t = _wire(data, carrier, dev) if data is not None else _room(n, carrier, dev)
-    work = torch_dist.broadcast(t, src=src, group=group, async_op=wait is not None)
+    work = issue(wire_call(group, "broadcast", send=t, root=src), wait is not None)
     _settle(work, wait, False)
     return data if data is not None else _host(t, n)
 
@@ -299,7 +295,7 @@ def send_bytes(
     """Send ``data`` (uint8) to global rank ``dst``, which receives it with ``recv_bytes(len(data), ...)``."""
     driver = driver if driver is not None else registry.resolve(group)
     t = _wire(data, byte_carrier(driver, "send"), driver.comm_device())
-    _settle(torch_dist.isend(t, dst=dst, group=group), wait, True)
+    _settle(issue(wire_call(group, "send", send=t, root=dst), True), wait, True)
 
 
 def recv_bytes(
@@ -308,5 +304,5 @@ def recv_bytes(
     """``n`` bytes from global rank ``src``, sent with ``send_bytes``."""
     driver = driver if driver is not None else registry.resolve(group)
     t = _room(n, byte_carrier(driver, "recv"), driver.comm_device())
-    _settle(torch_dist.irecv(t, src=src, group=group), wait, True)
+    _settle(issue(wire_call(group, "recv", send=t, root=src), True), wait, True)
     return _host(t, n)

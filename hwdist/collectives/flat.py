@@ -128,7 +128,8 @@ def unflatten_tensors(flat: Tensor, layout: FlatLayout) -> list[Tensor]:
         raise ValueError(
             f"unflatten_tensors: flat must be 1-D with {layout.total} elements, got shape {tuple(flat.shape)}"
         )
-    return [flat[off : off + n].view(shape) for off, n, shape in zip(layout.offsets, layout.numels, layout.shapes)]
+    pieces = zip(layout.offsets, layout.numels, layout.shapes)
+    return [flat[off : off + n].view(shape) for off, n, shape in pieces]
 
 
 def copy_from_flat(flat: Tensor, tensors: Sequence[Tensor], layout: Optional[FlatLayout] = None) -> None:

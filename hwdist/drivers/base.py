@@ -211,21 +211,6 @@ class Driver(abc.ABC):
         """The capability table as plain data (for ``hwdist env`` and docs)."""
         return self.caps.as_dict()
 
-    # ---- compatibility: performance knobs moved to hwdist.drivers.tuning ----
-    @property
-    def pack_max_bytes(self) -> int:
-        """Deprecated: ``hwdist.drivers.tuning.tuning(driver).pack_max_bytes``."""
-        from .tuning import tuning
-
-        return tuning(self).pack_max_bytes
-
-    @property
-    def reduce_by_gather_max_bytes(self) -> int:
-        """Deprecated: ``hwdist.drivers.tuning.tuning(driver).reduce_by_gather_max_bytes``."""
-        from .tuning import tuning
-
-        return tuning(self).reduce_by_gather_max_bytes
-
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} device_type={self.device_type!r}>"
 

@@ -14,7 +14,7 @@ from ..collectives._calls import collective
 from ..collectives.flat import bucket_tensors, copy_from_flat, flatten_tensors
 from ..collectives.params import all_reduce_params
 from ..info import is_distributed
-from ...drivers.tuning import tuning
+from ..drivers.tuning import tuning
 from .arguments import check_rank, check_same_tensors, distributed_size, tensor_list
 
 Tensor = torch.Tensor

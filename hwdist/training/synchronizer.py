@@ -16,7 +16,7 @@ from ..collectives import tensor as _t
 from ..collectives.flat import flatten_tensors, unflatten_tensors, unique_tensors
 from ..collectives.params import mib_bytes
 from ..info import is_distributed
-from ...drivers.tuning import tuning
+from ..drivers.tuning import tuning
 from .broadcasts import broadcast_flat
 from .buckets import Bucket, plan_buckets
 from .arguments import check_rank, check_same_tensors, distributed_size, grad_op, tensor_list

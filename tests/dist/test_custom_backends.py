@@ -171,7 +171,7 @@ def _rank_unstartable(tmpdir, name, driver, launcher_env):
     os.environ.update(launcher_env)
     start = time.monotonic()
     # A store no other rank shares: a rendezvous would wait the whole timeout.
-    err = capture_error(hwdist.init_dist, "pytorch", name, 60, init_method=f"file://{tmpdir}/alone-{rank}")
+    err = capture_error(hwdist.init_dist, "pytorch", name, timeout=60, init_method=f"file://{tmpdir}/alone-{rank}")
     return err, time.monotonic() - start, hwdist.is_distributed()
 
 

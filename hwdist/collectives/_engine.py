@@ -1,0 +1,500 @@
+"""The collective engine: the one module of ``hwdist.collectives`` that calls torch.distributed collectives.
+
+Every tensor collective is a thin public function (argument checks, then one
+call of [`GroupView.run`][hwdist.collectives._engine.GroupView.run]) and every
+internal exchange (``_transport``) issues through [`issue`][hwdist.collectives._engine.issue].
+One call goes through the same steps whatever the op (docs/architecture.md):
+
+1. **resolve**: [`view`][hwdist.collectives._engine.view] gives the group's view:
+   the serial null object [`SERIAL`][hwdist.collectives._engine.SERIAL] when
+   torch.distributed is not initialised (each strategy's ``serial`` gives
+   mmengine's single-process result), else a [`GroupView`][hwdist.collectives._engine.GroupView];
+   then ``registry.resolve(group, device)`` gives the driver.
+2. **plan**: ``driver.plan(op, dtype, reduce_op)`` (cached by the driver).
+3. **to wire format**: the strategy's ``to_wire`` fills a [`Call`][hwdist.collectives._engine.Call]
+   with the buffers and the torch op to issue (no copy where none is needed).
+4. **issue**: one torch.distributed call, chosen by ``call.native`` (async where the driver supports it).
+5. **finish**: the strategy's ``finish`` (division, copy back, the result).
+6. **handle**: ``async_op=True`` always returns a
+   [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle].
+
+A pure pass-through (the plan changes nothing, the tensor is contiguous and on
+the comm device) issues torch's call on the caller's tensor directly.
+
+Verification mode is a hook: [`described`][hwdist.collectives._engine.described]
+wraps a public collective so that, while a hook is set
+(``hwdist.verify`` sets it when the mode is on), the call's description is
+handed to it before the argument checks run.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+
+from .. import _compat, registry
+from ..drivers.base import Driver, Plan, Post
+from ._handle import CollectiveHandle
+from ._wire import TORCH_OPS, comm_device
+
+__all__ = [
+    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "described",
+    "set_hook",
+]
+
+Tensor = torch.Tensor
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NO_POST = Post.NONE
+_is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
+
+
+# ---------------------------------------------------------------------------
+# the verification hook
+# ---------------------------------------------------------------------------
+#: Called as ``hook(op, group, sample, fields)`` before a described collective's argument checks; None: off.
+_hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]] = None
+
+
+def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) -> None:
+    """Install (or with None remove) the hook every described collective calls first (verification mode)."""
+    global _hook
+    _hook = hook
+
+
+def described(describe: Callable[..., tuple[Any, Any, dict[str, Any]]]) -> Callable[[F], F]:
+    """Hand the hook each call's ``(group, sample tensor, fields)``, from ``describe(*args, **kwargs)``.
+
+    ``describe`` takes the collective's own arguments; it runs only while a hook is set.
+    """
+
+    def decorate(fn: F) -> F:
+        op = fn.__name__
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            hook = _hook
+            if hook is not None:
+                try:
+                    group, sample, fields = describe(*args, **kwargs)
+                except TypeError:  # the arguments do not bind: the call itself raises the right error
+                    return fn(*args, **kwargs)
+                hook(op, group, sample, fields)
+            return fn(*args, **kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------
+# one call, and the strategies that fill it
+# ---------------------------------------------------------------------------
+class Call:
+    """Everything one collective call needs, from its arguments to its wire buffers.
+
+    Set by the engine: ``view``, ``group``, ``driver``, ``plan``, ``cdev`` (None:
+    ``data`` is on the comm device), ``data``, ``root``, ``rop``, ``extra`` (the
+    op's other arguments). Set by the strategy's ``to_wire``: ``native`` (the
+    torch op to issue, None for nothing), ``send``, ``recv``, ``splits``, ``torch_op`` (reductions),
+    ``tag`` (point to point), ``aliased`` (the wire buffer is ``data``) and
+    ``state`` (its own). ``work`` is torch's ``Work`` of an async issue.
+    """
+
+    view: "GroupView"
+    group: Any = None
+    driver: Driver
+    plan: Plan
+    cdev: Optional[torch.device] = None
+    data: Tensor
+    root: Optional[int] = None
+    rop: Optional[str] = None
+    extra: Any = None
+    native: Optional[str] = None
+    send: Any = None
+    recv: Any = None
+    splits: Any = None
+    torch_op: Any = None
+    tag: int = 0
+    aliased: bool = False
+    state: Any = None
+    work: Any = None
+
+
+class Strategy:
+    """How one op travels: its plan, its wire buffers, its finish; one instance per op (stateless).
+
+    Attributes:
+        op: the op name the driver plans.
+        direct: the op may be issued on the caller's tensor as it is when the plan is a pass-through.
+    """
+
+    op: str = ""
+    direct: bool = False
+
+    def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
+        """The plan of this call (the driver's, cached there); ``data`` is the call's tensor."""
+        return driver.plan(self.op, data.dtype, rop)
+
+    def choose(self, c: Call) -> "Strategy":
+        """The strategy that runs this call (an op with several transports picks one here)."""
+        return self
+
+    def to_wire(self, c: Call) -> None:
+        """Fill ``c``'s wire fields: ``native`` and the buffers."""
+        raise NotImplementedError
+
+    def finish(self, c: Call) -> Any:
+        """After the communication: post-processing, copy back; returns the collective's result."""
+        return None
+
+    def serial(self, data: Optional[Tensor], extra: Any) -> Any:
+        """The result without torch.distributed (mmengine's single-process semantics)."""
+        return None
+
+
+# ---------------------------------------------------------------------------
+# the group views: serial null object and a distributed group
+# ---------------------------------------------------------------------------
+def _done(async_op: bool, result: Any) -> Any:
+    return CollectiveHandle(result=result) if async_op else result
+
+
+class GroupView:
+    """A process group as the collectives see it (distributed)."""
+
+    __slots__ = ("group",)
+    distributed = True
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+
+    @property
+    def size(self) -> int:
+        """The group's number of ranks."""
+        return int(torch_dist.get_world_size(self.group))
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return int(torch_dist.get_rank())
+
+    def ranks(self) -> Optional[list[int]]:
+        """Global ranks of a non-default group, or None for the default group."""
+        group = self.group
+        if group is None or group is _compat.default_group():
+            return None
+        return list(torch_dist.get_process_group_ranks(group))
+
+    def index(self, global_rank: int) -> int:
+        """Position of a global rank inside the group (the index into gathered lists)."""
+        ranks = self.ranks()
+        return global_rank if ranks is None else ranks.index(global_rank)
+
+    def check_rank(self, value: Any, argname: str, fn: str) -> int:
+        """``value`` as a plain int global rank of the group (numpy integers accepted)."""
+        if value.__class__ is int and self.group is None and 0 <= value < torch_dist.get_world_size():
+            return value  # the common case, checked first
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{fn}: {argname} must be an int rank, got {type(value).__name__}: {value!r}")
+        value = int(value)
+        ranks = self.ranks()
+        if ranks is None:
+            ws = self.size
+            if not 0 <= value < ws:
+                raise ValueError(
+                    f"{fn}: {argname} must be a rank in 0..{ws - 1} (world size {ws}), got {value}"
+                )
+        elif value not in ranks:
+            raise ValueError(f"{fn}: {argname} must be a global rank of the group {ranks}, got {value}")
+        return value
+
+    def check_peer(self, value: Any, argname: str, fn: str) -> Optional[int]:
+        """A point-to-point partner: None (any rank) or another rank of the group."""
+        if value is None:
+            return None
+        value = self.check_rank(value, argname, fn)
+        if value == self.rank:
+            raise ValueError(f"{fn}: {argname} must be another rank, got this rank ({value})")
+        return value
+
+    def _direct(
+        self, op: str, data: Tensor, plan: Plan, root: Optional[int], extra: Any, use_async: bool,
+        async_op: bool,
+    ) -> Any:
+        """A pure pass-through, issued on the caller's tensor (no ``Call``, no copy): the fast path."""
+        result: Any = None
+        if op == "all_reduce":
+            torch_op = TORCH_OPS[plan.reduce_op]  # type: ignore[index]
+            work = torch_dist.all_reduce(data, torch_op, self.group, use_async)
+        elif op == "broadcast":
+            work = torch_dist.broadcast(data, root, self.group, use_async)
+        else:  # all_gather with same_shape=True
+            ws = self.size
+            if ws == 1:  # nothing to communicate
+                return CollectiveHandle(result=[data]) if async_op else [data]
+            result = [torch.empty_like(data) for _ in range(ws)]
+            work = torch_dist.all_gather(result, data, self.group, use_async)
+        if not async_op:
+            return result
+        return CollectiveHandle(work, result=result) if use_async else CollectiveHandle(result=result)
+
+    def run(
+        self,
+        strategy: Strategy,
+        data: Any,
+        async_op: bool = False,
+        rop: Optional[str] = None,
+        root: Optional[int] = None,
+        extra: Any = None,
+    ) -> Any:
+        """Resolve, plan, to wire format, issue, finish; a handle when ``async_op``."""
+        group = self.group
+        if data is None:  # barrier
+            driver = registry.resolve(group, None)
+            plan, cdev = strategy.plan(driver, data, rop), None
+        else:
+            driver = registry.resolve(group, data.device)
+            cdev = comm_device(driver, data)
+            if strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
+                plan = driver.plan(strategy.op, data.dtype, rop)
+                # Plan.passthrough spelled with identities, for speed (a false "no" takes the general path)
+                if (
+                    cdev is None
+                    and plan.comm_dtype is plan.dtype
+                    and plan.native_op is plan.op
+                    and plan.post is _NO_POST
+                    and data.is_contiguous()
+                ):
+                    use_async = async_op and driver.supports_async
+                    return self._direct(plan.op, data, plan, root, extra, use_async, async_op)
+            else:
+                plan = strategy.plan(driver, data, rop)
+        use_async = async_op and driver.supports_async
+        c = Call()
+        c.view, c.group, c.driver, c.plan, c.cdev, c.data = self, group, driver, plan, cdev, data
+        c.root, c.rop, c.extra = root, rop, extra
+        strategy = strategy.choose(c)
+        strategy.to_wire(c)
+        if c.native is None:  # nothing to communicate (e.g. a one-rank gather)
+            return _done(async_op, strategy.finish(c))
+        if use_async:
+            c.work = issue(c, True)
+            return CollectiveHandle(c.work, strategy.finish, c)
+        issue(c, False)
+        return _done(async_op, strategy.finish(c))
+
+
+class _Serial:
+    """The serial null object: torch.distributed is not initialised; every collective is local."""
+
+    __slots__ = ()
+    distributed = False
+    group = None
+    size = 1
+    rank = 0
+
+    def ranks(self) -> Optional[list[int]]:
+        return None
+
+    def index(self, global_rank: int) -> int:
+        return 0
+
+    def check_rank(self, value: Any, argname: str, fn: str) -> Any:
+        return value  # any root is this process (mmengine: no check without a group)
+
+    def check_peer(self, value: Any, argname: str, fn: str) -> Any:
+        return value
+
+    def run(
+        self,
+        strategy: Strategy,
+        data: Any,
+        async_op: bool = False,
+        rop: Optional[str] = None,
+        root: Optional[int] = None,
+        extra: Any = None,
+    ) -> Any:
+        """The strategy's serial result (a finished handle when ``async_op``)."""
+        return _done(async_op, strategy.serial(data, extra))
+
+
+#: The view of every group while torch.distributed is not initialised.
+SERIAL = _Serial()
+
+_DEFAULT_VIEW = GroupView(None)  # a view holds nothing but its group: the default group's is shared
+
+
+def view(group: Any) -> Any:
+    """The view of ``group`` (None: the default group); [`SERIAL`][hwdist.collectives._engine.SERIAL]
+    when torch.distributed is not initialised."""
+    if not _is_initialized():
+        return SERIAL
+    return _DEFAULT_VIEW if group is None else GroupView(group)
+
+
+# ---------------------------------------------------------------------------
+# issue: every torch.distributed collective hwdist makes
+# ---------------------------------------------------------------------------
+def _all_reduce(c: Call, a: bool) -> Any:
+    return torch_dist.all_reduce(c.send, c.torch_op, c.group, a)
+
+
+def _reduce(c: Call, a: bool) -> Any:
+    return torch_dist.reduce(c.send, c.root, c.torch_op, c.group, a)
+
+
+def _broadcast(c: Call, a: bool) -> Any:
+    return torch_dist.broadcast(c.send, c.root, c.group, a)
+
+
+def _all_gather(c: Call, a: bool) -> Any:
+    return torch_dist.all_gather(c.recv, c.send, c.group, a)
+
+
+def _all_gather_flat(c: Call, a: bool) -> Any:
+    if "all_gather" in c.driver.flat_ops:
+        return _compat.all_gather_into_tensor(c.recv, c.send, c.group)  # type: ignore[misc]
+    # no flat form on this backend and torch (gloo on torch 2.1)
+    return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group)
+
+
+def _gather(c: Call, a: bool) -> Any:
+    return torch_dist.gather(c.send, c.recv, c.root, c.group, a)
+
+
+def _scatter(c: Call, a: bool) -> Any:
+    return torch_dist.scatter(c.recv, c.send, c.root, c.group, a)
+
+
+def _reduce_scatter(c: Call, a: bool) -> Any:
+    return torch_dist.reduce_scatter(c.recv, c.send, c.torch_op, c.group, a)
+
+
+def _all_to_all(c: Call, a: bool) -> Any:
+    return torch_dist.all_to_all(c.recv, c.send, c.group, a)
+
+
+def _all_to_all_single(c: Call, a: bool) -> Any:
+    out_splits, in_splits = c.splits
+    return torch_dist.all_to_all_single(c.recv, c.send, out_splits, in_splits, c.group, a)
+
+
+def _barrier(c: Call, a: bool) -> Any:
+    return torch_dist.barrier(c.group, a)
+
+
+def _send(c: Call, a: bool) -> Any:
+    if a:
+        return torch_dist.isend(c.send, c.root, c.group, c.tag)
+    torch_dist.send(c.send, c.root, c.group, c.tag)
+    return None
+
+
+def _recv(c: Call, a: bool) -> Any:
+    if a:
+        return torch_dist.irecv(c.send, c.root, c.group, c.tag)
+    c.state = torch_dist.recv(c.send, c.root, c.group, c.tag)  # the sender's rank
+    return None
+
+
+_ISSUE: dict[str, Callable[[Call, bool], Any]] = {
+    "all_reduce": _all_reduce,
+    "reduce": _reduce,
+    "broadcast": _broadcast,
+    "all_gather": _all_gather,
+    "all_gather_flat": _all_gather_flat,
+    "gather": _gather,
+    "scatter": _scatter,
+    "reduce_scatter": _reduce_scatter,
+    "all_to_all": _all_to_all,
+    "all_to_all_single": _all_to_all_single,
+    "barrier": _barrier,
+    "send": _send,
+    "recv": _recv,
+}
+
+
+def issue(c: Call, async_op: bool = False) -> Any:
+    """Issue ``c.native`` on ``c``'s buffers; torch's ``Work`` when ``async_op``, else None."""
+    return _ISSUE[c.native](c, async_op)  # type: ignore[index]
+
+
+def wire_call(
+    group: Any,
+    native: str,
+    send: Any = None,
+    recv: Any = None,
+    root: Optional[int] = None,
+    driver: Optional[Driver] = None,
+    reduce_op: Optional[str] = None,
+) -> Call:
+    """A ``Call`` for hwdist's own traffic (``_transport``), for [`issue`][hwdist.collectives._engine.issue].
+
+    ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions.
+    """
+    c = Call()
+    c.group, c.native, c.send, c.recv, c.root = group, native, send, recv, root
+    if driver is not None:
+        c.driver = driver
+    if reduce_op is not None:
+        c.torch_op = TORCH_OPS[reduce_op]
+    return c
+
+
+# ---------------------------------------------------------------------------
+# the shape exchange of uneven gathers (one function: issue 17 replaces it here)
+# ---------------------------------------------------------------------------
+_HEADER_DIMS = 6  # dims carried in the first shape exchange; more costs a second one
+_KNOWN_DTYPES = [
+    getattr(torch, n)
+    for n in (
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32"
+        " float64 complex32 complex64 complex128 float8_e4m3fn float8_e5m2"
+    ).split()
+    if isinstance(getattr(torch, n, None), torch.dtype)
+]
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return zlib.crc32(str(dtype).encode()) & 0x7FFFFFFF
+
+
+_CODE_TO_DTYPE = {_dtype_code(d): d for d in _KNOWN_DTYPES}
+
+
+def exchange_shapes(data: Tensor, g: GroupView, driver: Driver, fn: str) -> list[torch.Size]:
+    """Every rank's shape of ``data`` (one small all_gather); TypeError on every rank if the dtypes differ."""
+    from . import _transport  # the transport issues through this module
+
+    shape = list(data.shape)
+    head = [_dtype_code(data.dtype), len(shape)] + (shape + [0] * _HEADER_DIMS)[:_HEADER_DIMS]
+    rows = _transport.gather_ints(head, g.group, driver)
+    codes = [r[0] for r in rows]
+    if len(set(codes)) > 1:
+        names = ", ".join(
+            f"rank {i}: {str(_CODE_TO_DTYPE.get(c, f'dtype #{c}')).replace('torch.', '')}"
+            for i, c in enumerate(codes)
+        )
+        raise TypeError(f"{fn}: every rank must pass the same dtype; got {names}")
+    max_ndim = max(r[1] for r in rows)
+    if max_ndim > _HEADER_DIMS:  # rare: a second exchange with every dim
+        rows2 = _transport.gather_ints((shape + [0] * max_ndim)[:max_ndim], g.group, driver)
+        return [torch.Size(rows2[i][: rows[i][1]]) for i in range(len(rows))]
+    return [torch.Size(r[2 : 2 + r[1]]) for r in rows]
+
+
+def shape_numels(shapes: Sequence[torch.Size]) -> list[int]:
+    """The element count of each shape."""
+    out = []
+    for s in shapes:
+        n = 1
+        for d in s:
+            n *= d
+        out.append(n)
+    return out

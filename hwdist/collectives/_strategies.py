@@ -1,0 +1,283 @@
+"""The engine's strategies for the tensor collectives: each op's wire buffers and finish.
+
+A strategy never calls torch.distributed: its ``to_wire`` names the torch op
+(``call.native``) and fills the buffers, the engine issues it
+(hwdist/collectives/_engine.py), and its ``finish`` copies back and builds the
+result. ``serial`` is the op without a process group (mmengine's semantics).
+all_to_all's transports are in ``_alltoall.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from ..drivers.base import Driver, Plan
+from . import _args
+from ._engine import Call, Strategy, exchange_shapes
+from ._wire import comm_numel, copy_source, finish_reduction, from_comm, itemsize, prepare, restore, torch_op
+
+Tensor = torch.Tensor
+
+
+class AllReduce(Strategy):
+    """all_reduce: in place; the mean's division and the copy back after it."""
+
+    op = "all_reduce"
+    direct = True
+
+    def to_wire(self, c: Call) -> None:
+        c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
+        c.torch_op = torch_op(c.plan)
+        c.native = "all_reduce"
+
+    def finish(self, c: Call) -> None:
+        finish_reduction(c.data, c.send, c.plan, c.view.size, c.aliased)
+
+
+class Reduce(Strategy):
+    """reduce to ``root``; an all_reduce where the backend has no reduce (the plan says so)."""
+
+    op = "reduce"
+
+    def to_wire(self, c: Call) -> None:
+        c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
+        c.torch_op = torch_op(c.plan)
+        c.native = c.plan.native_op
+
+    def finish(self, c: Call) -> None:
+        if c.view.rank == c.root:
+            finish_reduction(c.data, c.send, c.plan, c.view.size, c.aliased)
+
+
+class Broadcast(Strategy):
+    """broadcast from ``root``, in place."""
+
+    op = "broadcast"
+    direct = True
+
+    def to_wire(self, c: Call) -> None:
+        c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
+        c.native = "broadcast"
+
+    def finish(self, c: Call) -> None:
+        if not c.aliased and c.view.rank != c.root:
+            restore(c.data, c.send, c.plan)
+
+
+_REAL_OF_COMPLEX = {
+    d: r
+    for d, r in (
+        (getattr(torch, "complex32", None), torch.float16),
+        (torch.complex64, torch.float32),
+        (torch.complex128, torch.float64),
+    )
+    if d is not None
+}
+
+
+class Gather(Strategy):
+    """all_gather (``root`` None) or gather to ``root``; uneven shapes padded to the largest.
+
+    ``extra`` is ``same_shape``: without it every rank's shape is exchanged first
+    ([`exchange_shapes`][hwdist.collectives._engine.exchange_shapes]).
+    """
+
+    def __init__(self, op: str, direct: bool = False) -> None:
+        self.op = op
+        self.direct = direct  # only with same_shape=True: no exchange, so a pass-through needs nothing else
+
+    def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
+        plan = driver.plan(self.op, data.dtype)
+        if plan.native_op == "gather" and data.is_complex() and not plan.view:
+            # torch.distributed.gather, unlike all_gather, does not view complex tensors as real pairs
+            # (gloo: "Invalid scalar type"): travel as the real pairs' (planned) dtype, a byte-exact view
+            real = driver.plan(self.op, _REAL_OF_COMPLEX[data.dtype])
+            plan = dataclasses.replace(plan, comm_dtype=real.comm_dtype, view=True)
+        return plan
+
+    def to_wire(self, c: Call) -> None:
+        g, plan, data = c.view, c.plan, c.data
+        ws = g.size
+        if ws == 1:
+            c.state = None
+            return  # nothing to communicate: finish returns [data]
+        shapes = None if c.extra else exchange_shapes(data, g, c.driver, self.op)
+        even = shapes is None or all(s == shapes[0] for s in shapes)
+        keep = c.root is None or g.rank == c.root
+        buf, _ = prepare(data, plan, c.cdev)
+        if not even:
+            assert shapes is not None
+            width = max(comm_numel(s, plan) for s in shapes)
+            buf = buf.reshape(-1)
+            if buf.numel() < width:
+                padded = buf.new_empty(width)
+                padded[: buf.numel()].copy_(buf)
+                buf = padded
+        c.native = plan.native_op
+        c.send = buf
+        outs = [torch.empty_like(buf) for _ in range(ws)] if keep or c.native == "all_gather" else []
+        c.recv = outs if keep or c.native == "all_gather" else None
+        c.state = (shapes, even, keep)
+
+    def finish(self, c: Call) -> list[Tensor]:
+        if c.state is None:
+            return [c.data]
+        shapes, even, keep = c.state
+        if not keep:
+            return []
+        plan, data = c.plan, c.data
+        if even:
+            if not plan.cast and c.cdev is None:
+                return c.recv  # type: ignore[no-any-return]
+            return [from_comm(o, plan, data.shape, data.device) for o in c.recv]
+        return [from_comm(o[: comm_numel(s, plan)], plan, s, data.device) for o, s in zip(c.recv, shapes)]
+
+    def serial(self, data: Optional[Tensor], extra: Any) -> list[Tensor]:
+        assert data is not None
+        return [data]
+
+
+class Scatter(Strategy):
+    """scatter from ``root`` (``extra``: the scatter_list); where the backend has no scatter, one broadcast
+    of every row.
+
+    The root validates the list; when it is wrong the root still joins the
+    collective with a failure flag in every row (a status slot as wide as one
+    element of data, so byte views stay aligned), so every rank raises.
+    """
+
+    op = "scatter"
+
+    def to_wire(self, c: Call) -> None:
+        g, plan, data, cdev = c.view, c.plan, c.data, c.cdev
+        ws = g.size
+        device = cdev if cdev is not None else data.device
+        n = comm_numel(data.shape, plan)
+        h = itemsize(plan.dtype) // itemsize(plan.comm_dtype) if plan.view else 1
+        error: Optional[str] = None
+        rows: Optional[Tensor] = None
+        if g.rank == c.root:
+            items: list[Tensor] = []
+            try:
+                items = _args.check_tensor_list(c.extra, "scatter_list", "scatter", ws, data)
+                _args.check_shapes(items, data, "scatter_list", "scatter")
+            except (TypeError, ValueError) as exc:
+                error = str(exc)
+            rows = torch.zeros((ws, h + n), dtype=plan.comm_dtype, device=device)
+            if error is None:
+                for i, t in enumerate(items):
+                    rows[i, h:].copy_(copy_source(t, plan, cdev))
+            else:
+                rows[:, 0] = 1
+        c.native = plan.native_op
+        if c.native == "scatter":
+            c.recv = torch.empty(h + n, dtype=plan.comm_dtype, device=device)
+            c.send = list(rows.unbind(0)) if rows is not None else None
+        else:  # emulated: one broadcast of every row
+            whole = rows
+            if whole is None:
+                whole = torch.empty((ws, h + n), dtype=plan.comm_dtype, device=device)
+            c.send, c.recv = whole, whole[g.index(g.rank)]
+        c.state = (error, h)
+
+    def finish(self, c: Call) -> None:
+        error, h = c.state
+        if error is not None:
+            raise ValueError(error)
+        if bool(c.recv[0].item()):
+            raise ValueError(
+                f"scatter: the scatter_list given on src rank {c.root} was invalid"
+                f" (see the error on rank {c.root})"
+            )
+        restore(c.data, c.recv[h:], c.plan)
+
+    def serial(self, data: Optional[Tensor], extra: Any) -> None:
+        assert data is not None
+        items = _args.check_tensor_list(extra, "scatter_list", "scatter", 1, data)
+        with torch.no_grad():
+            data.copy_(items[0])
+
+
+class ReduceScatter(Strategy):
+    """reduce_scatter (``extra``: the checked input list); an all_reduce of the whole input plus a slice
+    where the backend has no reduce_scatter."""
+
+    op = "reduce_scatter"
+
+    def to_wire(self, c: Call) -> None:
+        g, plan, output, cdev = c.view, c.plan, c.data, c.cdev
+        ws = g.size
+        device = cdev if cdev is not None else output.device
+        flat = torch.empty((ws, comm_numel(output.shape, plan)), dtype=plan.comm_dtype, device=device)
+        for i, t in enumerate(c.extra):
+            flat[i].copy_(copy_source(t, plan, cdev))
+        c.native = plan.native_op
+        c.torch_op = torch_op(plan)
+        if c.native == "reduce_scatter":
+            out_buf, c.aliased = prepare(output, plan, cdev)
+            c.send, c.recv = list(flat.unbind(0)), out_buf.reshape(-1)
+        else:
+            c.send, c.recv, c.aliased = flat, flat[g.index(g.rank)], False
+
+    def finish(self, c: Call) -> None:
+        finish_reduction(c.data, c.recv, c.plan, c.view.size, c.aliased)
+
+    def serial(self, data: Optional[Tensor], extra: Any) -> None:
+        assert data is not None
+        with torch.no_grad():
+            data.copy_(extra[0])
+
+
+class Barrier(Strategy):
+    """barrier: no data."""
+
+    op = "barrier"
+
+    def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
+        return _BARRIER_PLAN
+
+    def to_wire(self, c: Call) -> None:
+        c.native = "barrier"
+
+
+_BARRIER_PLAN = Plan("barrier", "barrier", torch.uint8, torch.uint8)
+
+
+class PointToPoint(Strategy):
+    """send / recv with ``root`` the partner (None: any sender); ``extra`` is (function name, tag)."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+
+    def to_wire(self, c: Call) -> None:
+        c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
+        c.native = self.op
+        c.tag = c.extra[1]
+
+    def finish(self, c: Call) -> Optional[int]:
+        if self.op == "send":
+            return None
+        if not c.aliased:
+            restore(c.data, c.send, c.plan)
+        if c.work is None:  # synchronous: torch's recv gave the sender
+            return int(c.state)
+        return int(c.root) if c.root is not None else int(c.work._source_rank())
+
+    def serial(self, data: Optional[Tensor], extra: Any) -> None:
+        raise RuntimeError(f"{extra[0]} needs a process group: call hwdist.init_dist(...) first")
+
+
+ALL_REDUCE = AllReduce()
+REDUCE = Reduce()
+BROADCAST = Broadcast()
+ALL_GATHER = Gather("all_gather")
+ALL_GATHER_SAME_SHAPE = Gather("all_gather", direct=True)  # the engine may issue a pass-through directly
+GATHER = Gather("gather")
+SCATTER = Scatter()
+REDUCE_SCATTER = ReduceScatter()
+BARRIER = Barrier()
+SEND = PointToPoint("send")
+RECV = PointToPoint("recv")

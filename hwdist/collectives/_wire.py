@@ -1,0 +1,132 @@
+"""The wire format: a caller's tensor as it travels (comm device, comm dtype, byte view) and back.
+
+A [`Plan`][hwdist.drivers.base.Plan] says how one call travels; these helpers
+apply it without a copy where none is needed. Nothing here communicates.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed as torch_dist
+
+from ..drivers.base import Driver, Plan, Post
+
+Tensor = torch.Tensor
+
+#: Reduce-op names a Plan issues -> torch values ('avg' is the native mean).
+TORCH_OPS: dict[str, Any] = (
+    {
+        n: getattr(torch_dist.ReduceOp, n.upper())
+        for n in ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
+    }
+    if torch_dist.is_available()
+    else {}
+)
+
+_ITEMSIZE: dict[torch.dtype, int] = {}
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype``."""
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
+def torch_op(plan: Plan) -> Any:
+    """The ``torch.distributed.ReduceOp`` a reduction plan issues."""
+    return TORCH_OPS[plan.reduce_op or "sum"]
+
+
+# Comm devices without an index (e.g. 'cpu') cannot change with set_device: remember them.
+_FIXED_COMM_DEVICE: dict[Driver, torch.device] = {}
+
+
+def comm_device(driver: Driver, data: Tensor) -> Optional[torch.device]:
+    """None when ``data`` already sits on the driver's comm device, else that device."""
+    cdev = _FIXED_COMM_DEVICE.get(driver)
+    if cdev is None:
+        cdev = driver.comm_device()
+        if cdev.index is None:
+            _FIXED_COMM_DEVICE[driver] = cdev
+    return None if data.device == cdev else cdev
+
+
+def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Tensor, bool]:
+    """The tensor to communicate and whether it shares memory with ``data``."""
+    if plan.view:
+        t = data if cdev is None else data.to(cdev)
+        aliased = cdev is None and data.is_contiguous()
+        return t.contiguous().reshape(-1).view(plan.comm_dtype), aliased
+    if plan.comm_dtype != plan.dtype or cdev is not None:
+        return (
+            data.to(
+                device=cdev if cdev is not None else data.device,
+                dtype=plan.comm_dtype,
+                memory_format=torch.contiguous_format,
+            ),
+            False,
+        )
+    if not data.is_contiguous():
+        return data.contiguous(), False
+    return data, True
+
+
+def comm_numel(shape: Sequence[int], plan: Plan) -> int:
+    """Number of comm-dtype elements a tensor of ``shape`` occupies on the wire."""
+    n = 1
+    for d in shape:
+        n *= d
+    if plan.view:
+        return n * itemsize(plan.dtype) // itemsize(plan.comm_dtype)
+    return n
+
+
+def as_comm_flat(t: Tensor, plan: Plan, cdev: Optional[torch.device]) -> Tensor:
+    """``t`` flattened in the plan's comm dtype on the comm device (may alias ``t``)."""
+    return prepare(t, plan, cdev)[0].reshape(-1)
+
+
+def copy_source(t: Tensor, plan: Plan, cdev: Optional[torch.device]) -> Tensor:
+    """``t`` flattened, to ``copy_`` into a comm buffer (which casts and moves); the byte view if planned."""
+    return prepare(t, plan, cdev)[0].reshape(-1) if plan.view else t.reshape(-1)
+
+
+def from_comm(buf: Tensor, plan: Plan, shape: Sequence[int], device: torch.device) -> Tensor:
+    """A received comm buffer as a tensor of the caller's dtype, ``shape`` and device."""
+    if plan.view:
+        out = buf.reshape(-1).view(plan.dtype).reshape(shape)
+    elif buf.dtype != plan.dtype:
+        out = buf.to(plan.dtype).reshape(shape)
+    else:
+        out = buf.reshape(shape)
+    return out if out.device == device else out.to(device)
+
+
+def restore(data: Tensor, buf: Tensor, plan: Plan) -> None:
+    """Copy a comm buffer back into the caller's tensor (its dtype, shape and device)."""
+    with torch.no_grad():
+        if plan.view:
+            data.copy_(buf.reshape(-1).view(plan.dtype).reshape(data.shape))
+        else:
+            data.copy_(buf.reshape(data.shape))
+
+
+def divide(buf: Tensor, n: int) -> None:
+    """In-place mean from a sum: true division for floats, floor division for integers."""
+    with torch.no_grad():
+        if buf.is_floating_point() or buf.is_complex():
+            buf.div_(n)
+        else:
+            buf.div_(n, rounding_mode="floor")
+
+
+def finish_reduction(data: Tensor, buf: Tensor, plan: Plan, ws: int, aliased: bool) -> None:
+    """After a reduction: the mean's division, then the copy back unless ``buf`` is ``data``."""
+    if plan.post is Post.DIVIDE:
+        divide(buf, ws)
+    if not aliased:
+        restore(data, buf, plan)

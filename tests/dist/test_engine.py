@@ -1,0 +1,264 @@
+"""The collective engine: the uniform async handle, the serial null object, the verification hook.
+
+Distributed checks run on real ranks (gloo and the emulated accelerator, whose
+process group refuses what its driver declares unsupported, so cast, byte-view
+and emulated paths run for real). The serial checks run in this test process,
+where torch.distributed is not initialised. The expected values are computed
+here from rank numbers alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+import torch
+
+import hwdist
+from hwdist import _state, verify
+from hwdist.collectives import _engine
+from hwdist.collectives.tensor import CollectiveHandle
+from hwdist.testing.pytest_plugin import backends, world_sizes
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------
+# async_op=True: always a CollectiveHandle whose wait() returns the sync result
+# ---------------------------------------------------------------------------
+def _async_everywhere() -> dict:
+    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    out: dict = {}
+
+    def handle(name, h, value):
+        done_twice = None
+        if isinstance(h, CollectiveHandle):
+            got = h.wait()
+            done_twice = h.wait() is got and h.is_completed()
+            got = value(got)
+        else:
+            got = None
+        out[name] = (type(h).__name__, got, done_twice)
+
+    t = torch.tensor([r + 1.0])  # a pure pass-through on gloo
+    handle("all_reduce pass-through", hwdist.all_reduce(t, async_op=True), lambda res: (res, t.tolist()))
+    b = torch.tensor([r + 1.0], dtype=torch.bfloat16)  # a cast on every backend: bf16 mean
+    handle("all_reduce cast", hwdist.all_reduce(b, "mean", async_op=True), lambda res: (res, b.tolist()))
+    c = torch.tensor([10.0 * r])
+    handle("broadcast", hwdist.broadcast(c, src=ws - 1, async_op=True), lambda res: (res, c.tolist()))
+    handle(
+        "all_gather same_shape",
+        hwdist.all_gather(torch.tensor([r]), same_shape=True, async_op=True),
+        lambda res: [x.tolist() for x in res],
+    )
+    handle(
+        "all_gather uneven",
+        hwdist.all_gather(torch.arange(r + 1), async_op=True),
+        lambda res: [x.tolist() for x in res],
+    )
+    lists = lambda res: [x.tolist() for x in res]  # noqa: E731
+    handle("gather", hwdist.gather(torch.tensor([r]), dst=0, async_op=True), lists)
+    d = torch.tensor([r + 1], dtype=torch.int32)
+    on_dst = lambda res: (res, d.tolist() if r == 0 else None)  # noqa: E731
+    handle("reduce", hwdist.reduce(d, dst=0, op="max", async_op=True), on_dst)
+    s = torch.zeros(1)
+    lst = [torch.tensor([float(i)]) for i in range(ws)] if r == 0 else None
+    handle("scatter", hwdist.scatter(s, lst, src=0, async_op=True), lambda res: (res, s.tolist()))
+    o = torch.zeros(1)
+    handle(
+        "reduce_scatter",
+        hwdist.reduce_scatter(o, [torch.tensor([float(r + i)]) for i in range(ws)], async_op=True),
+        lambda res: (res, o.tolist()),
+    )
+    outs = [torch.zeros(1, dtype=torch.int64) for _ in range(ws)]
+    handle(
+        "all_to_all",
+        hwdist.all_to_all(outs, [torch.tensor([10 * r + j]) for j in range(ws)], async_op=True),
+        lambda res: (res, [x.tolist() for x in outs]),
+    )
+    if ws > 1:
+        if r == 0:
+            handle("isend", hwdist.isend(torch.tensor([7.0]), dst=1), lambda res: res)
+        elif r == 1:
+            got = torch.zeros(1)
+            handle("irecv", hwdist.irecv(got, src=None), lambda res: (res, got.tolist()))
+    return out
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", world_sizes())
+def test_async_op_always_returns_a_collective_handle(dist, world_size, backend):
+    ws = world_size
+    for r, got in enumerate(dist(_async_everywhere, world_size, backend)):
+        for name, (kind, _, twice) in got.items():
+            assert kind == "CollectiveHandle", (name, kind)
+            assert twice is True, name
+        total = ws * (ws + 1) / 2
+        assert got["all_reduce pass-through"][1] == (None, [total])
+        assert got["all_reduce cast"][1] == (None, [total / ws])
+        assert got["broadcast"][1] == (None, [10.0 * (ws - 1)])
+        assert got["all_gather same_shape"][1] == [[i] for i in range(ws)]
+        assert got["all_gather uneven"][1] == [list(range(i + 1)) for i in range(ws)]
+        assert got["gather"][1] == ([[i] for i in range(ws)] if r == 0 else [])
+        assert got["reduce"][1] == (None, [ws] if r == 0 else None)
+        assert got["scatter"][1] == (None, [float(r)])
+        assert got["reduce_scatter"][1] == (None, [float(sum(q + r for q in range(ws)))])
+        assert got["all_to_all"][1] == (None, [[10 * j + r] for j in range(ws)])
+        if ws > 1 and r == 0:
+            assert got["isend"][1] is None
+        if ws > 1 and r == 1:
+            assert got["irecv"][1] == (0, [7.0])  # the sender's rank, and the data
+
+
+# ---------------------------------------------------------------------------
+# the serial null object: no process group in this test process
+# ---------------------------------------------------------------------------
+def test_without_a_process_group_every_collective_is_local():
+    assert not torch.distributed.is_initialized()
+    assert _engine.view(None) is _engine.SERIAL
+    t = torch.tensor([1.0, 2.0])
+    assert hwdist.all_reduce(t, "mean") is None and t.tolist() == [1.0, 2.0]
+    assert hwdist.reduce(t, dst=5) is None  # any root is this process, as in mmengine
+    assert hwdist.broadcast(t, src=3) is None and t.tolist() == [1.0, 2.0]
+    assert hwdist.all_gather(t) == [t] and hwdist.gather(t, dst=0) == [t]
+    out = torch.zeros(2)
+    hwdist.scatter(out, [torch.tensor([5.0, 6.0])])
+    assert out.tolist() == [5.0, 6.0]
+    hwdist.reduce_scatter(out, [torch.tensor([7.0, 8.0])])
+    assert out.tolist() == [7.0, 8.0]
+    outs = [torch.zeros(2)]
+    hwdist.all_to_all(outs, [torch.tensor([3.0, 4.0])])
+    assert outs[0].tolist() == [3.0, 4.0]
+    hwdist.barrier()
+    assert hwdist.pad_to_largest_tensor(torch.ones(2, 2))[0] == [4]
+    assert hwdist.reduce_mean(t) is t
+    # async: a finished handle with the sync result
+    h = hwdist.all_gather(t, async_op=True)
+    assert isinstance(h, CollectiveHandle) and h.is_completed() and h.wait() == [t]
+    assert hwdist.all_reduce(t, async_op=True).wait() is None
+    # the argument checks still run
+    with pytest.raises(ValueError, match="op must be one of"):
+        hwdist.all_reduce(t, "median")
+    with pytest.raises(TypeError, match="data must be a torch.Tensor"):
+        hwdist.broadcast([1.0])
+    with pytest.raises(ValueError, match="scatter_list must hold 1 tensors"):
+        hwdist.scatter(out, [out, out])
+    # point to point needs a partner
+    for fn in (hwdist.send, hwdist.isend):
+        with pytest.raises(RuntimeError, match=f"{fn.__name__} needs a process group"):
+            fn(t, 1)
+    with pytest.raises(RuntimeError, match="irecv needs a process group"):
+        hwdist.irecv(t)
+
+
+# ---------------------------------------------------------------------------
+# verification mode: the engine's hook, and its call numbers in the group's state
+# ---------------------------------------------------------------------------
+def _hook_rank() -> dict:
+    out: dict = {"off": _engine._hook is None}
+    seen: list = []
+
+    def record(op, group, sample, fields):
+        seen.append((op, fields))
+
+    with verify.verification():
+        out["on"] = _engine._hook is not None
+        hwdist.all_reduce(torch.ones(2))
+        hwdist.broadcast(torch.ones(2), src=0)
+        state = _state.of(torch.distributed.GroupMember.WORLD)
+        out["seq"] = vars(state).get("verify_seq", (None, None))[1]
+        # a recording hook in place of verification's: it sees the raw arguments before they are checked
+        _engine.set_hook(record)
+        try:
+            try:
+                hwdist.all_reduce([1.0, 2.0], op="Max")
+            except TypeError as exc:
+                out["checked_after"] = str(exc)
+            hwdist.all_gather(torch.zeros(3), same_shape=True)
+            hwdist.barrier()
+            t = torch.zeros(1)
+            if hwdist.get_world_size() > 1:  # point to point is never described (one partner, not the group)
+                if hwdist.get_rank() == 0:
+                    hwdist.send(t, 1)
+                elif hwdist.get_rank() == 1:
+                    hwdist.recv(t, 0)
+        finally:
+            _engine.set_hook(verify._hook)
+    out["seen"] = seen
+    out["off_again"] = _engine._hook is None
+    # a mismatch through the hook: every rank raises, naming each rank's value
+    with verify.verification():
+        try:
+            hwdist.all_reduce(torch.zeros(1 + (hwdist.get_rank() == 1)))
+            out["mismatch"] = None
+        except verify.CollectiveMismatch as exc:
+            out["mismatch"] = str(exc)
+    return out
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", world_sizes())
+def test_verification_is_a_hook_of_the_engine(dist, world_size, backend):
+    for got in dist(_hook_rank, world_size, backend):
+        assert got["off"] and got["on"] and got["off_again"]
+        assert got["seq"] == 2  # all_reduce and broadcast, counted in the default group's state
+        assert "all_reduce: data must be a torch.Tensor, got list" in got["checked_after"]
+        assert [tuple(x) for x in got["seen"]] == [
+            ("all_reduce", {"data": "list", "reduce_op": "max"}),
+            ("all_gather", {"data": "float32[3]@cpu", "same_shape": True}),
+            ("barrier", {}),
+        ]
+        if world_size == 1:
+            assert got["mismatch"] is None  # nothing to compare with
+        else:
+            text = "data: " + "; ".join(
+                f"rank {r}: float32[{2 if r == 1 else 1}]@cpu" for r in range(world_size)
+            )
+            assert text in got["mismatch"], got["mismatch"]
+
+
+def test_switching_verification_restarts_the_call_numbers():
+    assert verify.verification_enabled() is False
+    old = verify.set_verification(True, call_sites=False)
+    try:
+        assert old is False and verify.verification_enabled() and _engine._hook is verify._hook
+        assert verify._call_sites is False
+    finally:
+        assert verify.set_verification(False) is True
+    assert _engine._hook is None and verify._call_sites is True
+
+
+# ---------------------------------------------------------------------------
+# the engine is the one module of the tensor collectives and the transport that calls torch.distributed
+# ---------------------------------------------------------------------------
+_ENGINE_USERS = [
+    "hwdist/collectives/tensor.py",
+    "hwdist/collectives/_strategies.py",
+    "hwdist/collectives/_alltoall.py",
+    "hwdist/collectives/_transport.py",
+    "hwdist/collectives/_wire.py",
+    "hwdist/collectives/_args.py",
+    "hwdist/collectives/_handle.py",
+    "hwdist/collectives/_fingerprints.py",
+    "hwdist/verify.py",
+]
+_COLLECTIVES = {
+    "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
+    "all_to_all_single", "barrier", "send", "recv", "isend", "irecv", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "all_gather_single", "reduce_scatter_single", "batch_isend_irecv",
+}
+
+
+@pytest.mark.parametrize("path", _ENGINE_USERS)
+def test_only_the_engine_issues_torch_collectives(path):
+    tree = ast.parse((ROOT / path).read_text())
+    bad = [
+        f"{path}:{node.lineno}: {node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in ("torch_dist", "dist", "tdist", "_dist", "_compat")
+        and node.attr in _COLLECTIVES
+    ]
+    assert not bad, bad
