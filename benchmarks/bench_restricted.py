@@ -24,7 +24,8 @@ from hwdist.collectives import serialization as ser
 def cases() -> dict[str, Any]:
     return {
         "20k result dicts (one collect_results chunk)": [
-            {"idx": i, "score": i * 0.5, "label": f"c{i % 10}", "box": [1.0, 2.0, 3.0, 4.0]} for i in range(20_000)
+            {"idx": i, "score": i * 0.5, "label": f"c{i % 10}", "box": [1.0, 2.0, 3.0, 4.0]}
+            for i in range(20_000)
         ],
         "32 MiB numpy array (out of band)": {"a": np.ones(4 << 20)},
         "1,000 small arrays (4 x 4 float32)": [np.ones((4, 4), np.float32) for _ in range(1000)],
@@ -51,7 +52,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for name, obj in cases().items():
         data = ser.encode(obj).to_numpy()
         a, b = best_decode(data, plain, repeat), best_decode(data, restricted, repeat)
-        print(f"| {name} | {data.nbytes / 2**20:.2f} MiB | {a * 1e3:.2f} ms | {b * 1e3:.2f} ms | {b / a:.1f}x |")
+        print(
+            f"| {name} | {data.nbytes / 2**20:.2f} MiB | {a * 1e3:.2f} ms | {b * 1e3:.2f} ms | {b / a:.1f}x |"
+        )
     return 0
 
 

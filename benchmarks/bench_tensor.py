@@ -40,7 +40,6 @@ import hwdist
 from ._common import KiB, MiB, bench_main, fmt_us, measure
 
 
-
 def resnet50_shapes() -> list[tuple[int, ...]]:
     """Parameter shapes of torchvision's ResNet-50 (161 tensors, 25.6 M floats)."""
     shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
@@ -134,7 +133,9 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
         times = measure(cases, iters, samples)
         rows.append(_row(f"broadcast {_size(nbytes)}", times, "hw", "raw"))
         if nbytes < MiB:
-            rows.append(_row("control: raw broadcast 4 KiB with a 5 us busy-wait first", times, "raw_busy", "raw"))
+            rows.append(
+                _row("control: raw broadcast 4 KiB with a 5 us busy-wait first", times, "raw_busy", "raw")
+            )
 
     # ---- all_reduce_dict of 20 metrics ------------------------------------------------
     metrics = {f"metric_{i:02d}": torch.tensor(float(i + rank)) for i in range(20)}
@@ -192,7 +193,9 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     # ---- per-call overhead on a 1-element tensor --------------------------------------------
     one = torch.ones(1)
     iters, samples = (100 if quick else 200), (7 if quick else 31)
-    times = measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
+    times = measure(
+        {"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples
+    )
     row = _row("all_reduce 1 element, 2 ranks", times, "hw", "raw")
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     rows.append(row)
@@ -231,7 +234,9 @@ def _dict_python_cost(metrics: dict, raw_dict: Callable[[], None], ws: int, quic
     tdist.all_reduce = lambda t, *args, **kwargs: t.mul_(ws)  # type: ignore[assignment]
     _compat.all_gather_into_tensor = gather_same
     try:
-        times = measure_local({"hw": lambda: hwdist.all_reduce_dict(metrics), "raw": raw_dict}, 2000 if quick else 5000, 7)
+        times = measure_local(
+            {"hw": lambda: hwdist.all_reduce_dict(metrics), "raw": raw_dict}, 2000 if quick else 5000, 7
+        )
     finally:
         tdist.all_reduce, _compat.all_gather_into_tensor = real
     row = _row("all_reduce_dict 20 metrics, CPU time without the collective", times, "hw", "raw")
@@ -256,7 +261,9 @@ def bench_solo_rank(quick: bool) -> list[dict[str, Any]]:
     """Wrapper cost with a 1-rank gloo group: the raw call is cheapest, so the overhead shows."""
     one = torch.ones(1)
     iters, samples = (1000 if quick else 2000), (7 if quick else 31)
-    times = measure({"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples)
+    times = measure(
+        {"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)}, iters, samples
+    )
     row = _row("all_reduce 1 element, 1-rank group", times, "hw", "raw")
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     return [row]
@@ -307,8 +314,11 @@ def bench_passthrough_solo(quick: bool) -> list[dict[str, Any]]:
     for name, hw, raw in (
         ("all_reduce", lambda: hwdist.all_reduce(one), lambda: tdist.all_reduce(one)),
         ("broadcast", lambda: hwdist.broadcast(one, 0), lambda: tdist.broadcast(one, 0)),
-        ("all_gather same_shape=True", lambda: hwdist.all_gather(one, same_shape=True),
-         lambda: tdist.all_gather([torch.empty_like(one)], one)),
+        (
+            "all_gather same_shape=True",
+            lambda: hwdist.all_gather(one, same_shape=True),
+            lambda: tdist.all_gather([torch.empty_like(one)], one),
+        ),
     ):
         times = measure({"hw": hw, "raw": raw}, iters, samples)
         row = _row(f"{name} 1 element, 1-rank group", times, "hw", "raw")

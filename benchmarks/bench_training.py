@@ -61,7 +61,9 @@ def cnn(channels: int, blocks: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def _steps(make: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.Tensor) -> tuple[dict[str, Callable[[], None]], dict[str, Any]]:
+def _steps(
+    make: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.Tensor
+) -> tuple[dict[str, Callable[[], None]], dict[str, Any]]:
     """One step function per variant, each on its own copy of the model."""
     variants: dict[str, Callable[[], None]] = {}
     info: dict[str, Any] = {}
@@ -73,7 +75,9 @@ def _steps(make: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.Tensor
             model = torch.nn.parallel.DistributedDataParallel(model)
         return model, torch.optim.SGD(model.parameters(), lr=1e-3)
 
-    def step_fn(model: torch.nn.Module, opt: torch.optim.Optimizer, after_backward: Callable[[], None]) -> Callable[[], None]:
+    def step_fn(
+        model: torch.nn.Module, opt: torch.optim.Optimizer, after_backward: Callable[[], None]
+    ) -> Callable[[], None]:
         def step() -> None:
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(x), y).backward()
@@ -107,8 +111,18 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     rank = tdist.get_rank()
     g = torch.Generator().manual_seed(rank)
     cases = [
-        ("MLP", lambda: mlp(512, 6), torch.randn(64, 512, generator=g), torch.randint(0, 10, (64,), generator=g)),
-        ("CNN", lambda: cnn(16, 16), torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g)),
+        (
+            "MLP",
+            lambda: mlp(512, 6),
+            torch.randn(64, 512, generator=g),
+            torch.randint(0, 10, (64,), generator=g),
+        ),
+        (
+            "CNN",
+            lambda: cnn(16, 16),
+            torch.randn(8, 3, 16, 16, generator=g),
+            torch.randint(0, 10, (8,), generator=g),
+        ),
     ]
     rows: list[dict[str, Any]] = []
     for name, make, x, y in cases:

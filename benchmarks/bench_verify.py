@@ -34,7 +34,6 @@ def _measure_modes(cases: dict[str, Callable[[], Any]], iters: int, samples: int
     return measure(cases, iters, samples, context=lambda name: verify.verification(name.startswith("on")))
 
 
-
 def _row(label: str, times: dict[str, list[float]]) -> dict[str, Any]:
     on, off, raw = times["on"], times["off"], times.get("raw")
     row: dict[str, Any] = {
@@ -58,22 +57,32 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
         t = torch.ones(numel)
         iters = 10 if numel >= MiB // 4 else (100 if quick else 300)
         times = _measure_modes(
-            {"off": lambda: hwdist.all_reduce(t), "on": lambda: hwdist.all_reduce(t), "raw": lambda: tdist.all_reduce(t)},
+            {
+                "off": lambda: hwdist.all_reduce(t),
+                "on": lambda: hwdist.all_reduce(t),
+                "raw": lambda: tdist.all_reduce(t),
+            },
             iters,
             samples,
         )
         rows.append(_row(f"all_reduce {label}", times))
     t = torch.ones(KiB)
-    times = _measure_modes({"off": lambda: hwdist.all_gather(t), "on": lambda: hwdist.all_gather(t)}, 100, samples)
+    times = _measure_modes(
+        {"off": lambda: hwdist.all_gather(t), "on": lambda: hwdist.all_gather(t)}, 100, samples
+    )
     rows.append(_row("all_gather 4 KiB (shape exchange)", times))
     metrics = {f"metric_{i:02d}": torch.tensor(float(i)) for i in range(20)}
     times = _measure_modes(
-        {"off": lambda: hwdist.all_reduce_dict(metrics), "on": lambda: hwdist.all_reduce_dict(metrics)}, 100, samples
+        {"off": lambda: hwdist.all_reduce_dict(metrics), "on": lambda: hwdist.all_reduce_dict(metrics)},
+        100,
+        samples,
     )
     rows.append(_row("all_reduce_dict 20 metrics (off: its layout check rides in the data)", times))
     obj = {"rank": tdist.get_rank(), "loss": 0.5}
     times = _measure_modes(
-        {"off": lambda: hwdist.all_gather_object(obj), "on": lambda: hwdist.all_gather_object(obj)}, 100, samples
+        {"off": lambda: hwdist.all_gather_object(obj), "on": lambda: hwdist.all_gather_object(obj)},
+        100,
+        samples,
     )
     rows.append(_row("all_gather_object small dict", times))
     return rows
@@ -88,7 +97,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         raw = f"{r['off_over_raw']:.2f}x" if "off_over_raw" in r else "-"
         lines.append(
-            f"| {r['case']} | {fmt_us(r['off_median_us'])} | {fmt_us(r['on_median_us'])} | {r['on_over_off']:.2f}x |"
+            f"| {r['case']} | {fmt_us(r['off_median_us'])} | {fmt_us(r['on_median_us'])} |"
+            f" {r['on_over_off']:.2f}x |"
             f" {fmt_us(r['added_us'])} | {raw} |"
         )
     return "\n".join(lines)

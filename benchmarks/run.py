@@ -43,7 +43,10 @@ def main(argv: list[str]) -> int:
         print(f"\n=== {mod} {' '.join(flags)} ===", flush=True)
         start = time.perf_counter()
         code = subprocess.call([sys.executable, "-m", f"benchmarks.{mod}", *flags], cwd=root, env=env)
-        print(f"=== {mod}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {time.perf_counter() - start:.1f}s ===")
+        print(
+            f"=== {mod}: {'ok' if code == 0 else f'FAILED (exit {code})'}"
+            f" in {time.perf_counter() - start:.1f}s ==="
+        )
         failed += code != 0
     return failed
 

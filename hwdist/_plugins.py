@@ -16,7 +16,9 @@ def entry_points(group: str) -> list[Any]:
         return list(metadata.entry_points().get(group, []))  # type: ignore[attr-defined]
 
 
-def load_plugins(group: str, what: str, known: Callable[[str], bool], register: Callable[[str, Any], Any]) -> None:
+def load_plugins(
+    group: str, what: str, known: Callable[[str], bool], register: Callable[[str, Any], Any]
+) -> None:
     """Register every entry point of ``group`` not yet ``known``; a broken one only warns.
 
     Args:

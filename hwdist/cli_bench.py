@@ -179,15 +179,13 @@ def _case(op: str, impl: str, count: int, dtype: torch.dtype, fill: bool) -> Cas
         ins = [data(rank, per, shift=j) for j in range(n)]
         out = torch.zeros(per, dtype=dtype, device=dev)
         call = (lambda: fn(out, ins)) if fn else (lambda: tdist.reduce_scatter(out, ins))
-        got = lambda _r: [out]
-        return call, got, lambda: [total(per, shift=rank)]
+        return call, lambda _r: [out], lambda: [total(per, shift=rank)]
     if op == "all_to_all":
         m = max(per // n, 1)
         ins = [data(rank, m, shift=2 * j) for j in range(n)]
         outs = [torch.empty_like(t) for t in ins]
         call = (lambda: fn(outs, ins)) if fn else (lambda: tdist.all_to_all(outs, ins))
-        got = lambda _r: outs
-        return call, got, lambda: [_pattern(j, m, shift=2 * rank) for j in range(n)]
+        return call, lambda _r: outs, lambda: [_pattern(j, m, shift=2 * rank) for j in range(n)]
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -41,20 +41,33 @@ SETTINGS: dict[str, Setting] = {
     for s in (
         Setting("HWDIST_BACKEND", "text", "", "force this backend instead of auto-detection"),
         Setting("HWDIST_DEVICE", "text", "", "force this device type instead of auto-detection"),
-        Setting("HWDIST_DEBUG", "flag", "0", "verification mode: check every collective's arguments across ranks"),
         Setting(
-            "HWDIST_OBJECT_PATH", "choice", "portable", "object collectives: hwdist's portable path or torch's own",
+            "HWDIST_DEBUG", "flag", "0", "verification mode: check every collective's arguments across ranks"
+        ),
+        Setting(
+            "HWDIST_OBJECT_PATH", "choice", "portable",
+            "object collectives: hwdist's portable path or torch's own",
             ("portable", "native"),
         ),
         Setting(
             "HWDIST_TEST_BACKENDS", "text", "",
-            "pytest plugin: the backends the dist fixtures run on (default: the CPU one and the emulated accelerator)",
+            "pytest plugin: the backends the dist fixtures run on"
+            " (default: the CPU one and the emulated accelerator)",
         ),
-        Setting("HWDIST_TEST_WORLD_SIZES", "text", "1,2,3", "pytest plugin: the world sizes the dist fixtures run"),
+        Setting(
+            "HWDIST_TEST_WORLD_SIZES", "text", "1,2,3", "pytest plugin: the world sizes the dist fixtures run"
+        ),
         Setting("HWDIST_TEST_MAX_POOLS", "integer", "6", "pytest plugin: rank pools kept alive at once"),
-        Setting("HWDIST_TEST_TIMEOUT", "number", "120", "testing harness: seconds one multi-rank call may take"),
-        Setting("HWDIST_TEST_PG_TIMEOUT", "number", "30", "testing harness: the process-group timeout, seconds"),
-        Setting("HWDIST_CHECK_INJECT", "text", "", "hwdist check: inject a wrong result (op:dtype:mode) to see it caught"),
+        Setting(
+            "HWDIST_TEST_TIMEOUT", "number", "120", "testing harness: seconds one multi-rank call may take"
+        ),
+        Setting(
+            "HWDIST_TEST_PG_TIMEOUT", "number", "30", "testing harness: the process-group timeout, seconds"
+        ),
+        Setting(
+            "HWDIST_CHECK_INJECT", "text", "",
+            "hwdist check: inject a wrong result (op:dtype:mode) to see it caught",
+        ),
         Setting("HWDIST_BENCH_INJECT", "text", "", "hwdist bench: inject a wrong result into this op"),
         Setting("HWDIST_FLIGHT_RECORDER", "flag", "1", "flight recorder: record every collective (0: off)"),
         Setting("HWDIST_FLIGHT_SIZE", "integer", "2048", "flight recorder: entries kept per process"),
@@ -137,7 +150,9 @@ def choice(name: str) -> str:
     setting = SETTINGS[name]
     value = (_raw(name) or setting.default).lower()
     if value not in setting.choices:
-        raise ValueError(f"environment variable {name} must be one of {', '.join(setting.choices)}, got {value!r}")
+        raise ValueError(
+            f"environment variable {name} must be one of {', '.join(setting.choices)}, got {value!r}"
+        )
     return value
 
 

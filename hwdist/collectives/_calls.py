@@ -95,7 +95,9 @@ def _refuse(fn: str, holder: int) -> None:
     )
 
 
-def _observed(name: str, fn: Callable[..., Any], group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _observed(
+    name: str, fn: Callable[..., Any], group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """Run ``fn`` under the observers, unless an outer public call of this thread already is."""
     if getattr(_local, "depth", 0):
         return fn(*args, **kwargs)
@@ -134,11 +136,13 @@ def _end(tokens: list[tuple[Observer, Any]], error: Optional[BaseException]) -> 
 
 def _drop(obs: Observer, exc: Exception) -> None:
     remove_observer(obs)
-    warnings.warn(f"hwdist: call observer {obs!r} raised {exc!r}; it was removed", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"hwdist: call observer {obs!r} raised {exc!r}; it was removed", RuntimeWarning, stacklevel=3
+    )
 
 
 def collective(group_index: int, name: Optional[str] = None) -> Callable[[F], F]:
-    """Decorate a public collective whose ``group`` argument is positional ``group_index`` (or keyword ``group``).
+    """Decorate a public collective whose ``group`` is positional ``group_index`` (or keyword ``group``).
 
     Args:
         group_index: position of the ``group`` parameter.

@@ -20,7 +20,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..errors import ArgumentAssertionError, CollectiveArgumentError, ObjectCollectiveError, SerializationError
+from ..errors import (
+    ArgumentAssertionError,
+    CollectiveArgumentError,
+    ObjectCollectiveError,
+    SerializationError,
+)
 from .serialization import Frame
 
 __all__ = [

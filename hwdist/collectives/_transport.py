@@ -10,9 +10,9 @@ through the registry; what travels is chosen by the driver's plan (a lossless
 widening, a byte view), so it works on every backend that can move one integer
 dtype.
 
-A driver whose tuning has ``reduce_by_gather_max_bytes`` (gloo; ``hwdist.drivers.tuning``) gets small buffers as one
-all_gather plus a local reduction: every rank reduces the same rows in the
-same order, so every rank gets the same bits.
+A driver whose tuning has ``reduce_by_gather_max_bytes`` (gloo;
+``hwdist.drivers.tuning``) gets small buffers as one all_gather plus a local
+reduction: every rank reduces the same rows in the same order, so every rank gets the same bits.
 
 Every exchange is issued by the collective engine
 ([`issue`][hwdist.collectives._engine.issue]); nothing here calls

@@ -27,7 +27,15 @@ from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from ..errors import MissingPackageError
 from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
 
-__all__ = ["init_backend", "destroy", "as_timedelta", "init_dist", "init_local_group", "new_group", "LEGACY_BACKEND_IDS"]
+__all__ = [
+    "init_backend",
+    "destroy",
+    "as_timedelta",
+    "init_dist",
+    "init_local_group",
+    "new_group",
+    "LEGACY_BACKEND_IDS",
+]
 
 #: Integer ids of torch<=0.4's ``dist_backend`` enum, mapped to today's names.
 #: ``0`` was TCP, removed from torch in 1.0 (an error says so).
@@ -131,7 +139,8 @@ def _backend_name(backend: Any) -> str:
         known = ", ".join(f"{k} -> {v!r}" for k, v in LEGACY_BACKEND_IDS.items())
         if backend == LEGACY_TCP_ID:
             raise registry.BackendError(
-                f"backend={backend} is torch<=0.4's dist_backend.TCP: {LEGACY_BACKENDS['tcp']} (legacy ids: {known})"
+                f"backend={backend} is torch<=0.4's dist_backend.TCP: {LEGACY_BACKENDS['tcp']}"
+                f" (legacy ids: {known})"
             )
         raise registry.BackendError(f"backend={backend} is not a legacy dist_backend id; known ids: {known}")
     if isinstance(backend, str):
@@ -140,7 +149,9 @@ def _backend_name(backend: Any) -> str:
                 f"backend must be a non-empty name; available: {', '.join(registry.available_backends())}"
             )
         return backend.strip()
-    raise TypeError(f"backend must be a str, an int legacy id or None, got {type(backend).__name__}: {backend!r}")
+    raise TypeError(
+        f"backend must be a str, an int legacy id or None, got {type(backend).__name__}: {backend!r}"
+    )
 
 
 #: ``init_backend`` values of mmengine's ``init_dist``: the package each needs and its initialiser.
@@ -197,8 +208,8 @@ def init_dist(
     LOCAL rank before the group exists, and creates the per-node local groups.
 
     Args:
-        launcher: ``'auto'`` ([`infer_launcher`][hwdist.launch.resolvers.infer_launcher]), ``'pytorch'`` (torchrun),
-            ``'slurm'``, ``'mpi'``, ``'none'`` (no process group), or a
+        launcher: ``'auto'`` ([`infer_launcher`][hwdist.launch.resolvers.infer_launcher]),
+            ``'pytorch'`` (torchrun), ``'slurm'``, ``'mpi'``, ``'none'`` (no process group), or a
             launcher registered with [`register_launcher`][hwdist.launch.resolvers.register_launcher].
         backend: a backend name, used as named (never replaced by an
             accelerator's); a legacy integer id (``1`` mpi, ``2`` gloo,

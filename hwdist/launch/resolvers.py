@@ -4,12 +4,14 @@ A [`Launcher`][hwdist.launch.resolvers.Launcher] knows how to recognise its envi
 how to turn it into a [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] (``resolve``): global rank, world
 size, local rank, node and rendezvous address. Resolvers are pure: they read
 a mapping (``os.environ`` by default) and never write it; ``init_dist``
-exports the result with [`LaunchInfo.exports`][hwdist.launch.resolvers.LaunchInfo.exports], which never overwrites a
-variable the user already set.
+exports the result with
+[`LaunchInfo.exports`][hwdist.launch.resolvers.LaunchInfo.exports], which
+never overwrites a variable the user already set.
 
 Launchers are registered like backends: the built-in ones (``pytorch``,
 ``mpi``, ``slurm``, ``none``) at import, third-party ones with
-[`register_launcher`][hwdist.launch.resolvers.register_launcher] or the ``hwdist.launchers`` entry-point group.
+[`register_launcher`][hwdist.launch.resolvers.register_launcher] or the
+``hwdist.launchers`` entry-point group.
 [`infer_launcher`][hwdist.launch.resolvers.infer_launcher] tries them in ``priority`` order.
 """
 
@@ -82,7 +84,8 @@ class LaunchInfo:
             raise LauncherError(f"{self.launcher}: local rank must be >= 0, got {self.local_rank}")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise LauncherError(
-                f"{self.launcher}: the rendezvous port (MASTER_PORT) must be in 1..65535, got {self.master_port}"
+                f"{self.launcher}: the rendezvous port (MASTER_PORT) must be in 1..65535,"
+                f" got {self.master_port}"
             )
         if self.local_world_size is not None and not 0 <= self.local_rank < self.local_world_size:
             raise LauncherError(
@@ -130,7 +133,8 @@ def env_int(env: Mapping[str, str], *names: str, what: str = "") -> Optional[int
 
 
 def require_int(env: Mapping[str, str], launcher: str, *names: str) -> int:
-    """Like [`env_int`][hwdist.launch.resolvers.env_int] but raises a clear error naming the variables when unset."""
+    """Like [`env_int`][hwdist.launch.resolvers.env_int] but raises a clear error naming the variables when
+    unset."""
     value = env_int(env, *names)
     if value is None:
         raise LauncherError(
@@ -302,7 +306,8 @@ def register_launcher(name: str, launcher: Any = None, *, override: bool = False
 
     Args:
         name: the name users pass to ``init_dist(launcher=...)``.
-        launcher: a [`Launcher`][hwdist.launch.resolvers.Launcher] instance or subclass (omit for decorator use).
+        launcher: a [`Launcher`][hwdist.launch.resolvers.Launcher] instance or subclass
+            (omit for decorator use).
         override: replace an existing registration instead of raising.
 
     Raises:
@@ -343,7 +348,12 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    load_plugins(LAUNCHER_ENTRY_POINT_GROUP, "launcher", _launchers.__contains__, lambda n, obj: _register(n, obj, False))
+    load_plugins(
+        LAUNCHER_ENTRY_POINT_GROUP,
+        "launcher",
+        _launchers.__contains__,
+        lambda n, obj: _register(n, obj, False),
+    )
 
 
 def list_launchers() -> list[str]:

@@ -163,7 +163,9 @@ class SlurmLauncher(Launcher):
         rank = require_int(env, self.name, "SLURM_PROCID")
         world = require_int(env, self.name, "SLURM_NTASKS", "SLURM_NPROCS")
         node = env_int(env, "SLURM_NODEID")
-        local_size = env_int(env, "SLURM_NTASKS_PER_NODE") if "(" not in env.get("SLURM_NTASKS_PER_NODE", "") else None
+        local_size = (
+            env_int(env, "SLURM_NTASKS_PER_NODE") if "(" not in env.get("SLURM_NTASKS_PER_NODE", "") else None
+        )
         per_node = env.get("SLURM_TASKS_PER_NODE", "").strip()
         if per_node:
             counts = expand_tasks_per_node(per_node)
@@ -187,7 +189,9 @@ class SlurmLauncher(Launcher):
             check_consistent(env, self.name, var, value, src)
         addr = env.get("MASTER_ADDR") or None
         if addr is None:
-            nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST")
+            nodelist = (
+                env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST")
+            )
             if not nodelist:
                 raise LauncherError(
                     "launcher 'slurm': MASTER_ADDR is not set and neither is SLURM_NODELIST;"

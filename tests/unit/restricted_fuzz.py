@@ -1,4 +1,6 @@
-"""Fuzzes the restricted unpickler in this (child) process: ``python -m tests.unit.restricted_fuzz MARKER SECONDS CURRENT``.
+"""Fuzzes the restricted unpickler in this (child) process.
+
+Run as ``python -m tests.unit.restricted_fuzz MARKER SECONDS CURRENT``.
 
 hypothesis generates two kinds of payloads: valid pickles (legit objects,
 hwdist frames' streams, the hostile payloads of restricted_probe.py) with a
@@ -29,19 +31,66 @@ from hwdist.collectives import serialization as ser
 from tests.unit.restricted_probe import attacks, diff, legit_objects, load_one, snapshot, touch, warm_up
 
 PEAK_LIMIT = 32 << 20
-_EXTREMES = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 2**31 - 1, 2**31, 2**32 - 1, 2**62, 2**63 - 1, 2**64 - 1]
+_EXTREMES = [
+    0,
+    1,
+    2,
+    0x7F,
+    0x80,
+    0xFF,
+    0x7FFF,
+    0xFFFF,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**62,
+    2**63 - 1,
+    2**64 - 1,
+]
 _GLOBALS = [
-    ("builtins", "bytearray"), ("builtins", "bytes"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "set"),
-    ("builtins", "tuple"), ("builtins", "frozenset"), ("builtins", "range"), ("builtins", "slice"), ("builtins", "int"),
-    ("builtins", "str"), ("builtins", "complex"), ("builtins", "float"), ("builtins", "bool"), ("builtins", "eval"),
-    ("builtins", "getattr"), ("builtins", "open"), ("os", "system"), ("io", "open"), ("collections", "Counter"),
-    ("collections", "OrderedDict"), ("collections", "defaultdict"), ("collections", "deque"),
-    ("datetime", "datetime"), ("datetime", "timedelta"), ("datetime", "timezone"), ("decimal", "Decimal"),
-    ("fractions", "Fraction"), ("torch", "Size"), ("torch", "device"), ("torch", "float32"), ("torch", "_dynamo"),
-    ("torch._utils", "_rebuild_parameter"), ("torch._utils", "_rebuild_tensor_v2"), ("torch.nn.parameter", "Parameter"),
-    ("hwdist.collectives.serialization", "_rebuild_tensor"), ("numpy", "dtype"), ("numpy", "ndarray"),
-    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
-    ("numpy._core.numeric", "_frombuffer"), ("numpy.core.multiarray", "_reconstruct"), ("copyreg", "_reconstructor"),
+    ("builtins", "bytearray"),
+    ("builtins", "bytes"),
+    ("builtins", "list"),
+    ("builtins", "dict"),
+    ("builtins", "set"),
+    ("builtins", "tuple"),
+    ("builtins", "frozenset"),
+    ("builtins", "range"),
+    ("builtins", "slice"),
+    ("builtins", "int"),
+    ("builtins", "str"),
+    ("builtins", "complex"),
+    ("builtins", "float"),
+    ("builtins", "bool"),
+    ("builtins", "eval"),
+    ("builtins", "getattr"),
+    ("builtins", "open"),
+    ("os", "system"),
+    ("io", "open"),
+    ("collections", "Counter"),
+    ("collections", "OrderedDict"),
+    ("collections", "defaultdict"),
+    ("collections", "deque"),
+    ("datetime", "datetime"),
+    ("datetime", "timedelta"),
+    ("datetime", "timezone"),
+    ("decimal", "Decimal"),
+    ("fractions", "Fraction"),
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("torch", "float32"),
+    ("torch", "_dynamo"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch.nn.parameter", "Parameter"),
+    ("hwdist.collectives.serialization", "_rebuild_tensor"),
+    ("numpy", "dtype"),
+    ("numpy", "ndarray"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("copyreg", "_reconstructor"),
 ]
 
 
@@ -113,12 +162,21 @@ def _op_tokens() -> st.SearchStrategy[bytes]:
         "bytes4": st.binary(max_size=16).map(lambda b: struct.pack("<I", len(b)) + b),
         "bytes8": st.binary(max_size=16).map(lambda b: struct.pack("<Q", len(b)) + b),
         "bytearray8": st.binary(max_size=16).map(lambda b: struct.pack("<Q", len(b)) + b),
-        "unicodestring1": st.sampled_from([n for pair in _GLOBALS for n in pair] + ["__class__", "f8", "V8", "<", "|"])
-        .map(lambda s: bytes([len(s.encode())]) + s.encode()),
-        "unicodestring4": st.text(max_size=8).map(lambda s: struct.pack("<I", len(s.encode("utf-8", "surrogatepass")))
-                                                  + s.encode("utf-8", "surrogatepass")),
-        "unicodestring8": st.text(max_size=8).map(lambda s: struct.pack("<Q", len(s.encode("utf-8", "surrogatepass")))
-                                                  + s.encode("utf-8", "surrogatepass")),
+        "unicodestring1": st.sampled_from(
+            [n for pair in _GLOBALS for n in pair] + ["__class__", "f8", "V8", "<", "|"]
+        ).map(lambda s: bytes([len(s.encode())]) + s.encode()),
+        "unicodestring4": st.text(max_size=8).map(
+            lambda s: (
+                struct.pack("<I", len(s.encode("utf-8", "surrogatepass")))
+                + s.encode("utf-8", "surrogatepass")
+            )
+        ),
+        "unicodestring8": st.text(max_size=8).map(
+            lambda s: (
+                struct.pack("<Q", len(s.encode("utf-8", "surrogatepass")))
+                + s.encode("utf-8", "surrogatepass")
+            )
+        ),
     }
     tokens = []
     for op in pickletools.opcodes:
@@ -152,14 +210,20 @@ class Fuzzer:
         self.examples += 1
         assert outcome in ("refused", "loaded"), f"{outcome}: {msg}"
         assert not os.path.exists(self.marker), "the payload ran code (the marker file exists)"
-        assert peak < PEAK_LIMIT + 64 * len(payload), f"peak memory {peak} bytes for a {len(payload)}-byte payload"
+        assert peak < PEAK_LIMIT + 64 * len(payload), (
+            f"peak memory {peak} bytes for a {len(payload)}-byte payload"
+        )
         changed = diff(before, snapshot())
         assert not changed, f"globals changed: {changed}"
 
     def run(self, seconds: float) -> int:
         tokens = _op_tokens()
         opts = settings(
-            max_examples=150, deadline=None, database=None, derandomize=False, suppress_health_check=list(HealthCheck)
+            max_examples=150,
+            deadline=None,
+            database=None,
+            derandomize=False,
+            suppress_health_check=list(HealthCheck),
         )
         end = time.monotonic() + seconds
         runs = 0

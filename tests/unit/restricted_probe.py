@@ -62,11 +62,18 @@ def attacks(marker: str) -> dict[str, bytes]:
             R(_RECONSTRUCT, (np.ndarray, (0,), b"b"), (1, (1,), obj_field, False, b"AAAAAAAA")), protocol=4
         ),
         # 1b: the ndarray constructor with strides whose bounds check overflows
-        "ndarray_huge_strides": pickle.dumps(R(np.ndarray, ((3, 3), "f8", b"A" * 72, 0, (2**62, 2**62))), protocol=4),
+        "ndarray_huge_strides": pickle.dumps(
+            R(np.ndarray, ((3, 3), "f8", b"A" * 72, 0, (2**62, 2**62))), protocol=4
+        ),
         # 1c: a plain dtype whose BUILD state sets the object flag bits
-        "dtype_flags": pickle.dumps(R(np.dtype, ("f8", False, True), (3, "<", None, None, None, -1, -1, 63)), protocol=4),
+        "dtype_flags": pickle.dumps(
+            R(np.dtype, ("f8", False, True), (3, "<", None, None, None, -1, -1, 63)), protocol=4
+        ),
         # 3: BUILD with slot state on an allow-listed class: setattr on the class itself
-        "counter_missing": _g("collections", "Counter") + b"(N}V__missing__\n" + _g("builtins", "bool") + b"stb.",
+        "counter_missing": _g("collections", "Counter")
+        + b"(N}V__missing__\n"
+        + _g("builtins", "bool")
+        + b"stb.",
         "fraction_eq": _g("fractions", "Fraction") + b"(N}V__eq__\n" + _g("builtins", "slice") + b"stb.",
         "ndarray_class_state": _g("numpy", "ndarray") + b"(N}Vsum\n" + _g("builtins", "int") + b"stb.",
         # 4: size-driven allocation: bytearray(2**30) from ~30 bytes, and the length opcodes
@@ -83,9 +90,20 @@ def attacks(marker: str) -> dict[str, bytes]:
         "os_system": pickle.dumps(R(os.system, (f"touch {marker}",)), protocol=2),
         # deep nesting CPython hashes / frees recursively in C
         "deep_tuple_hash": b"\x80\x04}" + b")" + b"\x85" * 200_000 + b"K\x01s.",
-        "deep_deque": b"\x80\x04" + _g("collections", "deque") + b"\x94" + b"h\x00(]" * 100_000 + b"h\x00(]tR" + b"atR" * 100_000 + b".",
-        "deep_defaultdict": b"\x80\x04" + _g("collections", "defaultdict") + b"\x94" + b"h\x00(NtRK\x01" * 100_000
-        + b"h\x00(NtR" + b"s" * 100_000 + b".",
+        "deep_deque": b"\x80\x04"
+        + _g("collections", "deque")
+        + b"\x94"
+        + b"h\x00(]" * 100_000
+        + b"h\x00(]tR"
+        + b"atR" * 100_000
+        + b".",
+        "deep_defaultdict": b"\x80\x04"
+        + _g("collections", "defaultdict")
+        + b"\x94"
+        + b"h\x00(NtRK\x01" * 100_000
+        + b"h\x00(NtR"
+        + b"s" * 100_000
+        + b".",
     }
 
 
@@ -135,8 +153,25 @@ def _watched_classes() -> list[type]:
     from hwdist.collectives import _restricted_checks as checks
 
     classes = {v for v in checks._VALUES.values() if isinstance(v, type)}
-    classes |= {getattr(builtins, n) for n in ("bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset",
-                                                "int", "list", "range", "set", "slice", "str", "tuple")}
+    classes |= {
+        getattr(builtins, n)
+        for n in (
+            "bool",
+            "bytearray",
+            "bytes",
+            "complex",
+            "dict",
+            "float",
+            "frozenset",
+            "int",
+            "list",
+            "range",
+            "set",
+            "slice",
+            "str",
+            "tuple",
+        )
+    }
     classes |= {torch.Tensor, np.generic, np.float64, type(np.dtype("f8"))}
     return sorted(classes, key=lambda c: f"{c.__module__}.{c.__qualname__}")
 
@@ -162,11 +197,16 @@ def behaviour_changes() -> list[str]:
 
 
 def diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    changed = [f"{k}: {sorted(set(after[k]) ^ set(before[k]))[:5] or 'an attribute was replaced'}"
-               for k in before if k != "sys.modules" and before[k] != after[k]]
+    changed = [
+        f"{k}: {sorted(set(after[k]) ^ set(before[k]))[:5] or 'an attribute was replaced'}"
+        for k in before
+        if k != "sys.modules" and before[k] != after[k]
+    ]
     # torch and numpy import some of their own submodules on first use (a tensor's repr, say);
     # a payload that made hwdist import one by name would still show in the module's vars above
-    new = sorted(m for m in after["sys.modules"] - before["sys.modules"] if not m.startswith(("torch.", "numpy.")))
+    new = sorted(
+        m for m in after["sys.modules"] - before["sys.modules"] if not m.startswith(("torch.", "numpy."))
+    )
     if new:
         changed.append(f"modules imported: {new[:5]}")
     return changed + behaviour_changes()
@@ -200,7 +240,10 @@ def touch(obj: Any) -> None:
 
 
 def warm_up() -> None:
-    """Load every legit object once, in pickle's and hwdist's format: first-use imports are not a payload's doing."""
+    """Load every legit object once, in pickle's and hwdist's format.
+
+    First-use imports are not a payload's doing.
+    """
     from hwdist.collectives import serialization as ser
 
     from hwdist.collectives._restricted_checks import _TORCH_DTYPES
@@ -229,19 +272,31 @@ def probe(payloads: list[bytes], marker: str) -> list[dict[str, Any]]:
         tracemalloc.stop()
         touch(obj)
         del obj
-        rep = {"i": i, "outcome": outcome, "message": msg, "peak_bytes": peak,
-               "code_ran": os.path.exists(marker), "globals_changed": diff(before, snapshot())}
+        rep = {
+            "i": i,
+            "outcome": outcome,
+            "message": msg,
+            "peak_bytes": peak,
+            "code_ran": os.path.exists(marker),
+            "globals_changed": diff(before, snapshot()),
+        }
         print(json.dumps(rep), flush=True)
         reports.append(rep)
     return reports
 
 
-def run_child(payloads: list[bytes], marker: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, list]:
+def run_child(
+    payloads: list[bytes], marker: str, timeout: float = 120
+) -> tuple[subprocess.CompletedProcess, list]:
     """Run :func:`probe` in a child process; returns the process and the reports it printed."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(
         [sys.executable, "-m", "tests.unit.restricted_probe", marker],
-        input=json.dumps([p.hex() for p in payloads]), capture_output=True, text=True, timeout=timeout, cwd=root,
+        input=json.dumps([p.hex() for p in payloads]),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=root,
     )
     reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc, reports

@@ -68,7 +68,9 @@ def test_no_sphinx_role_leaks_into_any_page(site):
 def test_reference_examples_render_as_code_blocks(site):
     html = _reference_html(site)
     outside_code = re.sub(r"<pre.*?</pre>", "", html, flags=re.S)
-    assert "&gt;&gt;&gt;" not in outside_code, "an Example rendered outside a code block (use an 'Examples:' section)"
+    assert "&gt;&gt;&gt;" not in outside_code, (
+        "an Example rendered outside a code block (use an 'Examples:' section)"
+    )
     assert "<blockquote" not in html
     assert not re.findall(r'<h4 id="[^"]*--rank', html), "a '# rank N:' comment became a heading"
 
@@ -103,11 +105,17 @@ def _section_problems(module: str) -> list[str]:
                         if _EXC_IN_TEXT.search(item.description)
                     )
                 if section.kind.value == "parameters":
-                    names = {p.name for p in section.value} | {p.name for p in getattr(member, "parameters", ())}
+                    names = {p.name for p in section.value} | {
+                        p.name for p in getattr(member, "parameters", ())
+                    }
                     for param in section.value:
                         for other in sorted(names - {param.name}):
-                            if re.search(rf"(^|\n|[.;]\s)\s*{re.escape(other)}\s*(\([^)]*\))?:\s", param.description):
-                                problems.append(f"{member.path}: Args entry {param.name!r} swallows {other!r}")
+                            if re.search(
+                                rf"(^|\n|[.;]\s)\s*{re.escape(other)}\s*(\([^)]*\))?:\s", param.description
+                            ):
+                                problems.append(
+                                    f"{member.path}: Args entry {param.name!r} swallows {other!r}"
+                                )
             if member.is_module or member.is_class:
                 walk(member)
 
@@ -126,7 +134,9 @@ def test_the_section_check_catches_run_together_entries(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     problems = _section_problems("badmod")
-    assert any("swallows 'b'" in p for p in problems) and any("two exceptions" in p for p in problems), problems
+    assert any("swallows 'b'" in p for p in problems) and any("two exceptions" in p for p in problems), (
+        problems
+    )
 
 
 def _importable(name: str) -> bool:
@@ -208,13 +218,21 @@ def test_readme_tour_runs():
         path = os.path.join(tmp, "tour.py")
         with open(path, "w") as fh:
             fh.write(code)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HWDIST_") and k not in ("RANK", "WORLD_SIZE")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("HWDIST_") and k not in ("RANK", "WORLD_SIZE")
+        }
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.run([sys.executable, path], cwd=tmp, env=env, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(
+            [sys.executable, path], cwd=tmp, env=env, capture_output=True, text=True, timeout=180
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == "[[{'rank': 0}, {'rank': 1}], [{'rank': 0}, {'rank': 1}]]"
-    assert "torch.float32 sum Post.DIVIDE" in proc.stdout  # every line against its comment: tests/dist/test_readme_tour.py
+    assert (
+        "torch.float32 sum Post.DIVIDE" in proc.stdout
+    )  # every line against its comment: tests/dist/test_readme_tour.py
 
 
 def _table_cells(row: str) -> int:

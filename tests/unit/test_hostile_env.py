@@ -30,13 +30,21 @@ def _no_scontrol(nodelist):
 @pytest.mark.parametrize(
     "variable, value, message",
     [
-        ("SLURM_NODELIST", "n[0-99999999]", "expands to 100000000 entries, more than hwdist's limit of 1000000"),
+        (
+            "SLURM_NODELIST",
+            "n[0-99999999]",
+            "expands to 100000000 entries, more than hwdist's limit of 1000000",
+        ),
         ("SLURM_NODELIST", "r[0-9999]n[0-9999]", "expands to 100000000 entries"),
         ("SLURM_NODELIST", "a[1-600000],b[1-600000]", "expands to 1200000 entries"),
         ("SLURM_NODELIST", "node[²-3]", "malformed Slurm node list 'node[²-3]': bad range '²-3'"),
         ("SLURM_NODELIST", "node[1,٣]", "bad item '٣'"),
         ("SLURM_NODELIST", "n[0-" + "9" * 5000 + "]", "malformed Slurm node list"),
-        ("SLURM_TASKS_PER_NODE", "2(x100000000000)", "expands to 100000000000 entries, more than hwdist's limit"),
+        (
+            "SLURM_TASKS_PER_NODE",
+            "2(x100000000000)",
+            "expands to 100000000000 entries, more than hwdist's limit",
+        ),
         ("SLURM_TASKS_PER_NODE", "1(x" + "9" * 5000 + ")", "malformed SLURM_TASKS_PER_NODE"),
         ("SLURM_TASKS_PER_NODE", "²", "malformed SLURM_TASKS_PER_NODE '²'"),
     ],
@@ -60,9 +68,14 @@ def test_slurm_expansion_still_expands_real_lists():
 def test_master_port_out_of_range_is_refused(port):
     for launcher, env in (
         (TorchrunLauncher(), {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": port}),
-        (SlurmLauncher(hostnames=_no_scontrol), {**SLURM, "SLURM_LOCALID": "0", "SLURM_NODELIST": "n1", "MASTER_PORT": port}),
+        (
+            SlurmLauncher(hostnames=_no_scontrol),
+            {**SLURM, "SLURM_LOCALID": "0", "SLURM_NODELIST": "n1", "MASTER_PORT": port},
+        ),
     ):
-        with pytest.raises(LauncherError, match=f"the rendezvous port \\(MASTER_PORT\\) must be in 1..65535, got {port}"):
+        with pytest.raises(
+            LauncherError, match=f"the rendezvous port \\(MASTER_PORT\\) must be in 1..65535, got {port}"
+        ):
             launcher.resolve(env)
     ok = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "65535"}
     assert TorchrunLauncher().resolve(ok).master_port == 65535
@@ -82,9 +95,18 @@ def test_device_override_is_case_insensitive_like_the_backend(monkeypatch, devic
 @pytest.mark.parametrize(
     "value, on, warns",
     [
-        ("1", True, False), ("2", True, False), ("10", True, False), ("true", True, False), ("ON", True, False),
-        ("0", False, False), ("00", False, False), ("", False, False), ("no", False, False), ("Off", False, False),
-        ("maybe", True, True), ("²", True, True),
+        ("1", True, False),
+        ("2", True, False),
+        ("10", True, False),
+        ("true", True, False),
+        ("ON", True, False),
+        ("0", False, False),
+        ("00", False, False),
+        ("", False, False),
+        ("no", False, False),
+        ("Off", False, False),
+        ("maybe", True, True),
+        ("²", True, True),
     ],
 )
 def test_debug_levels_are_never_silently_off(monkeypatch, value, on, warns):
@@ -96,7 +118,9 @@ def test_debug_levels_are_never_silently_off(monkeypatch, value, on, warns):
 def test_debug_level_2_turns_verification_on_at_import():
     code = "import hwdist; print(hwdist.verification_enabled())"
     env = dict(os.environ, HWDIST_DEBUG="2")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "True"
 
 

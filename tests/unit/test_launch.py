@@ -102,7 +102,10 @@ def test_torchrun_local_rank_defaults():
         ({"WORLD_SIZE": "2"}, "none of RANK is set"),
         ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK must be an integer, got 'x'"),
         ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is outside world size 2"),
-        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "local rank 3 is outside"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"},
+            "local rank 3 is outside",
+        ),
     ],
 )
 def test_torchrun_bad_env(env, message):
@@ -131,7 +134,13 @@ def test_slurm_resolver_with_scontrol():
 
     info = SlurmLauncher(hostnames=fake_scontrol).resolve(SLURM)
     assert calls == ["gpu[07-08]"]
-    assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.node_rank) == (5, 6, 2, 3, 1)
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size, info.node_rank) == (
+        5,
+        6,
+        2,
+        3,
+        1,
+    )
     assert info.master_addr == "gpu07"
     assert info.master_port == PORT_BASE + 123456 % PORT_SPAN
     assert info.exports()["MASTER_PORT"] == str(PORT_BASE + 123456 % PORT_SPAN)
@@ -272,7 +281,9 @@ def test_register_rejects_malformed():
 
 def test_legacy_backend_ids():
     assert {k: _backend_name(k) for k in LEGACY_BACKEND_IDS} == {1: "mpi", 2: "gloo", 3: "nccl"}
-    with pytest.raises(hwdist.BackendError, match=r"dist_backend.TCP: the .tcp. backend was removed from torch in 1.0"):
+    with pytest.raises(
+        hwdist.BackendError, match=r"dist_backend.TCP: the .tcp. backend was removed from torch in 1.0"
+    ):
         _backend_name(0)
     with pytest.raises(hwdist.BackendError, match="not a legacy dist_backend id"):
         _backend_name(7)
@@ -308,7 +319,9 @@ def test_init_dist_errors_before_touching_anything(monkeypatch, absent_backend):
         hwdist.init_dist("pytorch", backend="tcp")
     with pytest.raises(hwdist.BackendError, match="unknown backend 'nosuch'"):
         hwdist.init_dist("pytorch", backend="nosuch")
-    with pytest.raises(hwdist.BackendError, match="'absent' is not available here: no such card.*Available: .*gloo"):
+    with pytest.raises(
+        hwdist.BackendError, match="'absent' is not available here: no such card.*Available: .*gloo"
+    ):
         hwdist.init_dist("pytorch", backend="absent")
     with pytest.raises(LauncherError, match="unknown launcher 'pbs'"):
         hwdist.init_dist("pbs", backend="gloo")

@@ -8,7 +8,9 @@ import torch
 import hwdist
 from hwdist.drivers.mpi import PY_MPI_BACKEND, _native
 
-pytestmark = pytest.mark.skipif(_native(), reason="torch has native MPI here; the table below is the mpi4py one")
+pytestmark = pytest.mark.skipif(
+    _native(), reason="torch has native MPI here; the table below is the mpi4py one"
+)
 
 
 def test_names():

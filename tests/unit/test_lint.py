@@ -1,4 +1,4 @@
-"""ruff's error and bug rules (configured in pyproject.toml) hold for the whole tree."""
+"""ruff's rules hold for the whole tree; mypy finds no error in hwdist/ (configured in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,14 @@ def test_ruff_finds_nothing():
     cmd = [sys.executable, "-m", "ruff", "check", "hwdist", "tests", "benchmarks"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_finds_nothing_in_hwdist():
+    try:
+        import mypy  # noqa: F401
+    except ImportError:
+        pytest.skip("mypy is not installed (it comes with the 'test' extra)")
+    cmd = [sys.executable, "-m", "mypy", "hwdist"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Success: no issues found" in proc.stdout, proc.stdout + proc.stderr

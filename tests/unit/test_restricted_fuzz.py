@@ -26,12 +26,19 @@ def test_fuzzed_payloads_never_crash_run_code_or_change_globals(tmp_path):
     marker, current = str(tmp_path / "pwned"), str(tmp_path / "current.bin")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.unit.restricted_fuzz", marker, str(FUZZ_SECONDS), current],
-        capture_output=True, text=True, timeout=FUZZ_SECONDS + 150, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=FUZZ_SECONDS + 150,
+        cwd=ROOT,
     )
     if proc.returncode < 0:
-        payload = open(current, "rb").read() if os.path.exists(current) else "(none yet: it died while starting)"
-        pytest.fail(f"the restricted unpickler died by {signal.Signals(-proc.returncode).name} on payload"
-                    f" {payload!r}\n{proc.stderr[-3000:]}")
+        payload = (
+            open(current, "rb").read() if os.path.exists(current) else "(none yet: it died while starting)"
+        )
+        pytest.fail(
+            f"the restricted unpickler died by {signal.Signals(-proc.returncode).name} on payload"
+            f" {payload!r}\n{proc.stderr[-3000:]}"
+        )
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     assert not os.path.exists(marker)
     examples = int(proc.stdout.split("fuzzed ")[1].split()[0])

@@ -33,7 +33,9 @@ EXPECTED = {
     "reconstruct_object_field": "dtype('O') is not a plain numeric dtype",
     "ndarray_huge_strides": "calling 'numpy.ndarray' is not allowed",
     # item 3: BUILD on a class
-    "counter_missing": "BUILD on the class 'collections.Counter': it would change the class for the whole process",
+    "counter_missing": (
+        "BUILD on the class 'collections.Counter': it would change the class for the whole process"
+    ),
     "fraction_eq": "BUILD on the class 'fractions.Fraction'",
     "ndarray_class_state": "BUILD on the class 'numpy.ndarray'",
     # item 4: allocations the payload's size does not pay for
@@ -53,8 +55,14 @@ EXPECTED = {
 GROUPS = {
     "item1_numpy": ["dtype_object_field", "reconstruct_object_field", "ndarray_huge_strides"],
     "item3_class_state": ["counter_missing", "fraction_eq", "ndarray_class_state"],
-    "item4_allocation": ["bytearray_1gib", "bytes_1gib", "bytearray8_1gib", "binbytes8_1gib", "list_of_range",
-                         "tensor_empty_buffer"],
+    "item4_allocation": [
+        "bytearray_1gib",
+        "bytes_1gib",
+        "bytearray8_1gib",
+        "binbytes8_1gib",
+        "list_of_range",
+        "tensor_empty_buffer",
+    ],
     "code_and_nesting": ["open_marker", "os_system", "deep_tuple_hash", "deep_deque", "deep_defaultdict"],
 }
 PEAK_LIMIT = 64 << 20
@@ -69,7 +77,11 @@ def test_hostile_payloads_are_refused_in_a_child_process(group, tmp_path):
     crashed = names[len(reports)] if len(reports) < len(names) else None
     assert proc.returncode == 0, (
         f"the child died on payload {crashed!r}: "
-        + (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else f"exit {proc.returncode}")
+        + (
+            f"signal {signal.Signals(-proc.returncode).name}"
+            if proc.returncode < 0
+            else f"exit {proc.returncode}"
+        )
         + f"\n{proc.stderr[-3000:]}"
     )
     for name, rep in zip(names, reports):
@@ -82,7 +94,10 @@ def test_hostile_payloads_are_refused_in_a_child_process(group, tmp_path):
 
 
 def test_harmless_odd_payloads_load_without_effect(tmp_path):
-    """A plain dtype whose state claims object flags is rebuilt plain; a memo key of 2**32 - 1 costs one entry."""
+    """A plain dtype whose state claims object flags is rebuilt plain.
+
+    A memo key of 2**32 - 1 costs one entry.
+    """
     marker = str(tmp_path / "pwned")
     payloads = attacks(marker)
     proc, reports = run_child([payloads["dtype_flags"], payloads["memo_index_4g"]], marker)
@@ -94,28 +109,57 @@ def test_harmless_odd_payloads_load_without_effect(tmp_path):
 
 
 def test_refusal_messages_are_clear():
-    with pytest.raises(hwdist.UnpicklingRefused, match=r"refused global 'os.getcwd': it is not on the allow-list\."
-                       r" If every sender is trusted to send it, call hwdist.register_safe_class\('os.getcwd'\)"):
+    with pytest.raises(
+        hwdist.UnpicklingRefused,
+        match=r"refused global 'os.getcwd': it is not on the allow-list\."
+        r" If every sender is trusted to send it, call hwdist.register_safe_class\('os.getcwd'\)",
+    ):
         hwdist.restricted_loads(b"cos\ngetcwd\n)R.")
     with pytest.raises(hwdist.UnpicklingRefused, match="truncated: no STOP opcode"):
         hwdist.restricted_loads(b"\x80\x05K\x01")
     with pytest.raises(hwdist.UnpicklingRefused, match="a bool buffer holds a byte other than 0 or 1"):
-        hwdist.restricted_loads(pickle.dumps(R(np.arange(3).__reduce_ex__(5)[0], (b"\x02", np.dtype(bool), (1,), "C"))))
+        hwdist.restricted_loads(
+            pickle.dumps(R(np.arange(3).__reduce_ex__(5)[0], (b"\x02", np.dtype(bool), (1,), "C")))
+        )
     assert issubclass(hwdist.UnpicklingRefused, pickle.UnpicklingError)
 
 
 # ---- what must still load --------------------------------------------------------------------
 
-NUMPY_DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-                np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128, np.clongdouble]
+NUMPY_DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.longdouble,
+    np.complex64,
+    np.complex128,
+    np.clongdouble,
+]
 
 
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("size", [6, 40_000], ids=["in_band", "out_of_band"])
 def test_numpy_arrays_of_every_plain_dtype_roundtrip(dtype, size):
     base = (np.arange(size) % 3).astype(dtype).reshape(2, -1)
-    cases = [base, base[:, ::2], np.asfortranarray(base), base.T, base[0, 0].copy().reshape(()), base[:0],
-             base.astype(np.dtype(dtype).newbyteorder(">")), base[0, 0]]
+    cases = [
+        base,
+        base[:, ::2],
+        np.asfortranarray(base),
+        base.T,
+        base[0, 0].copy().reshape(()),
+        base[:0],
+        base.astype(np.dtype(dtype).newbyteorder(">")),
+        base[0, 0],
+    ]
     rs = ser.RestrictedPickleSerializer()
     for a in cases:
         data = ser.encode(a, rs).to_numpy()
@@ -123,7 +167,9 @@ def test_numpy_arrays_of_every_plain_dtype_roundtrip(dtype, size):
         assert type(back) is type(a) and back.dtype == a.dtype and np.shape(back) == np.shape(a)
         assert np.array_equal(back, a)
         if isinstance(a, np.ndarray):
-            assert back.flags.writeable and (back.flags.f_contiguous or not a.flags.f_contiguous or a.ndim < 2)
+            assert back.flags.writeable and (
+                back.flags.f_contiguous or not a.flags.f_contiguous or a.ndim < 2
+            )
 
 
 def test_legit_objects_roundtrip_through_the_restricted_serializer():
@@ -135,7 +181,11 @@ def test_legit_objects_roundtrip_through_the_restricted_serializer():
         if isinstance(a, np.ndarray):
             assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
         elif isinstance(a, torch.Tensor):
-            assert a.dtype == b.dtype and torch.equal(a.detach(), b.detach()) and a.requires_grad == b.requires_grad
+            assert (
+                a.dtype == b.dtype
+                and torch.equal(a.detach(), b.detach())
+                and a.requires_grad == b.requires_grad
+            )
         else:
             assert a == b, (a, b)
     # plain pickle data, protocols 3 to 5
@@ -144,12 +194,32 @@ def test_legit_objects_roundtrip_through_the_restricted_serializer():
         assert len(got) == len(objs) - 3
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
-                                   torch.int8, torch.uint8, torch.bool, torch.complex64, torch.int16])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.int16,
+    ],
+)
 def test_tensors_of_every_dtype_roundtrip_restricted(dtype):
     rs = ser.RestrictedPickleSerializer()
     base = (torch.arange(24) % 2).to(dtype).reshape(2, 3, 4)
-    for t in (base, base.transpose(0, 2), base[:, 1], base.reshape(-1)[0], base[:0], torch.zeros(70_000, dtype=dtype)):
+    for t in (
+        base,
+        base.transpose(0, 2),
+        base[:, 1],
+        base.reshape(-1)[0],
+        base[:0],
+        torch.zeros(70_000, dtype=dtype),
+    ):
         got = ser.decode(ser.encode({"t": t}, rs).to_numpy(), serializer=rs)["t"]
         assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
 

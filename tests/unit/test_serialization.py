@@ -24,12 +24,29 @@ def _roundtrip(obj, serializer=None, map_location=None):
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.uint8,
-     torch.bool, torch.complex64, torch.int16],
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.int16,
+    ],
 )
 def test_tensors_roundtrip_every_dtype_and_layout(dtype):
     base = (torch.arange(24) % 7).to(dtype).reshape(2, 3, 4)
-    for t in (base, base.transpose(0, 2), base[:, 1], base.reshape(-1)[0], base[:0], base.clone().requires_grad_(dtype.is_floating_point)):
+    for t in (
+        base,
+        base.transpose(0, 2),
+        base[:, 1],
+        base.reshape(-1)[0],
+        base[:0],
+        base.clone().requires_grad_(dtype.is_floating_point),
+    ):
         back, _, _ = _roundtrip({"t": t})
         got = back["t"]
         assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t.detach())
@@ -51,9 +68,20 @@ def test_large_buffers_travel_out_of_band_and_alias_the_frame():
 
 def test_numpy_variants_and_stdlib_types():
     objs = [
-        np.float64(1.5), np.int32(3), np.array([1, "a"], dtype=object), np.arange(6).reshape(2, 3)[:, ::2],
-        np.zeros(3, dtype=[("a", "i4"), ("b", "f8")]), collections.OrderedDict(a=1), {1, 2}, frozenset({3}),
-        b"bytes", bytearray(b"ba"), 1 + 2j, datetime.date(2024, 1, 2), None, (1, [2, {"x": None}]),
+        np.float64(1.5),
+        np.int32(3),
+        np.array([1, "a"], dtype=object),
+        np.arange(6).reshape(2, 3)[:, ::2],
+        np.zeros(3, dtype=[("a", "i4"), ("b", "f8")]),
+        collections.OrderedDict(a=1),
+        {1, 2},
+        frozenset({3}),
+        b"bytes",
+        bytearray(b"ba"),
+        1 + 2j,
+        datetime.date(2024, 1, 2),
+        None,
+        (1, [2, {"x": None}]),
     ]
     back, _, _ = _roundtrip(objs, ser.RestrictedPickleSerializer())
     for a, b in zip(objs, back):
