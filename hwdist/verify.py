@@ -89,8 +89,7 @@ def _mode_changed() -> None:
 _MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
     lambda: (_env_flag(ENV_DEBUG), True), _check_mode, _mode_changed
 )
-# Mirrors of _MODE for the modules that still test the flag themselves (objects, results, params).
-_enabled: bool
+_enabled: bool  # mirror of _MODE (read by check_call; other modules reach the mode through the engine's hook)
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
 _call_sites: bool
 _generation = 0  # bumped on every switch: a group's call numbers restart
