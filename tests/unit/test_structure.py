@@ -186,3 +186,17 @@ def test_checker_sees_what_it_should(source: str, expected: list[str]) -> None:
     """The checker itself: each rule fires on a sample and stays quiet on the allowed forms."""
     probe = PACKAGE / "probe.py"  # a module hwdist.probe (not written: the source is passed in)
     assert list(_violations(probe, source)) == expected
+
+
+def test_verification_mode_is_read_only_by_verify() -> None:
+    """Verification mode is the engine's hook: no collective reads the mode's flag itself."""
+    readers = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in _sources()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, (ast.Name, ast.Attribute, ast.alias))
+        and (getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "name", None))
+        == "verification_enabled"
+    )
+    assert "verify.py" in readers  # the scan sees the definition
+    assert set(readers) <= {"verify.py", "__init__.py"}, readers  # __init__: the public re-export
