@@ -194,7 +194,7 @@ def test_verification_mode_is_read_only_by_verify() -> None:
         str(p.relative_to(PACKAGE))
         for p in _sources()
         for node in ast.walk(ast.parse(p.read_text()))
-        if isinstance(node, (ast.Name, ast.Attribute, ast.alias))
+        if isinstance(node, (ast.Name, ast.Attribute, ast.alias, ast.FunctionDef))
         and (getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "name", None))
         == "verification_enabled"
     )
