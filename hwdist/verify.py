@@ -9,8 +9,11 @@ If the ranks disagree, every rank raises [`CollectiveMismatch`][hwdist.verify.Co
 each rank's value, e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
 instead of hanging or returning garbage.
 
-The tensor collectives reach the check through the collective engine's hook
-(``collectives._engine.set_hook``), installed only while the mode is on; the
+Every collective reaches the check through the collective engine's hook
+(``collectives._engine.set_hook``), installed only while the mode is on: the
+tensor collectives through ``_engine.described``, the object, results, dict and
+params collectives through ``_engine.check`` (all_to_all's piece-size check through
+``_engine.when_checking``); no other module reads the mode. The
 mode is a ``settings.Switch`` and each group's call
 numbers live in its state (``hwdist._state``). Cost when off: one global read
 per call. Cost when on: one all_reduce
@@ -89,8 +92,7 @@ def _mode_changed() -> None:
 _MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
     lambda: (_env_flag(ENV_DEBUG), True), _check_mode, _mode_changed
 )
-# Mirrors of _MODE for the modules that still test the flag themselves (objects, results, params).
-_enabled: bool
+_enabled: bool  # mirror of _MODE (read by check_call; other modules reach the mode through the engine's hook)
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
 _call_sites: bool
 _generation = 0  # bumped on every switch: a group's call numbers restart
@@ -190,7 +192,7 @@ def _next_seq(group: Any) -> int:
 def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     """Verify that every rank of ``group`` makes the same call; no-op when off.
 
-    The tensor collectives reach it through the engine's hook, installed only
+    The collectives reach it through the engine's hook, installed only
     while the mode is on, so they pay nothing when it is off. Every rank of the
     group must reach this call (it is itself a collective: one small MAX
     reduction of ten int32).

@@ -19,9 +19,9 @@ from typing import Any, Optional
 
 import torch
 
-from .. import verify as _verify
 from . import _transport
-from ._engine import Call, Strategy
+from ..errors import CollectiveMismatch
+from ._engine import Call, Strategy, when_checking
 from ._wire import as_comm_flat, comm_numel, copy_source, prepare, restore
 
 Tensor = torch.Tensor
@@ -35,6 +35,17 @@ def _piece_size_errors(table: list[list[int]], ws: int) -> list[str]:
         for r in range(ws)
         if table[j][r] != table[r][ws + j]
     ]
+
+
+def _check_piece_sizes(c: Call, in_sizes: list[int], out_sizes: list[int]) -> None:
+    """Verification mode: every rank's send sizes match what their receivers expect (one gather)."""
+    ws = c.view.size
+    bad = _piece_size_errors(_transport.gather_ints(in_sizes + out_sizes, c.group, c.driver), ws)
+    if bad:
+        raise CollectiveMismatch(
+            "collective mismatch in 'all_to_all' across ranks (verification mode): piece sizes do not"
+            " match: " + "; ".join(bad[:4])
+        )
 
 
 def _sizes(c: Call) -> tuple[list[int], list[int]]:
@@ -53,14 +64,7 @@ class AllToAll(Strategy):
         in_sizes, out_sizes = _sizes(c)
         c.state = (in_sizes, out_sizes)
         # the emulated transport always checks the sizes; the native ones in verification mode
-        if _verify.verification_enabled():
-            ws = c.view.size
-            bad = _piece_size_errors(_transport.gather_ints(in_sizes + out_sizes, c.group, c.driver), ws)
-            if bad:
-                raise _verify.CollectiveMismatch(
-                    "collective mismatch in 'all_to_all' across ranks (verification mode): piece sizes do not"
-                    " match: " + "; ".join(bad[:4])
-                )
+        when_checking(lambda: _check_piece_sizes(c, in_sizes, out_sizes))
         return EQUAL if len(set(in_sizes + out_sizes)) == 1 else SPLIT
 
     def serial(self, data: Optional[Tensor], extra: Any) -> None:

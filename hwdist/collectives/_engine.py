@@ -44,7 +44,7 @@ from ._wire import TORCH_OPS, comm_device
 
 __all__ = [
     "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "described",
-    "set_hook",
+    "set_hook", "check", "when_checking",
 ]
 
 Tensor = torch.Tensor
@@ -65,6 +65,29 @@ def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) ->
     """Install (or with None remove) the hook every described collective calls first (verification mode)."""
     global _hook
     _hook = hook
+
+
+def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]]) -> bool:
+    """Hand the hook one call of a collective that is not ``described`` (objects, results, dicts, params).
+
+    ``describe()`` gives the call's ``(sample tensor or None, fields)``; it runs only while a hook is
+    set, so the call pays one global read when verification mode is off.
+
+    Returns:
+        Whether a hook saw the call (the caller may then skip a check of its own that the hook made).
+    """
+    hook = _hook
+    if hook is None:
+        return False
+    sample, fields = describe()
+    hook(op, group, sample, fields)
+    return True
+
+
+def when_checking(extra: Callable[[], None]) -> None:
+    """Run ``extra`` (a cross-rank check beyond the hook's fingerprint) only while a hook is set."""
+    if _hook is not None:
+        extra()
 
 
 def described(describe: Callable[..., tuple[Any, Any, dict[str, Any]]]) -> Callable[[F], F]:

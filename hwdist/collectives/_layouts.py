@@ -42,7 +42,7 @@ import torch
 from .. import registry
 from ..drivers.base import Plan, Post
 from . import _transport
-from . import tensor as _t
+from ._wire import divide
 from .flat import FlatLayout
 
 Tensor = torch.Tensor
@@ -281,7 +281,7 @@ class DictLayout:
         """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
         for part, (_, wire) in zip(self.parts, bufs[0]):
             if part.plan.post is Post.DIVIDE:
-                _t._divide(wire, self.ws)
+                divide(wire, self.ws)
         if bufs[1]:
             flat = bufs[0][0][0]
             if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:

@@ -47,7 +47,7 @@ from typing import Any, Iterator, Optional, Sequence, cast
 import numpy as np
 import torch.distributed as torch_dist
 
-from .. import _compat, settings, verify
+from .. import _compat, settings
 from ..errors import (
     ArgumentAssertionError,
     CollectiveArgumentError,
@@ -55,9 +55,11 @@ from ..errors import (
     PeerFailure,
     SerializationError,
 )
+from ..verify import rank_field
 from . import serialization as _ser
 from ._agree import agree
 from ._calls import collective
+from ._engine import check
 from ._objwire import (
     CONFIRM,
     Decoder,
@@ -253,8 +255,7 @@ def all_gather_object(
         root = torch_dist.get_global_rank(group, 0) if group is not None else 0
         return gather_object(data, root, group, map_location=map_location, serializer=serializer)
     comm = Link(group)
-    if verify.verification_enabled():
-        verify.check_call("all_gather_object", comm.group, comm.driver)
+    check("all_gather_object", comm.group, lambda: (None, {}))
     op = OPS["all_gather_object"]
     if _native(comm.driver, map_location, serializer):
         out: list[Any] = [None] * world
@@ -325,8 +326,7 @@ def gather_object(
     if world == 1:
         return [data]
     comm = Link(group)
-    if verify.verification_enabled():
-        verify.check_call("gather_object", comm.group, comm.driver, dst=verify.rank_field(dst))
+    check("gather_object", comm.group, lambda: (None, {"dst": rank_field(dst)}))
     op = OPS["gather_object"]
     own = None
     try:
@@ -411,10 +411,9 @@ def broadcast_object_list(
     if world_size(group) == 1:
         return
     comm = Link(group)
-    if verify.verification_enabled():
-        verify.check_call(
-            "broadcast_object_list", comm.group, comm.driver, src=verify.rank_field(src), data_is_list=not bad
-        )
+    check(
+        "broadcast_object_list", comm.group, lambda: (None, {"src": rank_field(src), "data_is_list": not bad})
+    )
     op = OPS["broadcast_object_list"]
     try:
         root = check_root(comm, src, "src")
@@ -522,8 +521,7 @@ def scatter_object_list(
         scatter_object_output_list[0] = scatter_object_input_list[0]
         return
     comm = Link(group)
-    if verify.verification_enabled():
-        verify.check_call("scatter_object_list", comm.group, comm.driver, src=verify.rank_field(src))
+    check("scatter_object_list", comm.group, lambda: (None, {"src": rank_field(src)}))
     op = OPS["scatter_object_list"]
     problem: Optional[CollectiveArgumentError] = None
     root = -1

@@ -17,13 +17,15 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry
-from .. import verify as _verify_mode
+from ..verify import describe_tensor
 from ..errors import ArgumentAssertionError
 from ..drivers.tuning import tuning
 from . import _layouts, _transport
 from . import tensor as _t
 from ._agree import agree
+from ._args import not_dense, op_field
 from ._calls import collective
+from ._engine import check
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 
 __all__ = ["all_reduce_dict", "all_reduce_params"]
@@ -122,19 +124,18 @@ def _explain(texts: list[str]) -> str:
     return "; ".join(parts) or "the ranks' dicts differ"
 
 
-def _verify_dict_call(data: Any, op: Any, group: Any) -> None:
-    """Verification mode: every rank passes the same keys, shapes, dtypes and op (one digest exchange)."""
+def _describe_dict_call(data: Any, op: Any) -> tuple[Any, dict[str, Any]]:
+    """Verification mode: what must agree (keys, shapes, dtypes, op); the sample picks the device."""
     if isinstance(data, MutableMapping):
         try:
             keys = sorted(data)
         except TypeError:
             keys = sorted(data, key=_key_order)
-        fields: Any = {repr(k): _verify_mode.describe_tensor(data[k]) for k in keys}
+        fields: Any = {repr(k): describe_tensor(data[k]) for k in keys}
         first = next((v for v in data.values() if isinstance(v, torch.Tensor)), None)
     else:
         fields, first = type(data).__name__, None
-    driver = registry.resolve(group, first.device if first is not None else None)
-    _verify_mode.check_call("all_reduce_dict", group, driver, data=fields, reduce_op=_t._op_field(op))
+    return first, {"data": fields, "reduce_op": op_field(op)}
 
 
 @collective(2)
@@ -186,9 +187,9 @@ def all_reduce_dict(
         >>> dist.all_reduce_dict(data)
         >>> # rank 0: {'loss': 3., 'n': [2]}   rank 1: {'loss': 3., 'n': [2]}
     """
-    if _verify_mode._enabled and torch_dist.is_initialized():
-        _verify_dict_call(data, op, group)  # a sparse or meta value, a bad op or type on one rank differ here
-    checked = verify and not _verify_mode._enabled
+    # verification mode: a sparse or meta value, a bad op or type on one rank differ here; its check
+    # replaces this function's own one
+    checked = not check("all_reduce_dict", group, lambda: _describe_dict_call(data, op)) and verify
     problem: Optional[Exception] = None  # a bad op or data: raised here, or on every rank by the check
     alone: Optional[Exception] = None  # the same, as this rank raises it when no other rank is told
     try:
@@ -277,17 +278,19 @@ def all_reduce_params(
         >>> # rank 0: [3., 5.], [7.]   rank 1: [3., 5.], [7.]
     """
     items = params if isinstance(params, (list, tuple)) else list(params)
-    if _verify_mode._enabled and torch_dist.is_initialized():
-        first = next((p for p in items if isinstance(p, torch.Tensor)), None)
-        _verify_mode.check_call(
-            "all_reduce_params",
-            group,
-            registry.resolve(group, first.device if first is not None else None),
-            params=[_verify_mode.describe_tensor(p) for p in items],
-            reduce_op=_t._op_field(op),
-            coalesce=bool(coalesce),
-            bucket_size_mb=bucket_size_mb,
-        )
+    check(
+        "all_reduce_params",
+        group,
+        lambda: (
+            next((p for p in items if isinstance(p, torch.Tensor)), None),
+            {
+                "params": [describe_tensor(p) for p in items],
+                "reduce_op": op_field(op),
+                "coalesce": bool(coalesce),
+                "bucket_size_mb": bucket_size_mb,
+            },
+        ),
+    )
     rop = _t.normalize_reduce_op(op)
     bucket_bytes = mib_bytes(bucket_size_mb, "bucket_size_mb", "all_reduce_params")
     tensors: list[Tensor] = []
@@ -295,7 +298,7 @@ def all_reduce_params(
         if not isinstance(p, torch.Tensor):
             raise TypeError(f"all_reduce_params: params[{i}] must be a torch.Tensor, got {type(p).__name__}")
         if p.layout is not torch.strided:
-            _t._not_dense(p, f"params[{i}]", "all_reduce_params")
+            not_dense(p, f"params[{i}]", "all_reduce_params")
         tensors.append(p.data)
     if not torch_dist.is_initialized() or not tensors:
         return

@@ -31,10 +31,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import verify
 from ..errors import CollectiveArgumentError, ObjectCollectiveError
 from . import serialization as _ser
 from ._calls import collective
+from ._engine import check
 from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, describe, may_refuse, world_size
 from ._records import ARGUMENT, INLINE_BYTES, IO, OPS, SERIALIZE, LocalFailure, failure_record, make_record
 from .serialization import Frame, MapLocation, Serializer
@@ -135,8 +135,7 @@ def _collect_comm(
     bad: str = "",
 ) -> Optional[list[Any]]:
     comm = Link(group)
-    if verify.verification_enabled():
-        verify.check_call(what, group, comm.driver, size=repr(size), transport="communication")
+    check(what, group, lambda: (None, {"size": repr(size), "transport": "communication"}))
     op = OPS["collect_results"]
     frames: list[Frame] = []
     part: list[Any] = []
@@ -265,8 +264,7 @@ def _collect_files(
     comm = Link(group)
     op = OPS["collect_results(tmpdir)"]
     what = "collect_results(device='cpu', tmpdir=...)"
-    if verify.verification_enabled():
-        verify.check_call("collect_results", group, comm.driver, size=repr(size), transport="tmpdir")
+    check("collect_results", group, lambda: (None, {"size": repr(size), "transport": "tmpdir"}))
     me = comm.rank
     frames: list[Frame] = []
     part: list[Any] = []
@@ -502,8 +500,7 @@ def create_tmpdir(
         os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
         return os.fspath(tmpdir)
     comm = Link(group)
-    if verify.verification_enabled():
-        verify.check_call("create_tmpdir", group, comm.driver, tmpdir_given=tmpdir is not None)
+    check("create_tmpdir", group, lambda: (None, {"tmpdir_given": tmpdir is not None}))
     op = OPS["create_tmpdir"]
     what = "create_tmpdir"
     probe: Optional[str] = None

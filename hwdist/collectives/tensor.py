@@ -29,7 +29,8 @@ import torch
 from . import _args
 from . import _fingerprints as fp
 from ._alltoall import ALL_TO_ALL
-from ._args import REDUCE_OP_NAMES, ReduceOpLike, normalize_reduce_op
+from ._args import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
+from ._args import ReduceOpLike, normalize_reduce_op
 from ._calls import collective
 from ._engine import described, exchange_shapes, shape_numels, view
 from ._handle import CollectiveHandle
@@ -561,20 +562,3 @@ def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     out = tensor.detach().clone()
     all_reduce(out, "mean", group)
     return out
-
-
-# ---------------------------------------------------------------------------
-# names other hwdist modules still import from here (params, training); new code imports _args / _wire
-# ---------------------------------------------------------------------------
-from ._args import not_dense as _not_dense  # noqa: E402
-from ._args import op_field as _op_field  # noqa: E402
-from ._wire import divide as _divide  # noqa: E402
-from ._wire import torch_op as _torch_op  # noqa: E402
-
-
-def _check_rank(value: Any, argname: str, fn: str, group: Any, ws: int) -> int:
-    """``value`` as a plain int global rank of ``group`` (``ws`` is the group's size; kept for callers)."""
-    return view(group).check_rank(value, argname, fn)  # type: ignore[no-any-return]
-
-
-_COMPAT = (REDUCE_OP_NAMES, _not_dense, _op_field, _divide, _torch_op)

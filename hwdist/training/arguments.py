@@ -10,6 +10,7 @@ import torch.distributed as torch_dist
 
 from .. import registry
 from ..collectives import tensor as _t
+from ..collectives._engine import view
 from ..collectives._agree import agree
 from ..info import is_distributed
 
@@ -102,4 +103,4 @@ def distributed_size(group: Any) -> int:
 
 def check_rank(value: Any, argname: str, fn: str, group: Any) -> int:
     """``value`` as a global rank of ``group`` (TypeError / ValueError naming ``argname``)."""
-    return _t._check_rank(value, argname, fn, group, torch_dist.get_world_size(group))
+    return view(group).check_rank(value, argname, fn)  # type: ignore[no-any-return]
