@@ -72,6 +72,11 @@ def set_recorder(recorder: Optional[Observer]) -> Optional[Observer]:
     return old
 
 
+def recorder() -> Optional[Observer]:
+    """The observer in the recorder slot (None when it is empty)."""
+    return _recorder
+
+
 def add_observer(observer: Observer) -> None:
     """Register ``observer`` for every outermost public collective call (idempotent)."""
     global _observers

@@ -35,19 +35,19 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch
 
 from ._restricted_checks import (
-    _CALLS,
-    _SERIALIZATION,
-    _UNSAFE_NESTING,
-    _VALUES,
+    CALLS,
+    SERIALIZATION,
+    UNSAFE_NESTING,
+    VALUES,
     MAX_NESTING,
     UnpicklingRefused,
-    _describe,
-    _Handler,
-    _hashable_in,
-    _Pending,
-    _refuse,
+    describe,
+    Handler,
+    hashable_in,
+    Pending,
+    refuse,
 )
-from ._restricted_opcodes import _DISPATCH
+from ._restricted_opcodes import DISPATCH
 
 __all__ = [
     "UnpicklingRefused",
@@ -80,7 +80,7 @@ _SAFE_BUILTINS = frozenset(
         "NotImplemented",
     }
 )
-_SAFE: set[tuple[str, str]] = {
+SAFE: set[tuple[str, str]] = {
     ("collections", "OrderedDict"),
     ("collections", "defaultdict"),
     ("collections", "deque"),
@@ -97,12 +97,12 @@ _SAFE: set[tuple[str, str]] = {
     ("torch._utils", "_rebuild_parameter"),
     ("torch._utils", "_rebuild_parameter_with_state"),
     ("torch.nn.parameter", "Parameter"),
-    (_SERIALIZATION, "_rebuild_tensor"),
+    (SERIALIZATION, "_rebuild_tensor"),
     ("numpy", "dtype"),
     ("numpy", "ndarray"),
 }
 for _np_mod in ("numpy.core", "numpy._core"):
-    _SAFE |= {
+    SAFE |= {
         (f"{_np_mod}.numeric", "_frombuffer"),
         (f"{_np_mod}.multiarray", "_reconstruct"),
         (f"{_np_mod}.multiarray", "scalar"),
@@ -127,12 +127,12 @@ def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
         ...     x: int
         >>> hwdist.register_safe_class(Box)         # on every rank that receives a Box
     """
-    pairs = [_pair("register_safe_class", item) for item in classes]
+    pairs = [pair("register_safe_class", item) for item in classes]
     with _SAFE_LOCK:
-        _SAFE.update(pairs)
+        SAFE.update(pairs)
 
 
-def _pair(where: str, item: Union[type, Callable[..., Any], str]) -> tuple[str, str]:
+def pair(where: str, item: Union[type, Callable[..., Any], str]) -> tuple[str, str]:
     if isinstance(item, str):
         module, _, name = item.rpartition(".")
         if not module or not name:
@@ -151,13 +151,13 @@ def _pair(where: str, item: Union[type, Callable[..., Any], str]) -> tuple[str, 
 def safe_globals() -> frozenset[tuple[str, str]]:
     """The ``(module, name)`` pairs the restricted unpickler accepts (besides builtins and torch dtypes)."""
     with _SAFE_LOCK:
-        return frozenset(_SAFE)
+        return frozenset(SAFE)
 
 
 # ---- the interpreter ------------------------------------------------------------------------
 
 
-class _Loader:
+class Loader:
     """One run of the restricted pickle interpreter over ``data``."""
 
     def __init__(self, data: bytes, buffers: Optional[Any], extra: Sequence[tuple[str, str]]) -> None:
@@ -180,7 +180,7 @@ class _Loader:
     def charge(self, n: int) -> None:
         self.budget -= n
         if self.budget < 0:
-            raise _refuse(f"it asks for more memory than its {len(self.data)} bytes can describe")
+            raise refuse(f"it asks for more memory than its {len(self.data)} bytes can describe")
 
     def trusted(self, obj: Any) -> bool:
         return id(obj) in self.trusted_ids and self.trusted_ids[id(obj)] is obj
@@ -197,15 +197,15 @@ class _Loader:
                     depth = d
         if depth:
             if depth >= MAX_NESTING:
-                raise _refuse(f"tuples or frozensets nested deeper than {MAX_NESTING}")
+                raise refuse(f"tuples or frozensets nested deeper than {MAX_NESTING}")
             nesting[id(obj)] = (depth + 1, obj)
 
     def mark_unsafe(self, obj: Any) -> None:
         self.unsafe[id(obj)] = obj
 
     def check_unsafe_child(self, where: str, x: Any) -> None:
-        if isinstance(x, _UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
-            raise _refuse(
+        if isinstance(x, UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
+            raise refuse(
                 f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)"
             )
 
@@ -213,7 +213,7 @@ class _Loader:
     def read(self, n: int) -> bytes:
         end = self.pos + n
         if n < 0 or end > len(self.data):
-            raise _refuse(f"truncated: {n} bytes wanted at byte {self.pos}, {len(self.data) - self.pos} left")
+            raise refuse(f"truncated: {n} bytes wanted at byte {self.pos}, {len(self.data) - self.pos} left")
         out = self.data[self.pos : end]
         self.pos = end
         return out
@@ -221,7 +221,7 @@ class _Loader:
     def readline(self) -> bytes:
         end = self.data.find(b"\n", self.pos)
         if end < 0:
-            raise _refuse(f"truncated: no end of line after byte {self.pos}")
+            raise refuse(f"truncated: no end of line after byte {self.pos}")
         out = self.data[self.pos : end]
         self.pos = end + 1
         return out
@@ -231,19 +231,19 @@ class _Loader:
 
     def pop_mark(self) -> list[Any]:
         if not self.metastack:
-            raise _refuse("an opcode needs a MARK that is not there")
+            raise refuse("an opcode needs a MARK that is not there")
         items = self.stack
         self.stack = self.metastack.pop()
         return items
 
     def top(self) -> Any:
         if not self.stack:
-            raise _refuse("an opcode needs a value on an empty stack")
+            raise refuse("an opcode needs a value on an empty stack")
         return self.stack[-1]
 
     def pop(self) -> Any:
         if not self.stack:
-            raise _refuse("an opcode needs a value on an empty stack")
+            raise refuse("an opcode needs a value on an empty stack")
         return self.stack.pop()
 
     # -- globals
@@ -254,9 +254,9 @@ class _Loader:
                 return getattr(builtins, name)
         elif module == "torch" and name in _TORCH_DTYPE_NAMES:
             return _TORCH_DTYPE_NAMES[name]
-        elif key in _VALUES:
-            return _VALUES[key]
-        elif key in self.extra or key in _SAFE:
+        elif key in VALUES:
+            return VALUES[key]
+        elif key in self.extra or key in SAFE:
             obj: Any = importlib.import_module(module)
             for part in name.split("."):
                 if part.startswith("<"):
@@ -273,29 +273,29 @@ class _Loader:
     # -- calls and state
     def call(self, func: Any, args: Any) -> Any:
         if type(args) is not tuple:
-            raise _refuse(f"REDUCE arguments must be a tuple, got {type(args).__name__}")
-        if type(func) is _Handler:
+            raise refuse(f"REDUCE arguments must be a tuple, got {type(args).__name__}")
+        if type(func) is Handler:
             return func.fn(self, args)
-        handler = _CALLS.get(func) if _hashable_in(func, _CALLS) else None
+        handler = CALLS.get(func) if hashable_in(func, CALLS) else None
         if handler is not None:
             return handler(self, args)
         if self.trusted(func):
             return func(*args)
-        raise _refuse(f"calling {_describe(func)} is not allowed")
+        raise refuse(f"calling {describe(func)} is not allowed")
 
     def new(self, cls: Any, args: Any, kwargs: Any) -> Any:
         if not isinstance(cls, type) or not self.trusted(cls):
-            raise _refuse(f"creating {_describe(cls)} with NEWOBJ is not allowed (only registered classes)")
+            raise refuse(f"creating {describe(cls)} with NEWOBJ is not allowed (only registered classes)")
         if type(args) is not tuple or type(kwargs) is not dict:
-            raise _refuse("NEWOBJ takes an argument tuple and a keyword dict")
+            raise refuse("NEWOBJ takes an argument tuple and a keyword dict")
         return cls.__new__(cls, *args, **kwargs)
 
     def build(self) -> None:
         state = self.pop()
         inst = self.top()
-        if type(inst) is _Pending:
+        if type(inst) is Pending:
             if inst.done:
-                raise _refuse("BUILD twice on one object")
+                raise refuse("BUILD twice on one object")
             obj = inst.finish(self, state)
             inst.done = True
             self.stack[-1] = obj
@@ -304,45 +304,45 @@ class _Loader:
                     self.memo[key] = obj
             return
         if isinstance(inst, type):
-            raise _refuse(
-                f"BUILD on the class {_describe(inst)}: it would change the class for the whole process"
+            raise refuse(
+                f"BUILD on the class {describe(inst)}: it would change the class for the whole process"
             )
         if self.trusted(type(inst)):
             _set_state(inst, state)
         elif not (state is None or (type(state) is dict and not state)):
-            raise _refuse(
-                f"setting state on a {_describe(type(inst))} is not allowed (only on registered classes)"
+            raise refuse(
+                f"setting state on a {describe(type(inst))} is not allowed (only on registered classes)"
             )
 
     def memoize(self, key: int) -> None:
         value = self.top()
         self.memo[key] = value
-        if type(value) is _Pending:
+        if type(value) is Pending:
             value.keys.append(key)
 
     def load(self) -> Any:
         data = self.data
         end = len(data)
-        dispatch = _DISPATCH
+        dispatch = DISPATCH
         try:
             while True:
                 if self.pos >= end:
-                    raise _refuse("truncated: no STOP opcode")
+                    raise refuse("truncated: no STOP opcode")
                 op = data[self.pos]
                 self.pos += 1
                 if op == 0x2E:  # STOP
                     value = self.pop()
-                    if type(value) is _Pending:
-                        raise _refuse("an object is missing its state (BUILD)")
+                    if type(value) is Pending:
+                        raise refuse("an object is missing its state (BUILD)")
                     return value
                 fn = dispatch.get(op)
                 if fn is None:
-                    raise _refuse(f"opcode {bytes([op])!r} at byte {self.pos - 1} is not accepted")
+                    raise refuse(f"opcode {bytes([op])!r} at byte {self.pos - 1} is not accepted")
                 fn(self)
         except UnpicklingRefused:
             raise
         except Exception as exc:  # the payload's data made a check or a constructor fail
-            raise _refuse(f"at byte {self.pos - 1}: {type(exc).__name__}: {exc}") from None
+            raise refuse(f"at byte {self.pos - 1}: {type(exc).__name__}: {exc}") from None
 
 
 def _set_state(inst: Any, state: Any) -> None:
@@ -356,11 +356,11 @@ def _set_state(inst: Any, state: Any) -> None:
         state, slots = state
     if state:
         if type(state) is not dict or not all(type(k) is str for k in state):
-            raise _refuse("instance state must be a dict with str keys")
+            raise refuse("instance state must be a dict with str keys")
         inst.__dict__.update(state)
     if slots:
         if type(slots) is not dict or not all(type(k) is str and not k.startswith("__") for k in slots):
-            raise _refuse("slot state must be a dict of attribute names")
+            raise refuse("slot state must be a dict of attribute names")
         for k, v in slots.items():
             setattr(inst, k, v)
 
@@ -397,7 +397,7 @@ class RestrictedUnpickler:
         Raises:
             UnpicklingRefused: it is not allowed.
         """
-        return _Loader(b"", None, self._extra).find_class(module, name)
+        return Loader(b"", None, self._extra).find_class(module, name)
 
     def load(self) -> Any:
         """The object in the stream.
@@ -405,7 +405,7 @@ class RestrictedUnpickler:
         Raises:
             UnpicklingRefused: for anything not accepted.
         """
-        return _Loader(bytes(self._file.read()), self._buffers, self._extra).load()
+        return Loader(bytes(self._file.read()), self._buffers, self._extra).load()
 
 
 def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
@@ -417,4 +417,4 @@ def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[t
         >>> hwdist.restricted_loads(pickle.dumps({"a": np.arange(3)}))
         {'a': array([0, 1, 2])}
     """
-    return _Loader(bytes(data), buffers, extra).load()
+    return Loader(bytes(data), buffers, extra).load()

@@ -12,58 +12,58 @@ import collections
 import struct
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._restricted_checks import _byte_view, _describe, _refuse
+from ._restricted_checks import byte_view, describe, refuse
 
 if TYPE_CHECKING:
-    from ._restricted import _Loader
+    from ._restricted import Loader
 
 # ---- opcodes ------------------------------------------------------------------------------
 
 
-def _push(value_fn: Callable[[_Loader], Any]) -> Callable[[_Loader], None]:
+def _push(value_fn: Callable[[Loader], Any]) -> Callable[[Loader], None]:
     return lambda u: u.stack.append(value_fn(u))
 
 
-def _op_proto(u: _Loader) -> None:
+def _op_proto(u: Loader) -> None:
     if u.read(1)[0] > 5:
-        raise _refuse("unsupported pickle protocol")
+        raise refuse("unsupported pickle protocol")
 
 
-def _op_frame(u: _Loader) -> None:
+def _op_frame(u: Loader) -> None:
     if u.unpack("<Q", 8) > len(u.data) - u.pos:
-        raise _refuse("a FRAME is longer than the payload")
+        raise refuse("a FRAME is longer than the payload")
 
 
-def _op_int(u: _Loader) -> None:
+def _op_int(u: Loader) -> None:
     line = u.readline()
     u.stack.append(True if line == b"01" else False if line == b"00" else int(line))
 
 
-def _op_long(u: _Loader) -> None:
+def _op_long(u: Loader) -> None:
     line = u.readline()
     u.stack.append(int(line[:-1] if line.endswith(b"L") else line))
 
 
-def _op_long_n(fmt: str, n: int) -> Callable[[_Loader], None]:
-    def op(u: _Loader) -> None:
+def _op_long_n(fmt: str, n: int) -> Callable[[Loader], None]:
+    def op(u: Loader) -> None:
         size = u.unpack(fmt, n)
         u.stack.append(int.from_bytes(u.read(size), "little", signed=True))
 
     return op
 
 
-def _op_string(u: _Loader) -> None:
+def _op_string(u: Loader) -> None:
     line = u.readline()
     if len(line) < 2 or line[0] != line[-1] or line[:1] not in (b"'", b'"'):
-        raise _refuse("STRING argument is not quoted")
+        raise refuse("STRING argument is not quoted")
     u.stack.append(codecs.escape_decode(line[1:-1])[0].decode("ascii"))
 
 
-def _op_counted(fmt: str, n: int, kind: Callable[[bytes], Any]) -> Callable[[_Loader], None]:
+def _op_counted(fmt: str, n: int, kind: Callable[[bytes], Any]) -> Callable[[Loader], None]:
     unpack = struct.Struct(fmt or "<B").unpack_from
     n = n or 1
 
-    def op(u: _Loader) -> None:  # hot: strings and bytes; read() inlined
+    def op(u: Loader) -> None:  # hot: strings and bytes; read() inlined
         data, pos = u.data, u.pos
         if pos + n > len(data):
             u.read(n)  # raises: truncated
@@ -71,19 +71,19 @@ def _op_counted(fmt: str, n: int, kind: Callable[[bytes], Any]) -> Callable[[_Lo
         pos += n
         end = pos + size
         if end > len(data):  # checked before anything is allocated
-            raise _refuse(f"truncated: {size} bytes wanted at byte {pos}, {len(data) - pos} left")
+            raise refuse(f"truncated: {size} bytes wanted at byte {pos}, {len(data) - pos} left")
         u.pos = end
         u.stack.append(kind(data[pos:end]))
 
     return op
 
 
-def _op_small(fmt: str) -> Callable[[_Loader], None]:
+def _op_small(fmt: str) -> Callable[[Loader], None]:
     """A fixed-size argument pushed as it is (ints, floats); read() inlined."""
     st = struct.Struct(fmt)
     n, unpack = st.size, st.unpack_from
 
-    def op(u: _Loader) -> None:
+    def op(u: Loader) -> None:
         pos = u.pos
         if pos + n > len(u.data):
             u.read(n)  # raises: truncated
@@ -97,32 +97,32 @@ def _utf8(b: bytes) -> str:
     return str(b, "utf-8", "surrogatepass")
 
 
-def _op_next_buffer(u: _Loader) -> None:
+def _op_next_buffer(u: Loader) -> None:
     try:
         u.stack.append(next(u.buffers))
     except StopIteration:
-        raise _refuse("NEXT_BUFFER with no out-of-band buffer left") from None
+        raise refuse("NEXT_BUFFER with no out-of-band buffer left") from None
 
 
-def _op_readonly(u: _Loader) -> None:
-    u.stack[-1] = memoryview(_byte_view("READONLY_BUFFER", u.top())).toreadonly()
+def _op_readonly(u: Loader) -> None:
+    u.stack[-1] = memoryview(byte_view("READONLY_BUFFER", u.top())).toreadonly()
 
 
-def _tuple_of(items: list[Any], u: _Loader) -> tuple:
+def _tuple_of(items: list[Any], u: Loader) -> tuple:
     out = tuple(items)
     u.track(out, out)
     return out
 
 
-def _op_tuple(u: _Loader) -> None:
+def _op_tuple(u: Loader) -> None:
     out = _tuple_of(u.pop_mark(), u)  # pop_mark() replaces u.stack
     u.stack.append(out)
 
 
-def _op_tuple_n(n: int) -> Callable[[_Loader], None]:
-    def op(u: _Loader) -> None:
+def _op_tuple_n(n: int) -> Callable[[Loader], None]:
+    def op(u: Loader) -> None:
         if len(u.stack) < n:
-            raise _refuse(f"TUPLE{n} needs {n} values on the stack")
+            raise refuse(f"TUPLE{n} needs {n} values on the stack")
         items = u.stack[-n:]
         del u.stack[-n:]
         u.stack.append(_tuple_of(items, u))
@@ -130,25 +130,25 @@ def _op_tuple_n(n: int) -> Callable[[_Loader], None]:
     return op
 
 
-def _op_list(u: _Loader) -> None:
+def _op_list(u: Loader) -> None:
     items = u.pop_mark()
     u.stack.append(items)
 
 
-def _op_dict(u: _Loader) -> None:
+def _op_dict(u: Loader) -> None:
     items = u.pop_mark()
     if len(items) % 2:
-        raise _refuse("DICT needs key/value pairs")
+        raise refuse("DICT needs key/value pairs")
     u.stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
 
 
-def _op_frozenset(u: _Loader) -> None:
+def _op_frozenset(u: Loader) -> None:
     out = frozenset(u.pop_mark())
     u.track(out, out)
     u.stack.append(out)
 
 
-def _extend(u: _Loader, items: list[Any]) -> None:
+def _extend(u: Loader, items: list[Any]) -> None:
     target = u.top()
     if type(target) is list:
         target.extend(items)
@@ -164,22 +164,22 @@ def _extend(u: _Loader, items: list[Any]) -> None:
             for x in items:
                 target.append(x)
     else:
-        raise _refuse(f"APPEND to {_describe(target)} is not allowed")
+        raise refuse(f"APPEND to {describe(target)} is not allowed")
 
 
-def _op_append(u: _Loader) -> None:
+def _op_append(u: Loader) -> None:
     value = u.pop()
     _extend(u, [value])
 
 
-def _op_appends(u: _Loader) -> None:
+def _op_appends(u: Loader) -> None:
     items = u.pop_mark()
     _extend(u, items)
 
 
-def _set_items(u: _Loader, items: list[Any]) -> None:
+def _set_items(u: Loader, items: list[Any]) -> None:
     if len(items) % 2:
-        raise _refuse("SETITEMS needs key/value pairs")
+        raise refuse("SETITEMS needs key/value pairs")
     target = u.top()
     kind = type(target)
     if kind is dict or kind is collections.OrderedDict or kind is collections.Counter:
@@ -188,22 +188,22 @@ def _set_items(u: _Loader, items: list[Any]) -> None:
         for v in items[1::2]:
             u.check_unsafe_child("defaultdict", v)
     elif not u.trusted(kind) or isinstance(target, type):
-        raise _refuse(f"setting items on {_describe(target)} is not allowed")
+        raise refuse(f"setting items on {describe(target)} is not allowed")
     for i in range(0, len(items), 2):
         target[items[i]] = items[i + 1]
 
 
-def _op_setitem(u: _Loader) -> None:
+def _op_setitem(u: Loader) -> None:
     value = u.pop()
     key = u.pop()
     _set_items(u, [key, value])
 
 
-def _op_setitems(u: _Loader) -> None:
+def _op_setitems(u: Loader) -> None:
     _set_items(u, u.pop_mark())
 
 
-def _op_additems(u: _Loader) -> None:
+def _op_additems(u: Loader) -> None:
     items = u.pop_mark()
     target = u.top()
     if type(target) is set:
@@ -212,85 +212,85 @@ def _op_additems(u: _Loader) -> None:
         for x in items:
             target.add(x)
     else:
-        raise _refuse(f"ADDITEMS to {_describe(target)} is not allowed")
+        raise refuse(f"ADDITEMS to {describe(target)} is not allowed")
 
 
-def _op_pop(u: _Loader) -> None:
+def _op_pop(u: Loader) -> None:
     if u.stack:
         u.stack.pop()
     else:
         u.pop_mark()
 
 
-def _op_mark(u: _Loader) -> None:
+def _op_mark(u: Loader) -> None:
     u.metastack.append(u.stack)
     u.stack = []
 
 
-def _op_get(read_key: Callable[[_Loader], int]) -> Callable[[_Loader], None]:
-    def op(u: _Loader) -> None:
+def _op_get(read_key: Callable[[Loader], int]) -> Callable[[Loader], None]:
+    def op(u: Loader) -> None:
         key = read_key(u)
         if key not in u.memo:
-            raise _refuse(f"memo entry {key} was never stored")
+            raise refuse(f"memo entry {key} was never stored")
         u.stack.append(u.memo[key])
 
     return op
 
 
-def _op_put(read_key: Callable[[_Loader], int]) -> Callable[[_Loader], None]:
-    def op(u: _Loader) -> None:
+def _op_put(read_key: Callable[[Loader], int]) -> Callable[[Loader], None]:
+    def op(u: Loader) -> None:
         key = read_key(u)
         if key < 0:
-            raise _refuse("negative memo key")
+            raise refuse("negative memo key")
         u.memoize(key)
 
     return op
 
 
-def _op_global(u: _Loader) -> None:
+def _op_global(u: Loader) -> None:
     module = u.readline().decode("utf-8")
     name = u.readline().decode("utf-8")
     u.stack.append(u.find_class(module, name))
 
 
-def _op_stack_global(u: _Loader) -> None:
+def _op_stack_global(u: Loader) -> None:
     name = u.pop()
     module = u.pop()
     if type(module) is not str or type(name) is not str:
-        raise _refuse("STACK_GLOBAL needs two strings")
+        raise refuse("STACK_GLOBAL needs two strings")
     u.stack.append(u.find_class(module, name))
 
 
-def _op_reduce(u: _Loader) -> None:
+def _op_reduce(u: Loader) -> None:
     args = u.pop()
     u.stack[-1] = u.call(u.top(), args)
 
 
-def _op_newobj(u: _Loader) -> None:
+def _op_newobj(u: Loader) -> None:
     args = u.pop()
     cls = u.pop()
     u.stack.append(u.new(cls, args, {}))
 
 
-def _op_newobj_ex(u: _Loader) -> None:
+def _op_newobj_ex(u: Loader) -> None:
     kwargs = u.pop()
     args = u.pop()
     cls = u.pop()
     u.stack.append(u.new(cls, args, kwargs))
 
 
-def _refused_op(what: str) -> Callable[[_Loader], None]:
-    def op(u: _Loader) -> None:
-        raise _refuse(f"{what} is not accepted")
+def _refused_op(what: str) -> Callable[[Loader], None]:
+    def op(u: Loader) -> None:
+        raise refuse(f"{what} is not accepted")
 
     return op
 
 
-def _line_int(u: _Loader) -> int:
+def _line_int(u: Loader) -> int:
     return int(u.readline())
 
 
-_DISPATCH: dict[int, Callable[[_Loader], None]] = {
+DISPATCH: dict[int, Callable[[Loader], None]] = {
     ord(k): v
     for k, v in {
         "\x80": _op_proto,

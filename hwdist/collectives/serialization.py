@@ -35,12 +35,14 @@ import torch
 from ._restricted import (
     RestrictedUnpickler,
     UnpicklingRefused,
-    _pair,
-    _SAFE,  # noqa: F401 (the allow-list; tests reach it here)
+    SAFE,
+    pair,
     register_safe_class,
     restricted_loads,
     safe_globals,
 )
+
+_SAFE = SAFE  # the allow-list under its former name: tests/unit/test_serialization.py reaches it here
 
 __all__ = [
     "Serializer",
@@ -114,6 +116,11 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
     data: Any = d.reshape(-1).view(torch.uint8).numpy()  # a buffer (numpy's stubs say otherwise on 3.9)
     name = str(t.dtype).replace("torch.", "")
     return _rebuild_tensor, (pickle.PickleBuffer(data), name, tuple(t.shape), bool(t.requires_grad))
+
+
+# The loader's name for it. Streams keep naming ``_rebuild_tensor`` (the pickled reducer and the
+# allow-list entry), so the wire format does not change.
+rebuild_tensor = _rebuild_tensor
 
 
 def _reduce_ndarray(a: np.ndarray) -> Any:
@@ -207,7 +214,7 @@ class RestrictedPickleSerializer(PickleSerializer):
         self, allow: Sequence[Union[type, Callable[..., Any], str]] = (), oob_threshold: int = OOB_THRESHOLD
     ) -> None:
         super().__init__(oob_threshold)
-        self.extra = tuple(_pair("RestrictedPickleSerializer", item) for item in allow)
+        self.extra = tuple(pair("RestrictedPickleSerializer", item) for item in allow)
 
     def loads(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
         """Unpickle through the restricted unpickler.

@@ -65,14 +65,14 @@ def enable(on: bool = True) -> bool:
         if _recorder.on_first_call is None and not _recorder.ring and _watchdog is None:
             _recorder.on_first_call = _on_first_call
         _calls.set_recorder(_recorder)
-    elif _calls._recorder is _recorder:
+    elif _calls.recorder() is _recorder:
         _calls.set_recorder(None)
     return was
 
 
 def enabled() -> bool:
     """Whether the flight recorder is on in this process."""
-    return _calls._recorder is _recorder
+    return _calls.recorder() is _recorder
 
 
 def watchdog_running() -> bool:

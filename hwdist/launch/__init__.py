@@ -13,7 +13,6 @@ from .resolvers import (
     LauncherError,
     LaunchInfo,
     NoLauncher,
-    _register,
     get_launcher,
     infer_launcher,
     list_launchers,
@@ -26,7 +25,7 @@ from .torchrun import TorchrunLauncher
 #: Registered at import (a dict insert each).
 BUILTIN_LAUNCHERS = (TorchrunLauncher, MpiLauncher, SlurmLauncher, NoLauncher)
 for _cls in BUILTIN_LAUNCHERS:
-    _register(_cls.name, _cls, override=False)
+    register_launcher(_cls.name, _cls, override=False)
 del _cls
 
 __all__ = [

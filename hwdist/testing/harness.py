@@ -69,7 +69,8 @@ class _Outcome:
     at: float = field(default_factory=time.monotonic)
 
 
-def _is_skip(exc: BaseException) -> bool:
+def is_skip(exc: BaseException) -> bool:
+    """Whether ``exc`` means the rank skipped its test (ours, pytest's or unittest's)."""
     return isinstance(exc, RankSkip) or type(exc).__name__ in ("Skipped", "SkipTest")
 
 
@@ -125,7 +126,7 @@ def _worker(
             reply = ("ok", result, "", "")
             data = pickle.dumps(reply)
         except BaseException as exc:  # report everything, KeyboardInterrupt included
-            kind = "skip" if _is_skip(exc) else "error"
+            kind = "skip" if is_skip(exc) else "error"
             data = pickle.dumps((kind, None, traceback.format_exc(), f"{type(exc).__name__}: {exc}"))
         conn.send_bytes(data)
     try:

@@ -62,14 +62,14 @@ class MpiLocalPools:
         **kwargs: Any,
     ) -> list[Any]:
         """Run ``fn`` on every MPI rank; results by rank (as the pooled harness returns them)."""
-        from .harness import RankFailure, _is_skip
+        from .harness import RankFailure, is_skip
 
         if world_size != self.size or backend != self.backend:
             _skip(f"MPI suite runs world size {self.size} on backend {self.backend!r} only")
         try:
             outcome: tuple[str, Any, str] = ("ok", fn(*args, **kwargs), "")
         except BaseException as exc:  # report everything, as the harness does
-            kind = "skip" if _is_skip(exc) else "error"
+            kind = "skip" if is_skip(exc) else "error"
             outcome = (kind, None, f"{traceback.format_exc()}\n{type(exc).__name__}: {exc}")
         outcomes = self.comm.allgather(outcome)
         failed = [r for r, o in enumerate(outcomes) if o[0] == "error"]

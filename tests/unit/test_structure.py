@@ -33,29 +33,7 @@ THIRD_PARTY_ALLOWED = {
 }
 
 #: Known violations (file under hwdist/, rule) in files this change did not own: to fix, then remove here.
-PENDING: set[tuple[str, str]] = {
-    ("collectives/_restricted.py", "import _CALLS from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _Handler from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _Pending from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _SERIALIZATION from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _UNSAFE_NESTING from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _VALUES from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _describe from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _hashable_in from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _refuse from collectives._restricted_checks"),
-    ("collectives/_restricted.py", "import _DISPATCH from collectives._restricted_opcodes"),
-    ("collectives/_restricted_checks.py", "import _Loader from collectives._restricted"),
-    ("collectives/_restricted_opcodes.py", "import _Loader from collectives._restricted"),
-    ("collectives/serialization.py", "import _SAFE from collectives._restricted"),
-    ("collectives/serialization.py", "import _pair from collectives._restricted"),
-    ("flight/__init__.py", "access collectives._calls._recorder"),
-    ("launch/__init__.py", "import _register from launch.resolvers"),
-    ("collectives/_restricted_opcodes.py", "import _byte_view from collectives._restricted_checks"),
-    ("collectives/_restricted_opcodes.py", "import _describe from collectives._restricted_checks"),
-    ("collectives/_restricted_opcodes.py", "import _refuse from collectives._restricted_checks"),
-    ("collectives/_restricted_checks.py", "import _rebuild_tensor from collectives.serialization"),
-    ("testing/mpi_suite.py", "import _is_skip from testing.harness"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:
