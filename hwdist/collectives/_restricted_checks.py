@@ -532,6 +532,8 @@ for _np_mod in ("numpy.core", "numpy._core"):
     _HANDLERS[(f"{_np_mod}.numeric", "_frombuffer")] = _np_frombuffer
     _HANDLERS[(f"{_np_mod}.multiarray", "_reconstruct")] = _np_reconstruct
     _HANDLERS[(f"{_np_mod}.multiarray", "scalar")] = _np_scalar
+# Deliberately one explicit line per allowed global (not built from module/name lists): this is the
+# loader's allow-list, audited line by line, and each key must be the exact name a stream uses.
 VALUES: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("collections", "defaultdict"): collections.defaultdict,

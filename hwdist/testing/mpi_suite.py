@@ -62,6 +62,8 @@ class MpiLocalPools:
         **kwargs: Any,
     ) -> list[Any]:
         """Run ``fn`` on every MPI rank; results by rank (as the pooled harness returns them)."""
+        # Same signature as pytest_plugin's pooled run (deliberate): the ``dist`` fixture hands
+        # tests either one, so a test runs unchanged under the pools and under mpiexec.
         from .harness import RankFailure, is_skip
 
         if world_size != self.size or backend != self.backend:
