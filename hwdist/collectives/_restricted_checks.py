@@ -553,7 +553,6 @@ VALUES: dict[tuple[str, str], Any] = {
     ("numpy", "ndarray"): np.ndarray,
 }
 VALUES.update({key: Handler(".".join(key), fn) for key, fn in _HANDLERS.items()})
-_VALUES = VALUES  # the former name: tests/unit/restricted_probe.py reads it
 
 
 def hashable_in(x: Any, table: Any) -> bool:

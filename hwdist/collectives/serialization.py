@@ -35,14 +35,12 @@ import torch
 from ._restricted import (
     RestrictedUnpickler,
     UnpicklingRefused,
-    SAFE,
     pair,
     register_safe_class,
     restricted_loads,
     safe_globals,
 )
 
-_SAFE = SAFE  # the allow-list under its former name: tests/unit/test_serialization.py reaches it here
 
 __all__ = [
     "Serializer",

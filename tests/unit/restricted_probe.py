@@ -152,7 +152,7 @@ _MODULES = (builtins, collections, datetime, decimal, fractions, np, torch, pick
 def _watched_classes() -> list[type]:
     from hwdist.collectives import _restricted_checks as checks
 
-    classes = {v for v in checks._VALUES.values() if isinstance(v, type)}
+    classes = {v for v in checks.VALUES.values() if isinstance(v, type)}
     classes |= {
         getattr(builtins, n)
         for n in (

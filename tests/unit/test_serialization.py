@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import hwdist
+from hwdist.collectives import _restricted
 from hwdist.collectives import serialization as ser
 
 
@@ -164,7 +165,7 @@ def test_allow_list_can_be_extended():
         assert key in hwdist.safe_globals()
         assert ser.decode(data, serializer=ser.RestrictedPickleSerializer()) == _Box(3)
     finally:
-        ser._SAFE.discard(key)
+        _restricted.SAFE.discard(key)
     with pytest.raises(TypeError, match="register_safe_class"):
         hwdist.register_safe_class(3)
     with pytest.raises(ValueError, match="module.QualName"):
