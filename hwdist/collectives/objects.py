@@ -106,6 +106,7 @@ from .serialization import (
     use_serializer,
 )
 
+# Re-lists serialization's public names on purpose: objects is where users import them from.
 __all__ = [
     "all_gather_object",
     "gather_object",
