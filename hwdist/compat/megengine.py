@@ -188,7 +188,7 @@ def pack_allreduce_split(
         problem = exc
     if hwdist.is_distributed() and hwdist.get_world_size(group) > 1:
         layout = f"{offsets_val[-1] if offsets_val else 0}:{packed.dtype}"
-# Same layout-digest agreement as vis4d's all_reduce_dict on purpose: each compat module mirrors its original.
+        # Same layout-digest agreement as vis4d's all_reduce_dict on purpose: each mirrors its original.
         digest = int.from_bytes(hashlib.blake2b(layout.encode(), digest_size=4).digest(), "big") & 0x7FFFFFFF
         got = agree("pack_allreduce_split", group, problem=problem, words=[digest])
         if not got.same:
