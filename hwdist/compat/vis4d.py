@@ -17,7 +17,6 @@ raised.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import shutil
@@ -34,6 +33,7 @@ import hwdist
 from ..collectives._agree import agree
 from ..drivers.nccl import NcclDriver
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
+from ._legacy_common import layout_digest
 
 __all__ = [
     "all_gather_object_cpu",
@@ -423,7 +423,7 @@ def all_reduce_dict(
             f"all_reduce_dict: py_dict[{bad!r}] must be a tensor, got {type(py_dict[bad]).__name__}"
         )
     layout = "" if problem else repr([(k, tuple(py_dict[k].shape), py_dict[k].dtype) for k in keys])
-    digest = int.from_bytes(hashlib.blake2b(layout.encode(), digest_size=4).digest(), "big") & 0x7FFFFFFF
+    digest = layout_digest(layout)
     got = agree("all_reduce_dict", None, problem=problem, words=[digest])
     if not got.same:
         raise CollectiveArgumentError(
