@@ -61,6 +61,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _DEFAULT_DEVICE = torch.device(NcclDriver.device_type)
 
 
+# vis4d's own reader of launcher variables (not HWDIST_* settings), kept here to mirror vis4d.
 def _env_int(name: str) -> Optional[int]:
     raw = os.environ.get(name)
     if not raw:
@@ -104,6 +105,7 @@ def get_local_rank() -> int:
     return 0
 
 
+# Mirrors get_world_size's env fallback on purpose: vis4d's functions read the launcher the same way.
 def get_rank() -> int:
     """The global rank: the process group's, else the launcher's environment.
 

@@ -95,6 +95,7 @@ def bcast_list_(tensors: Iterable[Tensor], src: int = 0, group: Optional[Any] = 
     _broadcast_checked("bcast_list_", tensors, src, group, floating_only=False)
 
 
+# Args/Raises repeat bcast_list_'s on purpose: each public docstring stands alone.
 @collective(2)
 def broadcast_tensors(tensors: Iterable[Tensor], src: int = 0, group: Optional[Any] = None) -> None:
     """Broadcast the floating-point and complex tensors of a list from ``src``, in place.
