@@ -39,6 +39,7 @@ from .flight import dump_flight_record
 
 __version__ = "0.1.0"
 
+# Re-lists each submodule's public names on purpose: this is the package's public surface.
 __all__ = [
     "__version__",
     "Driver",

@@ -65,12 +65,7 @@ def detect() -> Detection:
         device = device.lower()  # torch's device types are lower case; CPU means cpu, as GLOO means gloo
     if backend is not None:
         drv = registry.get_driver(backend)
-        why = drv.unavailable_reason()
-        if why is not None:
-            raise registry.BackendError(
-                f"{ENV_BACKEND}={backend!r} names a backend that is not available here: {why}."
-                f" Available: {', '.join(registry.available_backends())}"
-            )
+        registry.require_available(drv, f"{ENV_BACKEND}={backend!r} names a backend that is")
         if device is not None and device != drv.device_type:
             raise registry.BackendError(
                 f"{ENV_DEVICE}={device!r} conflicts with {ENV_BACKEND}={backend!r},"

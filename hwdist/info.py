@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import torch
 import torch.distributed as torch_dist
@@ -109,6 +109,21 @@ def get_local_group() -> Optional[Any]:
     return _local_group if is_distributed() else None
 
 
+def _local(what: str, from_group: Callable[[Any], int], variables: Sequence[str], serial: int) -> int:
+    """The local group's value, else the launcher's variables, else ``serial`` when not distributed."""
+    if is_distributed() and _local_group is not None:
+        return from_group(_local_group)
+    value = _env_int(*variables)
+    if value is not None:
+        return value
+    if not is_distributed():
+        return serial
+    raise RuntimeError(
+        f"local {what} unknown: no local process group and none of "
+        f"{', '.join(variables)} is set. HINT: hwdist.init_local_group(node_rank, num_gpus_per_node)"
+    )
+
+
 def get_local_rank() -> int:
     """This process's rank within its node.
 
@@ -117,32 +132,12 @@ def get_local_rank() -> int:
     ``OMPI_COMM_WORLD_LOCAL_RANK``, ...); 0 when not distributed. Unlike
     mmengine, this works before a process group exists (vis4d semantics).
     """
-    if is_distributed() and _local_group is not None:
-        return torch_dist.get_rank(_local_group)
-    value = _env_int(*_LOCAL_RANK_VARS)
-    if value is not None:
-        return value
-    if not is_distributed():
-        return 0
-    raise RuntimeError(
-        "local rank unknown: no local process group and none of "
-        f"{', '.join(_LOCAL_RANK_VARS)} is set. HINT: hwdist.init_local_group(node_rank, num_gpus_per_node)"
-    )
+    return _local("rank", torch_dist.get_rank, _LOCAL_RANK_VARS, 0)
 
 
 def get_local_size() -> int:
     """Number of ranks on this node (local group, else launcher environment); 1 when not distributed."""
-    if is_distributed() and _local_group is not None:
-        return torch_dist.get_world_size(_local_group)
-    value = _env_int(*_LOCAL_SIZE_VARS)
-    if value is not None:
-        return value
-    if not is_distributed():
-        return 1
-    raise RuntimeError(
-        "local size unknown: no local process group and none of "
-        f"{', '.join(_LOCAL_SIZE_VARS)} is set. HINT: hwdist.init_local_group(node_rank, num_gpus_per_node)"
-    )
+    return _local("size", torch_dist.get_world_size, _LOCAL_SIZE_VARS, 1)
 
 
 def get_dist_info(group: Optional[Any] = None) -> tuple[int, int]:

@@ -222,6 +222,18 @@ def available_backends() -> list[str]:
     return [n for n in list_backends() if _drivers[n].is_available()]
 
 
+def require_available(driver: Driver, subject: str) -> None:
+    """Raise BackendError ``"<subject> not available here: <why>. Available: ..."`` if ``driver`` cannot run.
+
+    ``subject`` is the start of the message, e.g. ``"backend 'nccl' is"``.
+    """
+    why = driver.unavailable_reason()
+    if why is not None:
+        raise BackendError(
+            f"{subject} not available here: {why}. Available: {', '.join(available_backends())}"
+        )
+
+
 def registered(name: str) -> Optional[Driver]:
     """The driver registered under ``name`` (case-insensitive), or None; loads no entry point, raises nothing.
     """

@@ -123,26 +123,24 @@ def flag(name: str) -> bool:
     return True
 
 
-def integer(name: str) -> Optional[int]:
-    """The variable as an int (or its declared default); ValueError naming it when it is not one."""
+def _parsed(name: str, convert: Callable[[str], T], what: str) -> Optional[T]:
     value = _raw(name) or _default(name)
     if not value:
         return None
     try:
-        return int(value)
+        return convert(value)
     except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+        raise ValueError(f"environment variable {name} must be {what}, got {value!r}") from None
+
+
+def integer(name: str) -> Optional[int]:
+    """The variable as an int (or its declared default); ValueError naming it when it is not one."""
+    return _parsed(name, int, "an integer")
 
 
 def number(name: str) -> Optional[float]:
     """The variable as a float (or its declared default); ValueError naming it when it is not one."""
-    value = _raw(name) or _default(name)
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be a number, got {value!r}") from None
+    return _parsed(name, float, "a number")
 
 
 def choice(name: str) -> str:

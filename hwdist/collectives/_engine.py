@@ -334,6 +334,7 @@ class _Serial:
     def check_peer(self, value: Any, argname: str, fn: str) -> Any:
         return value
 
+    # Same signature as _GroupView.run on purpose: the serial null object stands in for a group view.
     def run(
         self,
         strategy: Strategy,

@@ -31,6 +31,7 @@ from ..drivers.base import byte_carrier
 from ..errors import PlanError
 from ..drivers.tuning import tuning
 from ._engine import issue, view, wire_call
+from ._wire import itemsize
 
 Tensor = torch.Tensor
 
@@ -187,20 +188,11 @@ def broadcast_bytes(data: Optional[bytes], src: int, group: Any = None, driver: 
 #: Waits for one issued work: ``wait(work, p2p)``. With no waiter the exchange is issued blocking.
 Waiter = Callable[[Any, bool], None]
 
-_ITEMSIZE: dict[torch.dtype, int] = {}
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    size = _ITEMSIZE.get(dtype)
-    if size is None:
-        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
-    return size
-
 
 def _wire(data: np.ndarray, carrier: torch.dtype, dev: torch.device) -> Tensor:
     # uint8 bytes as a tensor of the carrier dtype on ``dev``, zero-padded to a whole carrier element
     t = torch.from_numpy(data)
-    k = _itemsize(carrier)
+    k = itemsize(carrier)
     if k > 1:
         pad = -t.numel() % k
         if pad:
@@ -210,7 +202,7 @@ def _wire(data: np.ndarray, carrier: torch.dtype, dev: torch.device) -> Tensor:
 
 
 def _room(n: int, carrier: torch.dtype, dev: torch.device) -> Tensor:
-    return torch.empty(-(-n // _itemsize(carrier)), dtype=carrier, device=dev)
+    return torch.empty(-(-n // itemsize(carrier)), dtype=carrier, device=dev)
 
 
 def _host(t: Tensor, n: int) -> np.ndarray:
@@ -257,7 +249,7 @@ def gather_rows(
     out = torch.empty(inp.numel() * world, dtype=carrier, device=dev)
     work = issue(wire_call(group, "all_gather", send=inp, recv=list(out.chunk(world))), wait is not None)
     _settle(work, wait, False)
-    width = inp.numel() * _itemsize(carrier)
+    width = inp.numel() * itemsize(carrier)
     rows = _host(out, width * world).reshape(world, width)
     return rows if width == n else rows[:, :n]
 

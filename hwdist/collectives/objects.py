@@ -106,6 +106,7 @@ from .serialization import (
     use_serializer,
 )
 
+# Re-lists serialization's public names on purpose: objects is where users import them from.
 __all__ = [
     "all_gather_object",
     "gather_object",
@@ -453,6 +454,7 @@ def broadcast_object_list(
     data[:] = decode(buf.copy() if source.inline is not None else buf, serializer, map_location)
 
 
+# Same keyword shape as gather_object on purpose: the public object-collective signatures match.
 @collective(2)
 def broadcast_object(
     obj: Any,

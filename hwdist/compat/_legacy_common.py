@@ -21,6 +21,7 @@ __all__ = [
     "group_of",
     "require_pg",
     "fingerprint",
+    "layout_digest",
     "agree_or_raise",
 ]
 
@@ -85,6 +86,11 @@ def require_pg(fn: str) -> None:
 def fingerprint(tensor: Any) -> int:
     """A 31-bit digest of a tensor's shape and dtype (every rank must give the same one)."""
     text = f"{tuple(tensor.shape)}:{tensor.dtype}" if isinstance(tensor, torch.Tensor) else "?"
+    return layout_digest(text)
+
+
+def layout_digest(text: str) -> int:
+    """A 31-bit digest of a layout description (an agreement word every rank compares)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") & 0x7FFFFFFF
 
 

@@ -70,6 +70,20 @@ def broadcast_multigpu(tensor_list: list[torch.Tensor], src: int, group: Any = g
         t.copy_(tensor_list[0])
 
 
+def _agreed_local_reduce(fn: str, tensor_list: list[torch.Tensor], op: Any, grp: Any) -> torch.Tensor:
+    """Check ``tensor_list`` and reduce it locally; every rank raises together on a bad list."""
+    problem = _device_list(fn, "tensor_list", tensor_list)
+    acc: Optional[torch.Tensor] = None
+    if problem is None:
+        try:
+            acc = _local_reduce(fn, tensor_list, op)
+        except (TypeError, ValueError) as exc:
+            problem = exc
+    agree_or_raise(fn, grp, problem, [len(tensor_list)], "len(tensor_list)")
+    assert acc is not None
+    return acc
+
+
 def all_reduce_multigpu(
     tensor_list: list[torch.Tensor], op: Any = reduce_op.SUM, group: Any = group.WORLD
 ) -> None:
@@ -82,15 +96,7 @@ def all_reduce_multigpu(
     """
     require_pg("all_reduce_multigpu")
     grp = group_of(group)
-    problem = _device_list("all_reduce_multigpu", "tensor_list", tensor_list)
-    acc: Optional[torch.Tensor] = None
-    if problem is None:
-        try:
-            acc = _local_reduce("all_reduce_multigpu", tensor_list, op)
-        except (TypeError, ValueError) as exc:
-            problem = exc
-    agree_or_raise("all_reduce_multigpu", grp, problem, [len(tensor_list)], "len(tensor_list)")
-    assert acc is not None
+    acc = _agreed_local_reduce("all_reduce_multigpu", tensor_list, op, grp)
     hwdist.all_reduce(acc, op, grp)
     for t in tensor_list:
         t.copy_(acc)
@@ -108,15 +114,7 @@ def reduce_multigpu(
     """
     require_pg("reduce_multigpu")
     grp = group_of(group)
-    problem = _device_list("reduce_multigpu", "tensor_list", tensor_list)
-    acc: Optional[torch.Tensor] = None
-    if problem is None:
-        try:
-            acc = _local_reduce("reduce_multigpu", tensor_list, op)
-        except (TypeError, ValueError) as exc:
-            problem = exc
-    agree_or_raise("reduce_multigpu", grp, problem, [len(tensor_list)], "len(tensor_list)")
-    assert acc is not None
+    acc = _agreed_local_reduce("reduce_multigpu", tensor_list, op, grp)
     hwdist.reduce(acc, dst, op, grp)
     if hwdist.get_rank() == dst:
         tensor_list[0].copy_(acc)

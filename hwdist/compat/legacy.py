@@ -329,6 +329,32 @@ def _root_and_list(
     return root, items, grp, problem
 
 
+def _checked_root_and_list(
+    fn: str, kwargs: dict[str, Any], root_key: str, list_key: str, role: str, tensor: torch.Tensor
+) -> tuple[int, Any, Any, int]:
+    """Parse gather/scatter's keywords and agree on them: every rank raises together on a bad call."""
+    root, items, grp, problem = _root_and_list(fn, kwargs, root_key, list_key)
+    me = hwdist.get_rank()
+    if problem is None:
+        if root == me:
+            if items is None:
+                problem = CollectiveArgumentError(
+                    f"{fn}: {list_key} is a required argument in {fn} {role} (rank {me})"
+                )
+            else:
+                problem = _list_problem(fn, list_key, items, tensor, hwdist.get_world_size(grp))
+        elif items:
+            problem = CollectiveArgumentError(
+                f"{fn}: non-empty {list_key} can be given only to {fn} {role} (rank {root});"
+                f" rank {me} gave one"
+            )
+    words = [root if problem is None else 0, fingerprint(tensor)]
+    agree_or_raise(
+        fn, grp, problem, words, f"{root_key} or the tensor's shape and dtype ([{root_key}, shape digest])"
+    )
+    return root, items, grp, me
+
+
 def gather(tensor: torch.Tensor, **kwargs: Any) -> None:
     """Gather every rank's ``tensor`` into ``gather_list`` on ``dst`` (torch 0.3's keywords).
 
@@ -353,26 +379,8 @@ def gather(tensor: torch.Tensor, **kwargs: Any) -> None:
         # rank 0: out == [tensor([0.]), tensor([1.])]
     """
     require_pg("gather")
-    dst, gather_list, grp, problem = _root_and_list("gather", kwargs, "dst", "gather_list")
-    me = hwdist.get_rank()
-    if problem is None:
-        if dst == me:
-            if gather_list is None:
-                problem = CollectiveArgumentError(
-                    f"gather: gather_list is a required argument in gather destination (rank {me})"
-                )
-            else:
-                problem = _list_problem(
-                    "gather", "gather_list", gather_list, tensor, hwdist.get_world_size(grp)
-                )
-        elif gather_list:
-            problem = CollectiveArgumentError(
-                f"gather: non-empty gather_list can be given only to gather destination (rank {dst});"
-                f" rank {me} gave one"
-            )
-    words = [dst if problem is None else 0, fingerprint(tensor)]
-    agree_or_raise(
-        "gather", grp, problem, words, "dst or the tensor's shape and dtype ([dst, shape digest])"
+    dst, gather_list, grp, me = _checked_root_and_list(
+        "gather", kwargs, "dst", "gather_list", "destination", tensor
     )
     got = hwdist.gather(tensor, dst, grp, same_shape=True)
     if me == dst:
@@ -403,26 +411,8 @@ def scatter(tensor: torch.Tensor, **kwargs: Any) -> None:
         # rank 0: tensor([5.])   rank 1: tensor([6.])
     """
     require_pg("scatter")
-    src, scatter_list, grp, problem = _root_and_list("scatter", kwargs, "src", "scatter_list")
-    me = hwdist.get_rank()
-    if problem is None:
-        if src == me:
-            if scatter_list is None:
-                problem = CollectiveArgumentError(
-                    f"scatter: scatter_list is a required argument in scatter source (rank {me})"
-                )
-            else:
-                problem = _list_problem(
-                    "scatter", "scatter_list", scatter_list, tensor, hwdist.get_world_size(grp)
-                )
-        elif scatter_list:
-            problem = CollectiveArgumentError(
-                f"scatter: non-empty scatter_list can be given only to scatter source (rank {src});"
-                f" rank {me} gave one"
-            )
-    words = [src if problem is None else 0, fingerprint(tensor)]
-    agree_or_raise(
-        "scatter", grp, problem, words, "src or the tensor's shape and dtype ([src, shape digest])"
+    src, scatter_list, grp, me = _checked_root_and_list(
+        "scatter", kwargs, "src", "scatter_list", "source", tensor
     )
     hwdist.scatter(tensor, list(scatter_list) if me == src else None, src, grp)
 

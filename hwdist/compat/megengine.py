@@ -18,7 +18,6 @@ backward ends).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
@@ -31,7 +30,9 @@ import hwdist
 
 from ..collectives._agree import agree
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
+from ._legacy_common import layout_digest
 
+# MegEngine's API shape, mirrored on purpose (like info's and vis4d's): a drop-in must match its original.
 __all__ = [
     "WORLD",
     "get_offsets",
@@ -187,7 +188,8 @@ def pack_allreduce_split(
         problem = exc
     if hwdist.is_distributed() and hwdist.get_world_size(group) > 1:
         layout = f"{offsets_val[-1] if offsets_val else 0}:{packed.dtype}"
-        digest = int.from_bytes(hashlib.blake2b(layout.encode(), digest_size=4).digest(), "big") & 0x7FFFFFFF
+        # Same layout-digest agreement as vis4d's all_reduce_dict on purpose: each mirrors its original.
+        digest = layout_digest(layout)
         got = agree("pack_allreduce_split", group, problem=problem, words=[digest])
         if not got.same:
             raise CollectiveArgumentError(

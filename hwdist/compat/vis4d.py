@@ -17,7 +17,6 @@ raised.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import shutil
@@ -34,6 +33,7 @@ import hwdist
 from ..collectives._agree import agree
 from ..drivers.nccl import NcclDriver
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
+from ._legacy_common import layout_digest
 
 __all__ = [
     "all_gather_object_cpu",
@@ -61,6 +61,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _DEFAULT_DEVICE = torch.device(NcclDriver.device_type)
 
 
+# vis4d's own reader of launcher variables (not HWDIST_* settings), kept here to mirror vis4d.
 def _env_int(name: str) -> Optional[int]:
     raw = os.environ.get(name)
     if not raw:
@@ -104,6 +105,7 @@ def get_local_rank() -> int:
     return 0
 
 
+# Mirrors get_world_size's env fallback on purpose: vis4d's functions read the launcher the same way.
 def get_rank() -> int:
     """The global rank: the process group's, else the launcher's environment.
 
@@ -423,7 +425,7 @@ def all_reduce_dict(
             f"all_reduce_dict: py_dict[{bad!r}] must be a tensor, got {type(py_dict[bad]).__name__}"
         )
     layout = "" if problem else repr([(k, tuple(py_dict[k].shape), py_dict[k].dtype) for k in keys])
-    digest = int.from_bytes(hashlib.blake2b(layout.encode(), digest_size=4).digest(), "big") & 0x7FFFFFFF
+    digest = layout_digest(layout)
     got = agree("all_reduce_dict", None, problem=problem, words=[digest])
     if not got.same:
         raise CollectiveArgumentError(

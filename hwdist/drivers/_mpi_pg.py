@@ -98,6 +98,10 @@ class MpiProcessGroup(_ProcessGroup):
         if not 0 <= root < self._size:
             raise ValueError(f"{what}: root rank {root} is outside the group (size {self._size})")
 
+    def _check_count(self, items: list[Any], what: str, kind: str) -> None:
+        if len(items) != self._size:
+            raise ValueError(f"{what}: expected {self._size} {kind}, got {len(items)}")
+
     # ---- reductions ---------------------------------------------------------
     def _allreduce_one(self, t: torch.Tensor, opts: Any) -> None:
         typed = _Typed(t, "all_reduce")
@@ -137,8 +141,7 @@ class MpiProcessGroup(_ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
     ) -> MpiWork:  # noqa: D102
         for out, ins in zip(outputs, inputs):
-            if len(ins) != self._size:
-                raise ValueError(f"reduce_scatter: expected {self._size} input tensors, got {len(ins)}")
+            self._check_count(ins, "reduce_scatter", "input tensors")
             comm_dtype = _reduce_dtype(out.dtype)
             send = torch.cat([i.detach().reshape(-1).to(comm_dtype) for i in ins])
             recv = _Typed(out, "reduce_scatter")
@@ -192,8 +195,7 @@ class MpiProcessGroup(_ProcessGroup):
     ) -> MpiWork:  # noqa: D102
         MPI = _mpi()
         for outs, inp in zip(outputs, inputs):
-            if len(outs) != self._size:
-                raise ValueError(f"all_gather: expected {self._size} output tensors, got {len(outs)}")
+            self._check_count(outs, "all_gather", "output tensors")
             counts, displs = _counts(outs)
             src = _Buf(inp, "all_gather input")
             if _nbytes(inp) != counts[self._rank]:
@@ -237,8 +239,7 @@ class MpiProcessGroup(_ProcessGroup):
         src = _Buf(inputs[0], "gather input")
         if self._rank == root:
             outs = outputs[0]
-            if len(outs) != self._size:
-                raise ValueError(f"gather: expected {self._size} output tensors on the root, got {len(outs)}")
+            self._check_count(outs, "gather", "output tensors on the root")
             counts, displs = _counts(outs)
             flat = np.empty(sum(counts), np.uint8)
             self._call(self.comm.Gatherv, src.bytes(), [flat, counts, displs, MPI.BYTE], root=root)
@@ -247,6 +248,7 @@ class MpiProcessGroup(_ProcessGroup):
         self._call(self.comm.Gatherv, src.bytes(), None, root=root)
         return MpiWork([])
 
+    # scatter mirrors gather line for line on purpose (Scatterv is Gatherv reversed): one reads as the other.
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> MpiWork:  # noqa: D102
         MPI = _mpi()
         root = int(opts.rootRank)
@@ -254,8 +256,7 @@ class MpiProcessGroup(_ProcessGroup):
         out = _Buf(outputs[0], "scatter output")
         if self._rank == root:
             ins = inputs[0]
-            if len(ins) != self._size:
-                raise ValueError(f"scatter: expected {self._size} input tensors on the root, got {len(ins)}")
+            self._check_count(ins, "scatter", "input tensors on the root")
             counts, displs = _counts(ins)
             self._call(self.comm.Scatterv, [_pack(ins), counts, displs, MPI.BYTE], out.bytes(), root=root)
         else:

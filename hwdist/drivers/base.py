@@ -19,7 +19,6 @@ from ..errors import PlanError
 from ._planner import (
     ALL_OPS,
     EMULATIONS,
-    FLOATING,
     MOVE_OPS,
     REDUCE_OP_NAMES,
     REDUCE_OPS,
@@ -90,23 +89,24 @@ class Driver(abc.ABC):
     process_group_factory: Optional[Callable[..., Any]] = None
 
     # ---- capability declarations (gathered into ``caps``; see Capabilities) ----
+    # Defaults are Capabilities' own: one place states them.
     #: Collective ops implemented natively (others are emulated or refused).
-    native_ops: frozenset[str] = ALL_OPS
+    native_ops: frozenset[str] = Capabilities.native_ops
     #: Ops whose flat one-tensor form (torch's ``all_gather_into_tensor``, ``reduce_scatter_tensor``) the
     #: backend implements; hwdist's own flat calls use the list form where it is missing.
-    flat_ops: frozenset[str] = frozenset({"all_gather", "reduce_scatter"})
+    flat_ops: frozenset[str] = Capabilities.flat_ops
     #: Reduce ops implemented natively ('avg' is the native mean).
-    reduce_ops: frozenset[str] = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
+    reduce_ops: frozenset[str] = Capabilities.reduce_ops
     #: dtypes the library can move at all (None: every dtype).
-    dtypes: Optional[frozenset[torch.dtype]] = None
+    dtypes: Optional[frozenset[torch.dtype]] = Capabilities.dtypes
     #: dtypes the library can reduce (None: the same as ``dtypes``).
-    reduce_dtypes: Optional[frozenset[torch.dtype]] = None
+    reduce_dtypes: Optional[frozenset[torch.dtype]] = Capabilities.reduce_dtypes
     #: dtypes for which the native 'avg' is correct.
-    avg_dtypes: frozenset[torch.dtype] = FLOATING
+    avg_dtypes: frozenset[torch.dtype] = Capabilities.avg_dtypes
     #: Whether torch's own object collectives work on this backend.
-    native_object_collectives: bool = True
+    native_object_collectives: bool = Capabilities.native_object_collectives
     #: Whether ``async_op=True`` is supported.
-    supports_async: bool = True
+    supports_async: bool = Capabilities.supports_async
 
     _caps: Optional[Capabilities] = None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ._common import AcceleratorDriver
 from ._vendor_caps import table
 
+# Deliberately the same shape as the other vendor modules: a driver module is data (its table), not logic.
 _CAPS = table("mccl")
 
 

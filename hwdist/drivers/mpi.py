@@ -21,6 +21,7 @@ _NATIVE_DTYPES = frozenset(
     {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64}
 )
 _NATIVE_OPS = ALL_OPS - {"reduce_scatter"}
+# Dtype sets are written out per library on purpose (drivers are data; see nccl.py's own list).
 # Dtypes MPI reduces as they are (numpy knows them; bool through MPI's logical ops).
 MPI_REDUCE_DTYPES = frozenset(
     {

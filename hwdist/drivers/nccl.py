@@ -47,6 +47,7 @@ class NcclDriver(AcceleratorDriver):
         }
     )
 
+    # Written out per backend on purpose (like gloo's): each names its own torch build check.
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""
         import torch.distributed as dist

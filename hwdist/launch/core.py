@@ -53,12 +53,7 @@ def as_timedelta(timeout: Union[None, float, int, datetime.timedelta]) -> Option
 
 def _require_startable(driver: Any) -> None:
     """Raise if ``driver`` cannot run here or torch cannot create its group (before any rendezvous)."""
-    why = driver.unavailable_reason()
-    if why is not None:
-        raise registry.BackendError(
-            f"backend {driver.name!r} is not available here: {why}."
-            f" Available: {', '.join(registry.available_backends())}"
-        )
+    registry.require_available(driver, f"backend {driver.name!r} is")
     registry.ensure_torch_backend(driver)
 
 
@@ -257,12 +252,7 @@ def init_dist(
     resolver = get_launcher(name)
     backend_name = _backend_name(backend)
     driver = registry.get_driver(backend_name)
-    why = driver.unavailable_reason()
-    if why is not None:
-        raise registry.BackendError(
-            f"backend {driver.name!r} is not available here: {why}."
-            f" Available: {', '.join(registry.available_backends())}"
-        )
+    registry.require_available(driver, f"backend {driver.name!r} is")
     if not getattr(resolver, "distributed", True):
         return None
     registry.ensure_torch_backend(driver)  # the start-up rule: raises on every rank, before any rendezvous

@@ -68,6 +68,7 @@ class MpiLauncher(Launcher):
             ("LOCAL_RANK", local, "MPI"),
         ):
             check_consistent(env, self.name, var, value, src)
+        # Spelled out field by field in every launcher on purpose: each line says where it is read.
         return LaunchInfo(
             launcher=self.name,
             rank=rank,

@@ -320,6 +320,7 @@ def register_launcher(name: str, launcher: Any = None, *, override: bool = False
         ...     def detect(self, env): return "MYCLUSTER_RANK" in env
         ...     def resolve(self, env): ...
     """
+    # Deliberately the same decorator-or-call shape as hwdist.register_backend: one registration style.
     if launcher is None:
 
         def decorate(cls: L) -> L:

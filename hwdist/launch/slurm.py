@@ -201,6 +201,7 @@ class SlurmLauncher(Launcher):
         port = env_int(env, "MASTER_PORT")
         if port is None:
             port = port_from_job_id(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+        # Spelled out field by field in every launcher on purpose: each line says where it is read.
         return LaunchInfo(
             launcher=self.name,
             rank=rank,

@@ -10,6 +10,7 @@ from .harness import DEFAULT_PG_TIMEOUT, DEFAULT_TIMEOUT, RankFailure, RankPool,
 
 register_emulated()
 
+# The public face of hwdist.testing: re-lists the harness names on purpose.
 __all__ = [
     "RankPool",
     "RankFailure",

@@ -108,6 +108,7 @@ class EmulatedProcessGroup(_ProcessGroup):
             else self._gloo.allgather(outputs, inputs)
         )
 
+    # Delegates like allgather on purpose: each torch ProcessGroup method is wrapped one by one.
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
         self._check("all_gather", [output, input])
         return (

@@ -74,6 +74,7 @@ class PoolCache:
         self._pools[key] = pool
         return pool
 
+    # Same signature as mpi_suite's run on purpose: one test body runs under either.
     def run(
         self,
         fn: Callable[..., Any],

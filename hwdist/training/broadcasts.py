@@ -92,15 +92,10 @@ def bcast_list_(tensors: Iterable[Tensor], src: int = 0, group: Optional[Any] = 
         >>> hwdist.bcast_list_(ts, src=0)
         >>> # rank 0: [1., 1.], [0]   rank 1: [1., 1.], [0]
     """
-    problem: Optional[Exception] = None
-    items: list[Tensor] = []
-    try:
-        items = tensor_list(tensors, "bcast_list_", "tensors")
-    except TypeError as exc:
-        problem = exc
-    _broadcast_list("bcast_list_", items, src, group, problem)
+    _broadcast_checked("bcast_list_", tensors, src, group, floating_only=False)
 
 
+# Args/Raises repeat bcast_list_'s on purpose: each public docstring stands alone.
 @collective(2)
 def broadcast_tensors(tensors: Iterable[Tensor], src: int = 0, group: Optional[Any] = None) -> None:
     """Broadcast the floating-point and complex tensors of a list from ``src``, in place.
@@ -127,17 +122,7 @@ def broadcast_tensors(tensors: Iterable[Tensor], src: int = 0, group: Optional[A
         >>> hwdist.broadcast_tensors(ts)
         >>> # rank 0: [0.5], [0]   rank 1: [0.5], [1]   (the int tensor is skipped)
     """
-    problem: Optional[Exception] = None
-    items: list[Tensor] = []
-    try:
-        items = [
-            t
-            for t in tensor_list(tensors, "broadcast_tensors", "tensors")
-            if t.is_floating_point() or t.is_complex()
-        ]
-    except TypeError as exc:
-        problem = exc
-    _broadcast_list("broadcast_tensors", items, src, group, problem)
+    _broadcast_checked("broadcast_tensors", tensors, src, group, floating_only=True)
 
 
 @collective(3)
@@ -185,3 +170,18 @@ def sync_buffer(
         return
     check_same_tensors(fn, items, group, problem=problem)
     all_reduce_params(items, op="mean", group=group)
+
+
+def _broadcast_checked(
+    fn: str, tensors: Iterable[Tensor], src: int, group: Optional[Any], floating_only: bool
+) -> None:
+    """Check ``tensors`` (keeping only floating/complex ones if asked) and broadcast them from ``src``."""
+    problem: Optional[Exception] = None
+    items: list[Tensor] = []
+    try:
+        items = tensor_list(tensors, fn, "tensors")
+        if floating_only:
+            items = [t for t in items if t.is_floating_point() or t.is_complex()]
+    except TypeError as exc:
+        problem = exc
+    _broadcast_list(fn, items, src, group, problem)
