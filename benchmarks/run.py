@@ -37,7 +37,8 @@ def main(argv: list[str]) -> int:
         return 1
     root = HERE.parent
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [str(root / "src"), str(root), env.get("PYTHONPATH", "")]  # the package (src/) and benchmarks
+    env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
     failed = 0
     for mod in modules:
         print(f"\n=== {mod} {' '.join(flags)} ===", flush=True)

@@ -38,7 +38,7 @@ def _expected(code: str) -> list[tuple[str, re.Pattern]]:
 def _run(tmp_path: Path, argv: list[str]) -> list[str]:
     (tmp_path / "tour.py").write_text(_tour())
     env = {k: v for k, v in os.environ.items() if k not in TORCH_VARS and not k.startswith("HWDIST_")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     return [ln for ln in proc.stdout.splitlines() if ln.strip() and not ln.startswith("*")]

@@ -20,6 +20,8 @@ import hwdist
 from hwdist import cli, cli_bench
 
 ROOT = Path(__file__).resolve().parents[2]
+#: What a subprocess needs on PYTHONPATH: the package (src/) and the repository (tests, benchmarks).
+SRC_PATH = str(ROOT / "src") + os.pathsep + str(ROOT)
 
 
 def run_cli(
@@ -31,7 +33,7 @@ def run_cli(
     }
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(var, None)
-    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["PYTHONPATH"] = SRC_PATH + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "hwdist", *args],

@@ -21,6 +21,8 @@ from hwdist.cli import main as cli_main
 from hwdist.flight import recorder, report, watchdog
 
 ROOT = Path(__file__).resolve().parents[2]
+#: What a subprocess needs on PYTHONPATH: the package (src/) and the repository (tests, benchmarks).
+SRC_PATH = str(ROOT / "src") + os.pathsep + str(ROOT)
 
 
 def _entry(seq: int, op: str, site: str, state: str = "completed", group: str = "default") -> dict:
@@ -206,7 +208,7 @@ def test_importing_hwdist_installs_no_signal_handler_and_starts_no_thread():
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": SRC_PATH},
     )
     assert out.stdout.strip() == "ok", out.stderr
 
@@ -219,7 +221,7 @@ def test_opt_out(monkeypatch):
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "HWDIST_FLIGHT_RECORDER": "0"},
+        env={**os.environ, "PYTHONPATH": SRC_PATH, "HWDIST_FLIGHT_RECORDER": "0"},
     )
     assert out.stdout.strip() == "False", out.stderr
     assert flight.enable(flight.enabled()) is flight.enabled()

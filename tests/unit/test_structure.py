@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "hwdist"
+PACKAGE = ROOT / "src" / "hwdist"
 
 #: ``module._name`` of a third-party or standard-library module, with the reason it cannot be avoided.
 THIRD_PARTY_ALLOWED = {
@@ -45,7 +45,7 @@ def _short(module: str) -> str:
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -55,7 +55,7 @@ def _is_hwdist_module(name: str) -> bool:
     """Whether ``name`` (dotted) is a module or package of the source tree."""
     if name != "hwdist" and not name.startswith("hwdist."):
         return False
-    base = ROOT.joinpath(*name.split("."))
+    base = PACKAGE.parent.joinpath(*name.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
