@@ -51,6 +51,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: The default group (MegEngine's ``WORLD``): every rank.
 WORLD: Any = None
+"""MegEngine's name for the default group; ``None`` is the default group here."""
 
 #: Bytes a dtype's bucket may hold before it is all-reduced during backward (MegEngine's value).
 PACK_THRESHOLD = 10 * 1024 * 1024
@@ -394,6 +395,7 @@ class AllreduceCallback:
 
 
 make_allreduce_cb = AllreduceCallback
+"""MegEngine's factory name for [`AllreduceCallback`][hwdist.compat.megengine.AllreduceCallback]."""
 
 
 def synchronized(func: F) -> F:
