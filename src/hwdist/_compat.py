@@ -209,3 +209,23 @@ def group_store(group: Any) -> Optional[Any]:
         return c10d._world.pg_map[pg][1]  # older torch. Drop when every supported torch has the getter.
     except (AttributeError, KeyError, TypeError):
         return None
+
+
+# Store.check (is every key set, without waiting) is missing on the PrefixStore a process group keeps on
+# torch 2.1 (2.1.2: AttributeError; 2.4.1 and later have it; 2.2/2.3 not measured). Without it, a wait of
+# 1 ms per call answers the same (checked on 2.1.2's TCPStore: a timed-out wait leaves the connection
+# usable). Drop when torch>=2.4 is the floor.
+STORE_HAS_CHECK: bool = DIST_AVAILABLE and hasattr(_dist.PrefixStore, "check")
+
+
+def store_check(store: Any, keys: list[str]) -> bool:
+    """Whether every key in ``keys`` is set in ``store``, without blocking for more than a millisecond."""
+    if STORE_HAS_CHECK or hasattr(store, "check"):
+        return bool(store.check(keys))
+    import datetime
+
+    try:
+        store.wait(keys, datetime.timedelta(milliseconds=1))
+    except RuntimeError:  # a timeout: some key is not set yet
+        return False
+    return True

@@ -309,7 +309,7 @@ class Watchdog:
             for r in list(missing):
                 key = f"{RECORD}/{episode}/{r}"
                 try:
-                    if store.check([key]):
+                    if _compat.store_check(store, [key]):
                         records[r] = json.loads(store.get(key))
                         missing.remove(r)
                 except Exception as exc:
@@ -324,7 +324,7 @@ class Watchdog:
             store.set(f"{RECORD}/{episode}/done/{me}", "1")
             keys = [f"{RECORD}/{episode}/done/{r}" for r in range(ws) if records.get(r) is not None]
             deadline = time.time() + self.gather
-            while time.time() < deadline and not store.check(keys):
+            while time.time() < deadline and not _compat.store_check(store, keys):
                 time.sleep(0.05)
         except Exception:
             pass
