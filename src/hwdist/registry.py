@@ -40,6 +40,10 @@ _aliases: dict[str, str] = {}
 _entry_points_loaded = False
 # (id(group), device type) -> (group, driver); the group is kept so its id is not reused.
 _group_cache: dict[tuple[int, Optional[str]], tuple[Any, Driver]] = {}
+#: Bumped whenever the group -> driver resolutions are forgotten (a backend (un)registered, a group
+#: recorded, ``clear_cache``): a cache of ``resolve``'s answers elsewhere (the collective engine's
+#: default-group view) is valid while the generation it was filled under is current.
+generation = 0
 # Process group -> the driver hwdist created it with (weak: a destroyed, dropped group leaves).
 _group_drivers: "weakref.WeakKeyDictionary[Any, Driver]" = weakref.WeakKeyDictionary()
 
@@ -144,7 +148,7 @@ def _register(name: str, driver: Any, override: bool) -> Driver:
             # A shared torch name (torch_backend = "gloo") is no alias: groups hwdist creates
             # record their driver, and a name torch reports resolves to the driver of that name.
             _aliases.setdefault(torch_name.lower(), key)
-        _group_cache.clear()
+        _forget()
     return inst
 
 
@@ -195,7 +199,7 @@ def unregister_backend(name: str) -> Driver:
         drv = _drivers.pop(key)
         for alias in [a for a, k in _aliases.items() if k == key]:
             del _aliases[alias]
-        _group_cache.clear()
+        _forget()
     return drv
 
 
@@ -360,7 +364,7 @@ def record_group(group: Any, driver: Driver) -> None:
         _group_drivers[group] = driver
     except TypeError:  # e.g. torch's NON_GROUP_MEMBER sentinel on ranks outside a new group
         return
-    _group_cache.clear()
+    _forget()
 
 
 def group_backend_name(group: Any = None) -> str:
@@ -390,7 +394,13 @@ def canonical_name(backend: str) -> str:
 
 def clear_cache() -> None:
     """Forget group -> driver resolutions (call after destroying groups)."""
+    _forget()
+
+
+def _forget() -> None:
+    global generation
     _group_cache.clear()
+    generation += 1
 
 
 def _torch_backend_names() -> str:

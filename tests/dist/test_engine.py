@@ -17,7 +17,7 @@ import torch
 
 import hwdist
 from hwdist import _state, verify
-from hwdist.collectives import _engine
+from hwdist.collectives import _calls, _engine
 from hwdist.collectives.tensor import CollectiveHandle
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
@@ -156,14 +156,14 @@ def test_without_a_process_group_every_collective_is_local():
 # verification mode: the engine's hook, and its call numbers in the group's state
 # ---------------------------------------------------------------------------
 def _hook_rank() -> dict:
-    out: dict = {"off": _engine._hook is None}
+    out: dict = {"off": _calls.hook() is None}
     seen: list = []
 
     def record(op, group, sample, fields):
         seen.append((op, fields))
 
     with verify.verification():
-        out["on"] = _engine._hook is not None
+        out["on"] = _calls.hook() is not None
         hwdist.all_reduce(torch.ones(2))
         hwdist.broadcast(torch.ones(2), src=0)
         state = _state.of(torch.distributed.GroupMember.WORLD)
@@ -186,7 +186,7 @@ def _hook_rank() -> dict:
         finally:
             _engine.set_hook(verify._hook)
     out["seen"] = seen
-    out["off_again"] = _engine._hook is None
+    out["off_again"] = _calls.hook() is None
     # a mismatch through the hook: every rank raises, naming each rank's value
     with verify.verification():
         try:
@@ -222,11 +222,11 @@ def test_switching_verification_restarts_the_call_numbers():
     assert verify.verification_enabled() is False
     old = verify.set_verification(True, call_sites=False)
     try:
-        assert old is False and verify.verification_enabled() and _engine._hook is verify._hook
+        assert old is False and verify.verification_enabled() and _calls.hook() is verify._hook
         assert verify._call_sites is False
     finally:
         assert verify.set_verification(False) is True
-    assert _engine._hook is None and verify._call_sites is True
+    assert _calls.hook() is None and verify._call_sites is True
 
 
 # ---------------------------------------------------------------------------

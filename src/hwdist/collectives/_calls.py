@@ -22,10 +22,16 @@ decorator does two things, and nothing else:
    must never raise; one that does is removed and a warning printed. The flight
    recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives._calls.set_recorder]), called
    first without the generic loop; verification mode is an observer.
+3. **The verification hook.** A collective decorated with a ``describe``
+   function hands the hook in the hook slot ([`set_hook`][hwdist.collectives._calls.set_hook],
+   filled by ``hwdist.verify`` while the mode is on) each call's
+   ``(group, sample tensor, fields)`` before its own argument checks run.
 
-With no observer registered and the recorder slot empty the cost is a
-dictionary look-up and a ``try``/``finally`` per call (docs/reliability.md);
-the flight recorder's own cost is in docs/benchmarks.md.
+The decorator builds one wrapper per public function, once at import: the
+guard, the recorder slot, the observers and the hook in one Python frame.
+With no observer registered, the recorder slot and the hook slot empty, the
+cost is a dictionary look-up and a ``try``/``finally`` per call
+(docs/reliability.md); the flight recorder's own cost is in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -59,6 +65,21 @@ class Observer(Protocol):
 _observers: tuple[Observer, ...] = ()
 #: The flight recorder's slot: an observer called first, without the generic loop (its 2 us budget).
 _recorder: Optional[Observer] = None
+
+
+#: The verification hook's slot: called as ``hook(op, group, sample, fields)`` before a described call runs.
+_hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]] = None
+
+
+def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) -> None:
+    """Put ``hook`` in the verification hook's slot (None empties it)."""
+    global _hook
+    _hook = hook
+
+
+def hook() -> Optional[Callable[[str, Any, Any, dict[str, Any]], None]]:
+    """The verification hook in its slot (None when it is empty: verification mode is off)."""
+    return _hook
 
 
 def set_recorder(recorder: Optional[Observer]) -> Optional[Observer]:
@@ -146,19 +167,44 @@ def _drop(obs: Observer, exc: Exception) -> None:
     )
 
 
-def collective(group_index: int, name: Optional[str] = None) -> Callable[[F], F]:
+def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, dict[str, Any]]]) -> F:
+    """``fn`` preceded by the hook, handed ``describe(*args, **kwargs)`` (the path while the mode is on)."""
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        hook = _hook
+        if hook is not None:
+            try:
+                group, sample, fields = describe(*args, **kwargs)
+            except TypeError:  # the arguments do not bind: the call itself raises the right error
+                return fn(*args, **kwargs)
+            hook(op, group, sample, fields)
+        return fn(*args, **kwargs)
+
+    return hooked  # type: ignore[return-value]
+
+
+def collective(
+    group_index: int,
+    name: Optional[str] = None,
+    describe: Optional[Callable[..., tuple[Any, Any, dict[str, Any]]]] = None,
+) -> Callable[[F], F]:
     """Decorate a public collective whose ``group`` is positional ``group_index`` (or keyword ``group``).
 
     Args:
         group_index: position of the ``group`` parameter.
         name: the op name observers see (default: the function's name).
+        describe: for the verification hook: takes the collective's own arguments and returns the
+            call's ``(group, sample tensor or None, fields)``; it runs only while a hook is set.
+            None: the hook is not called (the function reaches it itself, through ``_engine.check``).
     """
 
     def decorate(fn: F) -> F:
         op = name or fn.__name__
+        checked = fn if describe is None else _hooked(op, fn, describe)
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            body = fn if _hook is None else checked
             group = args[group_index] if len(args) > group_index else kwargs.get("group")
             key = 0 if group is None else id(group)
             me = _get_ident()
@@ -169,13 +215,13 @@ def collective(group_index: int, name: Optional[str] = None) -> Callable[[F], F]
                     _refuse(op, holder)
                 try:
                     if _observers:
-                        return _observed(op, fn, group, args, kwargs)
+                        return _observed(op, body, group, args, kwargs)
                     rec = _recorder
                     if rec is None:
-                        return fn(*args, **kwargs)
+                        return body(*args, **kwargs)
                     token = rec.begin(op, group, args, kwargs)  # the recorder alone: inline, no depth mark
                     try:
-                        result = fn(*args, **kwargs)
+                        result = body(*args, **kwargs)
                     except BaseException as exc:
                         rec.end(token, exc)
                         raise
@@ -185,7 +231,7 @@ def collective(group_index: int, name: Optional[str] = None) -> Callable[[F], F]
                     _in_flight.pop(key, None)
             if holder != me:
                 _refuse(op, holder)
-            return fn(*args, **kwargs)  # nested (a collective built on another): the outer call owns the mark
+            return body(*args, **kwargs)  # nested (a collective built on another): the outer call owns the mark
 
         return guarded  # type: ignore[return-value]
 

@@ -21,17 +21,16 @@ One call goes through the same steps whatever the op (docs/architecture.md):
 A pure pass-through (the plan changes nothing, the tensor is contiguous and on
 the comm device) issues torch's call on the caller's tensor directly.
 
-Verification mode is a hook: [`described`][hwdist.collectives._engine.described]
-wraps a public collective so that, while a hook is set
-(``hwdist.verify`` sets it when the mode is on), the call's description is
-handed to it before the argument checks run.
+Verification mode is a hook: a public collective's entry
+(``@collective(..., describe=...)``, hwdist/collectives/_calls.py) hands the
+call's description to it, while a hook is set (``hwdist.verify`` sets it when
+the mode is on), before the argument checks run.
 """
 
 from __future__ import annotations
 
-import functools
 import zlib
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -39,44 +38,39 @@ import torch.distributed as torch_dist
 
 from .. import _compat, registry
 from ..drivers.base import Driver, Plan, Post
+from . import _calls
 from ._handle import CollectiveHandle
-from ._wire import TORCH_OPS, comm_device
+from ._wire import TORCH_OPS, comm_device, fixed_comm_device
 
 __all__ = [
-    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "described",
-    "set_hook", "check", "when_checking",
+    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "set_hook", "check", "when_checking",
 ]
 
 Tensor = torch.Tensor
-F = TypeVar("F", bound=Callable[..., Any])
 
 _NO_POST = Post.NONE
+_hook = _calls.hook
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
 
 
 # ---------------------------------------------------------------------------
-# the verification hook
+# the verification hook (its slot is the call entry's: ``_calls``)
 # ---------------------------------------------------------------------------
-#: Called as ``hook(op, group, sample, fields)`` before a described collective's argument checks; None: off.
-_hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]] = None
-
-
 def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) -> None:
     """Install (or with None remove) the hook every described collective calls first (verification mode)."""
-    global _hook
-    _hook = hook
+    _calls.set_hook(hook)
 
 
 def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]]) -> bool:
-    """Hand the hook one call of a collective that is not ``described`` (objects, results, dicts, params).
+    """Hand the hook one call of a collective that is not described (objects, results, dicts, params).
 
     ``describe()`` gives the call's ``(sample tensor or None, fields)``; it runs only while a hook is
-    set, so the call pays one global read when verification mode is off.
+    set, so the call pays one look-up when verification mode is off.
 
     Returns:
         Whether a hook saw the call (the caller may then skip a check of its own that the hook made).
     """
-    hook = _hook
+    hook = _hook()
     if hook is None:
         return False
     sample, fields = describe()
@@ -86,33 +80,8 @@ def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]
 
 def when_checking(extra: Callable[[], None]) -> None:
     """Run ``extra`` (a cross-rank check beyond the hook's fingerprint) only while a hook is set."""
-    if _hook is not None:
+    if _hook() is not None:
         extra()
-
-
-def described(describe: Callable[..., tuple[Any, Any, dict[str, Any]]]) -> Callable[[F], F]:
-    """Hand the hook each call's ``(group, sample tensor, fields)``, from ``describe(*args, **kwargs)``.
-
-    ``describe`` takes the collective's own arguments; it runs only while a hook is set.
-    """
-
-    def decorate(fn: F) -> F:
-        op = fn.__name__
-
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            hook = _hook
-            if hook is not None:
-                try:
-                    group, sample, fields = describe(*args, **kwargs)
-                except TypeError:  # the arguments do not bind: the call itself raises the right error
-                    return fn(*args, **kwargs)
-                hook(op, group, sample, fields)
-            return fn(*args, **kwargs)
-
-        return call  # type: ignore[return-value]
-
-    return decorate
 
 
 # ---------------------------------------------------------------------------
@@ -189,23 +158,55 @@ def _done(async_op: bool, result: Any) -> Any:
 
 
 class GroupView:
-    """A process group as the collectives see it (distributed)."""
+    """A process group as the collectives see it (distributed).
 
-    __slots__ = ("group",)
+    The default group's view is kept between calls (see [`view`][hwdist.collectives._engine.view]):
+    it holds its world size and the group's driver (and comm device) per device, so a call on the
+    default group asks torch and the registry nothing. Another group's view is made per call and holds neither.
+    """
+
+    __slots__ = ("group", "world", "generation", "ws", "drivers")
     distributed = True
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, world: Any = None) -> None:
         self.group = group
+        self.world = world  # the default group's torch object (the cache's key), None for another group
+        #: the world size, cached in the default group's view (a group's size never changes)
+        self.ws: Optional[int] = None
+        #: device -> ``target``'s answer, the default group's view only
+        self.drivers: Optional[dict[Optional[torch.device], tuple[Driver, Optional[torch.device]]]] = None
+        self.generation = 0
+        if world is not None:
+            self.ws, self.drivers, self.generation = int(torch_dist.get_world_size()), {}, registry.generation
 
     @property
     def size(self) -> int:
         """The group's number of ranks."""
-        return int(torch_dist.get_world_size(self.group))
+        ws = self.ws
+        return int(torch_dist.get_world_size(self.group)) if ws is None else ws
 
     @property
     def rank(self) -> int:
         """This process's global rank."""
         return int(torch_dist.get_rank())
+
+    def target(self, data: Any) -> tuple[Driver, Optional[torch.device]]:
+        """The group's driver for ``data`` (None: no data) and the comm device to move it to (None: stay).
+
+        ``registry.resolve`` and ``comm_device``'s answers; the default group's view keeps them per
+        device where they cannot change (a comm device without an index: not the current GPU).
+        """
+        device = None if data is None else data.device
+        drivers = self.drivers
+        if drivers is not None:
+            hit = drivers.get(device)
+            if hit is not None:
+                return hit
+        driver = registry.resolve(self.group, device)
+        cdev = None if data is None else comm_device(driver, data)
+        if drivers is not None and (data is None or fixed_comm_device(driver)):
+            drivers[device] = (driver, cdev)
+        return driver, cdev
 
     def ranks(self) -> Optional[list[int]]:
         """Global ranks of a non-default group, or None for the default group."""
@@ -221,8 +222,9 @@ class GroupView:
 
     def check_rank(self, value: Any, argname: str, fn: str) -> int:
         """``value`` as a plain int global rank of the group (numpy integers accepted)."""
-        if value.__class__ is int and self.group is None and 0 <= value < torch_dist.get_world_size():
-            return value  # the common case, checked first
+        ws = self.ws
+        if value.__class__ is int and ws is not None and 0 <= value < ws:
+            return value  # the common case (an int rank of the default group), checked first
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{fn}: {argname} must be an int rank, got {type(value).__name__}: {value!r}")
         value = int(value)
@@ -278,12 +280,10 @@ class GroupView:
     ) -> Any:
         """Resolve, plan, to wire format, issue, finish; a handle when ``async_op``."""
         group = self.group
+        driver, cdev = self.target(data)
         if data is None:  # barrier
-            driver = registry.resolve(group, None)
-            plan, cdev = strategy.plan(driver, data, rop), None
+            plan = strategy.plan(driver, data, rop)
         else:
-            driver = registry.resolve(group, data.device)
-            cdev = comm_device(driver, data)
             if strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
                 plan = driver.plan(strategy.op, data.dtype, rop)
                 # Plan.passthrough spelled with identities, for speed (a false "no" takes the general path)
@@ -351,15 +351,29 @@ class _Serial:
 #: The view of every group while torch.distributed is not initialised.
 SERIAL = _Serial()
 
-_DEFAULT_VIEW = GroupView(None)  # a view holds nothing but its group: the default group's is shared
+_default_view: Optional[GroupView] = None  # the default group's view, while its group and registry last
+_world: Callable[[], Any] = _compat.default_group if _compat.DIST_AVAILABLE else (lambda: None)
 
 
 def view(group: Any) -> Any:
     """The view of ``group`` (None: the default group); [`SERIAL`][hwdist.collectives._engine.SERIAL]
-    when torch.distributed is not initialised."""
-    if not _is_initialized():
+    when torch.distributed is not initialised.
+
+    The default group's view is made once per default group object and registry generation
+    (``registry.generation``: bumped when a backend is (un)registered, a group recorded, and by
+    ``hwdist.destroy``), so what it caches never outlives the group or a registry change.
+    """
+    if group is not None:
+        return GroupView(group) if _is_initialized() else SERIAL
+    global _default_view
+    world = _world()
+    v = _default_view
+    if v is not None and v.world is world and v.generation == registry.generation:
+        return v
+    if world is None:
         return SERIAL
-    return _DEFAULT_VIEW if group is None else GroupView(group)
+    v = _default_view = GroupView(None, world)
+    return v
 
 
 # ---------------------------------------------------------------------------

@@ -55,6 +55,11 @@ def comm_device(driver: Driver, data: Tensor) -> Optional[torch.device]:
     return None if data.device == cdev else cdev
 
 
+def fixed_comm_device(driver: Driver) -> bool:
+    """Whether ``driver``'s comm device is fixed (no index: ``set_device`` cannot change it), once known."""
+    return driver in _FIXED_COMM_DEVICE
+
+
 def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Tensor, bool]:
     """The tensor to communicate and whether it shares memory with ``data``."""
     if plan.view:
