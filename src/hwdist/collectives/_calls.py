@@ -231,7 +231,8 @@ def collective(
                     _in_flight.pop(key, None)
             if holder != me:
                 _refuse(op, holder)
-            return body(*args, **kwargs)  # nested (a collective built on another): the outer call owns the mark
+            # nested (a collective built on another): the outer call owns the mark
+            return body(*args, **kwargs)
 
         return guarded  # type: ignore[return-value]
 

@@ -43,7 +43,8 @@ from ._handle import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device, fixed_comm_device
 
 __all__ = [
-    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "set_hook", "check", "when_checking",
+    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "set_hook",
+    "check", "when_checking",
 ]
 
 Tensor = torch.Tensor
@@ -161,11 +162,12 @@ class GroupView:
     """A process group as the collectives see it (distributed).
 
     The default group's view is kept between calls (see [`view`][hwdist.collectives._engine.view]):
-    it holds its world size and the group's driver (and comm device) per device, so a call on the
-    default group asks torch and the registry nothing. Another group's view is made per call and holds neither.
+    it holds its world size, the group's driver (and comm device) per device and the pass-through
+    verdicts, so a call on the default group asks torch and the registry nothing. Another group's
+    view is made per call and holds none of them.
     """
 
-    __slots__ = ("group", "world", "generation", "ws", "drivers")
+    __slots__ = ("group", "world", "generation", "ws", "drivers", "passthrough")
     distributed = True
 
     def __init__(self, group: Any, world: Any = None) -> None:
@@ -175,9 +177,13 @@ class GroupView:
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
         self.drivers: Optional[dict[Optional[torch.device], tuple[Driver, Optional[torch.device]]]] = None
+        #: (strategy, dtype, reduce op, device) -> (op, plan, issue async) of a pass-through: ``_direct``'s
+        #: arguments, the default group's view only (filled where the comm device is fixed, as ``drivers``)
+        self.passthrough: Optional[dict[tuple[Any, ...], tuple[str, Plan, bool]]] = None
         self.generation = 0
         if world is not None:
-            self.ws, self.drivers, self.generation = int(torch_dist.get_world_size()), {}, registry.generation
+            self.ws, self.generation = int(torch_dist.get_world_size()), registry.generation
+            self.drivers, self.passthrough = {}, {}
 
     @property
     def size(self) -> int:
@@ -249,8 +255,7 @@ class GroupView:
         return value
 
     def _direct(
-        self, op: str, data: Tensor, plan: Plan, root: Optional[int], extra: Any, use_async: bool,
-        async_op: bool,
+        self, op: str, data: Tensor, plan: Plan, root: Optional[int], use_async: bool, async_op: bool
     ) -> Any:
         """A pure pass-through, issued on the caller's tensor (no ``Call``, no copy): the fast path."""
         result: Any = None
@@ -279,25 +284,24 @@ class GroupView:
         extra: Any = None,
     ) -> Any:
         """Resolve, plan, to wire format, issue, finish; a handle when ``async_op``."""
+        known = self.passthrough
+        if known is not None and strategy.direct:  # the default group: a pass-through seen before
+            key = (strategy, data.dtype, rop, data.device)
+            hit = known.get(key)
+            if hit is not None and data.is_contiguous():
+                return self._direct(hit[0], data, hit[1], root, async_op and hit[2], async_op)
         group = self.group
         driver, cdev = self.target(data)
         if data is None:  # barrier
             plan = strategy.plan(driver, data, rop)
+        elif strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
+            plan = driver.plan(strategy.op, data.dtype, rop)
+            if cdev is None and plan.passthrough and data.is_contiguous():
+                if known is not None and fixed_comm_device(driver):
+                    known[key] = (plan.op, plan, driver.supports_async)
+                return self._direct(plan.op, data, plan, root, async_op and driver.supports_async, async_op)
         else:
-            if strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
-                plan = driver.plan(strategy.op, data.dtype, rop)
-                # Plan.passthrough spelled with identities, for speed (a false "no" takes the general path)
-                if (
-                    cdev is None
-                    and plan.comm_dtype is plan.dtype
-                    and plan.native_op is plan.op
-                    and plan.post is _NO_POST
-                    and data.is_contiguous()
-                ):
-                    use_async = async_op and driver.supports_async
-                    return self._direct(plan.op, data, plan, root, extra, use_async, async_op)
-            else:
-                plan = strategy.plan(driver, data, rop)
+            plan = strategy.plan(driver, data, rop)
         use_async = async_op and driver.supports_async
         c = Call()
         c.view, c.group, c.driver, c.plan, c.cdev, c.data = self, group, driver, plan, cdev, data
