@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import detect as _detect_mod
 from . import info as _info
 from . import launch as _launch
+from . import registry as _registry
 from . import training as _training
 from .collectives import objects as _objects
 from .collectives import params as _params
@@ -23,7 +24,7 @@ from .drivers.base import Driver, Plan, PlanError
 from .info import *  # noqa: F401,F403
 from .launch import *  # noqa: F401,F403
 from .training import *  # noqa: F401,F403
-from .registry import (
+from .registry import (  # noqa: F401  (in __all__ through _registry.__all__)
     BackendError,
     available_backends,
     get_driver,
@@ -39,20 +40,15 @@ from .flight import dump_flight_record
 
 __version__ = "0.1.0"
 
-# Re-lists each submodule's public names on purpose: this is the package's public surface.
+# The package's public surface: each submodule's public names (the registry's without its plug-in
+# plumbing, ENTRY_POINT_GROUP and record_group), and the single names re-exported from elsewhere.
 __all__ = [
     "__version__",
     "Driver",
     "Plan",
     "PlanError",
     "HwdistError",
-    "BackendError",
-    "register_backend",
-    "unregister_backend",
-    "get_driver",
-    "resolve",
-    "list_backends",
-    "available_backends",
+    *(n for n in _registry.__all__ if n not in ("ENTRY_POINT_GROUP", "record_group")),
     "Detection",
     "detect",
     "get_device",

@@ -37,3 +37,20 @@ def load_plugins(
             continue
         if not known(ep.name.lower()):
             register(ep.name, obj)
+
+
+def register_or_decorate(
+    register: Callable[[str, Any, bool], Any], name: str, obj: Any, override: bool
+) -> Any:
+    """``register(name, obj, override)``, or with ``obj`` None a class decorator that registers the class.
+
+    The one registration style of ``register_backend`` and ``register_launcher``.
+    """
+    if obj is None:
+
+        def decorate(cls: Any) -> Any:
+            register(name, cls, override)
+            return cls
+
+        return decorate
+    return register(name, obj, override)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, TypeVar, Union, overload
 import torch
 
 from . import _compat
-from ._plugins import load_plugins
+from ._plugins import load_plugins, register_or_decorate
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
 from .drivers._startup import fallback_process_group_factory
 from .drivers.base import ALL_OPS, REDUCE_OP_NAMES, REDUCE_OPS, Driver, Plan, PlanError, Post
@@ -176,14 +176,7 @@ def register_backend(name: str, driver: Any = None, *, override: bool = False) -
         ... class MyDriver(hwdist.Driver):
         ...     device_type = "cpu"
     """
-    if driver is None:
-
-        def decorate(cls: D) -> D:
-            _register(name, cls, override)
-            return cls
-
-        return decorate
-    return _register(name, driver, override)
+    return register_or_decorate(_register, name, driver, override)
 
 
 def unregister_backend(name: str) -> Driver:

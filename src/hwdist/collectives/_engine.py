@@ -338,17 +338,13 @@ class _Serial:
     def check_peer(self, value: Any, argname: str, fn: str) -> Any:
         return value
 
-    # Same signature as _GroupView.run on purpose: the serial null object stands in for a group view.
     def run(
-        self,
-        strategy: Strategy,
-        data: Any,
-        async_op: bool = False,
-        rop: Optional[str] = None,
-        root: Optional[int] = None,
-        extra: Any = None,
+        self, strategy: Strategy, data: Any, async_op: bool = False, *_: Any, extra: Any = None, **__: Any
     ) -> Any:
-        """The strategy's serial result (a finished handle when ``async_op``)."""
+        """``GroupView.run`` without a group: the strategy's result (a finished handle when ``async_op``).
+
+        ``rop`` and ``root`` (positional or keyword) do not matter here; ``extra`` is always a keyword.
+        """
         return _done(async_op, strategy.serial(data, extra))
 
 

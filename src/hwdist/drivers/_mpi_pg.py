@@ -232,35 +232,36 @@ class MpiProcessGroup(_ProcessGroup):
             self._allgather_base(out, inp, opts)
         return MpiWork(outputs)
 
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
-        MPI = _mpi()
+    def _rooted(self, opts: Any, what: str, lists: list[list[torch.Tensor]], kind: str) -> tuple[int, Any]:
+        """The root of a gather/scatter, checked, and on the root its tensor list with counts and displs."""
         root = int(opts.rootRank)
-        self._check_root(root, "gather")
-        src = _Buf(inputs[0], "gather input")
-        if self._rank == root:
-            outs = outputs[0]
-            self._check_count(outs, "gather", "output tensors on the root")
-            counts, displs = _counts(outs)
-            flat = np.empty(sum(counts), np.uint8)
-            self._call(self.comm.Gatherv, src.bytes(), [flat, counts, displs, MPI.BYTE], root=root)
-            _unpack(flat, outs, displs)
-            return MpiWork(outs)
-        self._call(self.comm.Gatherv, src.bytes(), None, root=root)
-        return MpiWork([])
+        self._check_root(root, what)
+        if self._rank != root:
+            return root, None
+        tensors = lists[0]
+        self._check_count(tensors, what, kind)
+        return root, (tensors, *_counts(tensors))
 
-    # scatter mirrors gather line for line on purpose (Scatterv is Gatherv reversed): one reads as the other.
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> MpiWork:  # noqa: D102
+        root, mine = self._rooted(opts, "gather", outputs, "output tensors on the root")
+        src = _Buf(inputs[0], "gather input")
+        if mine is None:
+            self._call(self.comm.Gatherv, src.bytes(), None, root=root)
+            return MpiWork([])
+        outs, counts, displs = mine
+        flat = np.empty(sum(counts), np.uint8)
+        self._call(self.comm.Gatherv, src.bytes(), [flat, counts, displs, _mpi().BYTE], root=root)
+        _unpack(flat, outs, displs)
+        return MpiWork(outs)
+
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any) -> MpiWork:  # noqa: D102
-        MPI = _mpi()
-        root = int(opts.rootRank)
-        self._check_root(root, "scatter")
+        root, mine = self._rooted(opts, "scatter", inputs, "input tensors on the root")
         out = _Buf(outputs[0], "scatter output")
-        if self._rank == root:
-            ins = inputs[0]
-            self._check_count(ins, "scatter", "input tensors on the root")
-            counts, displs = _counts(ins)
-            self._call(self.comm.Scatterv, [_pack(ins), counts, displs, MPI.BYTE], out.bytes(), root=root)
-        else:
+        if mine is None:
             self._call(self.comm.Scatterv, None, out.bytes(), root=root)
+        else:
+            ins, counts, displs = mine
+            self._call(self.comm.Scatterv, [_pack(ins), counts, displs, _mpi().BYTE], out.bytes(), root=root)
         out.done()
         return MpiWork(outputs)
 
@@ -338,15 +339,7 @@ class MpiProcessGroup(_ProcessGroup):
     ) -> MpiWork:  # noqa: D102
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
 
-    def all_to_all_single(  # noqa: D102
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        opts: Any = None,
-    ) -> MpiWork:
-        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+    all_to_all_single = alltoall_base  # torch's other name of the same call
 
     # ---- point to point -------------------------------------------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> MpiWork:  # noqa: D102

@@ -68,17 +68,7 @@ class MpiLauncher(Launcher):
             ("LOCAL_RANK", local, "MPI"),
         ):
             check_consistent(env, self.name, var, value, src)
-        # Spelled out field by field in every launcher on purpose: each line says where it is read.
-        return LaunchInfo(
-            launcher=self.name,
-            rank=rank,
-            world_size=world,
-            local_rank=local,
-            local_world_size=local_size,
-            node_rank=None,
-            master_addr=env.get("MASTER_ADDR") or None,
-            master_port=env_int(env, "MASTER_PORT"),
-        )
+        return self.launch_info(env, rank, world, local, local_size)  # the master address/port: env's
 
     def rendezvous(self, info: LaunchInfo, timeout: Any) -> Optional[Any]:
         """A TCP store agreed over MPI when ``MASTER_ADDR``/``MASTER_PORT`` are not both set."""

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, overload
 
-from .._plugins import load_plugins
+from .._plugins import load_plugins, register_or_decorate
 
 __all__ = [
     "LaunchInfo",
@@ -261,6 +261,32 @@ class Launcher:
         """A torch Store for ranks without ``MASTER_ADDR``/``MASTER_PORT``, or None for ``env://``."""
         return None
 
+    def launch_info(
+        self,
+        env: Mapping[str, str],
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        local_world_size: Optional[int] = None,
+        node_rank: Optional[int] = None,
+        master_addr: Optional[str] = None,
+        master_port: Optional[int] = None,
+    ) -> LaunchInfo:
+        """This launcher's [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo]: what ``resolve`` returns.
+
+        ``master_addr``/``master_port`` left None are read from ``env``'s ``MASTER_ADDR``/``MASTER_PORT``.
+        """
+        return LaunchInfo(
+            launcher=self.name,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
+            master_addr=(env.get("MASTER_ADDR") or None) if master_addr is None else master_addr,
+            master_port=env_int(env, "MASTER_PORT") if master_port is None else master_port,
+        )
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -320,15 +346,7 @@ def register_launcher(name: str, launcher: Any = None, *, override: bool = False
         ...     def detect(self, env): return "MYCLUSTER_RANK" in env
         ...     def resolve(self, env): ...
     """
-    # Deliberately the same decorator-or-call shape as hwdist.register_backend: one registration style.
-    if launcher is None:
-
-        def decorate(cls: L) -> L:
-            _register(name, cls, override)
-            return cls
-
-        return decorate
-    return _register(name, launcher, override)
+    return register_or_decorate(_register, name, launcher, override)  # hwdist.register_backend's style
 
 
 def unregister_launcher(name: str) -> Launcher:

@@ -201,14 +201,4 @@ class SlurmLauncher(Launcher):
         port = env_int(env, "MASTER_PORT")
         if port is None:
             port = port_from_job_id(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
-        # Spelled out field by field in every launcher on purpose: each line says where it is read.
-        return LaunchInfo(
-            launcher=self.name,
-            rank=rank,
-            world_size=world,
-            local_rank=local,
-            local_world_size=local_size,
-            node_rank=node,
-            master_addr=addr,
-            master_port=port,
-        )
+        return self.launch_info(env, rank, world, local, local_size, node, addr, port)

@@ -28,13 +28,4 @@ class TorchrunLauncher(Launcher):
         local = env_int(env, "LOCAL_RANK")
         if local is None:
             local = rank % local_size if local_size else rank
-        return LaunchInfo(
-            launcher=self.name,
-            rank=rank,
-            world_size=world,
-            local_rank=local,
-            local_world_size=local_size,
-            node_rank=env_int(env, "GROUP_RANK", "NODE_RANK"),
-            master_addr=env.get("MASTER_ADDR") or None,
-            master_port=env_int(env, "MASTER_PORT"),
-        )
+        return self.launch_info(env, rank, world, local, local_size, env_int(env, "GROUP_RANK", "NODE_RANK"))

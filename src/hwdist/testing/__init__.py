@@ -5,21 +5,12 @@ Importing this module registers the emulated accelerator backend ``'emu'``.
 
 from __future__ import annotations
 
-from .emulated import EMULATED_BACKEND, EmulatedDriver, EmulatedProcessGroup, register_emulated
-from .harness import DEFAULT_PG_TIMEOUT, DEFAULT_TIMEOUT, RankFailure, RankPool, RankSkip, run_distributed
+from . import emulated, harness
+from .emulated import *  # noqa: F401,F403
+from .emulated import register_emulated
+from .harness import *  # noqa: F401,F403
 
 register_emulated()
 
-# The public face of hwdist.testing: re-lists the harness names on purpose.
-__all__ = [
-    "RankPool",
-    "RankFailure",
-    "RankSkip",
-    "run_distributed",
-    "DEFAULT_TIMEOUT",
-    "DEFAULT_PG_TIMEOUT",
-    "EMULATED_BACKEND",
-    "EmulatedDriver",
-    "EmulatedProcessGroup",
-    "register_emulated",
-]
+# The public face of hwdist.testing: the harness's and the emulated accelerator's names.
+__all__ = [*harness.__all__, *emulated.__all__]
