@@ -1,19 +1,18 @@
 """Built-in device drivers: one module per hardware family.
 
 This package is the only place in hwdist where backend and device names
-appear. Adding a backend in-tree: a module here and one line below.
+appear. Adding a backend in-tree: a module here (or, for an accelerator whose
+capabilities are a ``_vendor_caps`` table, a row of ``vendors.VENDORS`` and a
+three-line class) and one line below.
 """
 
 from __future__ import annotations
 
 from .base import Capabilities, Driver, Plan, PlanError
-from .cncl import CnclDriver
 from .gloo import GlooDriver
-from .hccl import HcclDriver
-from .mccl import McclDriver
 from .mpi import MpiDriver
 from .nccl import NcclDriver
-from .xccl import XcclDriver
+from .vendors import CnclDriver, HcclDriver, McclDriver, XcclDriver
 
 #: Registered by hwdist.registry at import (a dict insert; no vendor import).
 BUILTIN_DRIVERS: tuple[type[Driver], ...] = (

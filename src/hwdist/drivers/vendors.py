@@ -1,0 +1,109 @@
+"""The vendor accelerator drivers (HCCL, CNCL, MCCL, XCCL): one table of data.
+
+Each driver is its row of ``VENDORS`` (device, priority, description, vendor
+package, environment variables) plus its capability table, read from the
+vendor's source: every entry names its source in
+[`hwdist.drivers._vendor_caps`][hwdist.drivers._vendor_caps] (and docs/hardware.md).
+None of them has been run on its hardware by this project. The vendor package
+is imported lazily, never at ``import hwdist``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+from .. import _compat
+from ._common import AcceleratorDriver
+from ._vendor_caps import table
+
+
+class Vendor(NamedTuple):
+    """One vendor driver's data (besides its capability table)."""
+
+    device_type: str
+    priority: int
+    description: str
+    vendor_module: Optional[str]
+    env_vars: tuple[str, ...]
+    native_object_collectives: bool = False
+
+
+#: Backend name -> its driver's data. ``priority`` orders detection: HCCL comes before CUDA because
+#: torch_npu can make torch.cuda look available.
+VENDORS: dict[str, Vendor] = {
+    "hccl": Vendor(
+        "npu", 50, "Huawei HCCL (Ascend NPUs, needs torch_npu)", "torch_npu", ("HCCL_*", "ASCEND_*")
+    ),
+    "cncl": Vendor(
+        "mlu", 40, "Cambricon CNCL (MLUs, needs torch_mlu)", "torch_mlu", ("CNCL_*", "MLU_VISIBLE_DEVICES")
+    ),
+    "mccl": Vendor(
+        "musa", 35, "Moore Threads MCCL (MUSA GPUs, needs torch_musa)", "torch_musa",
+        ("MCCL_*", "MUSA_VISIBLE_DEVICES"),
+    ),
+    # Built into torch >= 2.8 XPU builds (oneCCL): no vendor package; torch's own object collectives work.
+    "xccl": Vendor(
+        "xpu", 30, "Intel XCCL (XPU GPUs)", None, ("CCL_*", "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR"),
+        native_object_collectives=True,
+    ),
+}
+
+
+class VendorDriver(AcceleratorDriver):
+    """A driver whose data is its row of ``VENDORS`` and its ``_vendor_caps`` table (set per subclass)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        row = VENDORS.get(cls.name)
+        if row is None:  # a user's subclass of a vendor driver keeps what it inherits
+            return
+        for field, value in row._asdict().items():
+            setattr(cls, field, value)
+        caps = table(cls.name)
+        cls.native_ops, cls.reduce_ops = caps.native_ops, caps.reduce_ops
+        cls.dtypes, cls.reduce_dtypes = caps.dtypes, caps.reduce_dtypes
+
+
+class HcclDriver(VendorDriver):
+    """HCCL on Ascend NPUs.
+
+    gather runs as all_gather (as torch_npu itself does), scatter as broadcast (older torch_npu
+    releases lack it); reductions refuse uint8/bool/float64 (widened by hwdist). torch_npu replaces
+    torch's gather_object; hwdist's portable object path is the same everywhere.
+    """
+
+    name = "hccl"
+
+
+class CnclDriver(VendorDriver):
+    """CNCL on Cambricon MLUs (torch_mlu)."""
+
+    name = "cncl"
+
+
+class McclDriver(VendorDriver):
+    """MCCL on Moore Threads MUSA GPUs (torch_musa)."""
+
+    name = "mccl"
+
+
+class XcclDriver(VendorDriver):
+    """XCCL on Intel XPU devices (oneCCL).
+
+    No 'avg' in its reduce ops: it is native only with oneCCL >= 2021.15, which hwdist cannot see;
+    mean is sum / n.
+    """
+
+    name = "xccl"
+
+    def unavailable_reason(self) -> Optional[str]:
+        """Why the backend cannot run here, or None if it can."""
+        checker = _compat.is_xccl_available
+        if checker is None:
+            return (
+                "this torch has no XCCL backend (torch.distributed.is_xccl_available appeared in torch 2.7;"
+                " XPU builds of torch >= 2.8 ship XCCL)"
+            )
+        if not checker():
+            return "torch was built without XCCL"
+        return super().unavailable_reason()
