@@ -33,6 +33,7 @@ import hwdist
 from ..collectives._agree import agree
 from ..drivers.nccl import NcclDriver
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
+from ..launch.resolvers import env_int
 from ._legacy_common import layout_digest
 
 __all__ = [
@@ -61,15 +62,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 _DEFAULT_DEVICE = torch.device(NcclDriver.device_type)
 
 
-# vis4d's own reader of launcher variables (not HWDIST_* settings), kept here to mirror vis4d.
 def _env_int(name: str) -> Optional[int]:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+    """A launcher variable as an int (None when unset or blank); a ValueError names a malformed one."""
+    return env_int(os.environ, name)
 
 
 # ----------------------------------------------------------------------------- ranks and sizes

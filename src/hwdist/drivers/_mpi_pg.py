@@ -323,13 +323,8 @@ class MpiProcessGroup(_ProcessGroup):
 
     # torch>=2.13 calls these names on the group object itself (a Python process
     # group has no per-device backends to forward them to).
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
-        return self._allgather_base(output, input, opts)
-
-    def all_gather_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
-    ) -> MpiWork:  # noqa: D102
-        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+    all_gather_single = _allgather_base
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> MpiWork:  # noqa: D102
         return self._reduce_scatter_base(output, input, opts)

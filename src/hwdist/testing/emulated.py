@@ -100,22 +100,17 @@ class EmulatedProcessGroup(_ProcessGroup):
         self._check("broadcast", tensors)
         return self._gloo.broadcast(tensors, opts)
 
-    def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-        self._check("all_gather", [outputs, inputs])
-        return (
-            self._gloo.allgather(outputs, inputs, opts)
-            if opts is not None
-            else self._gloo.allgather(outputs, inputs)
-        )
-
-    # Delegates like allgather on purpose: each torch ProcessGroup method is wrapped one by one.
-    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
+    def _all_gather(self, method: str, output: Any, input: Any, opts: Any) -> Any:
+        """all_gather's list and flat forms; without ``opts`` gloo's own defaults apply."""
         self._check("all_gather", [output, input])
-        return (
-            self._gloo._allgather_base(output, input, opts)
-            if opts is not None
-            else self._gloo._allgather_base(output, input)
-        )
+        fn = getattr(self._gloo, method)
+        return fn(output, input) if opts is None else fn(output, input, opts)
+
+    def allgather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return self._all_gather("allgather", outputs, inputs, opts)
+
+    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:
+        return self._all_gather("_allgather_base", output, input, opts)
 
     def gather(self, outputs: Any, inputs: Any, opts: Any) -> Any:
         self._check("gather", [outputs, inputs])
