@@ -152,6 +152,7 @@ def _register(name: str, driver: Any, override: bool) -> Driver:
     return inst
 
 
+# The same overloads and decorator-or-call form as register_launcher, on purpose: one registration style.
 @overload
 def register_backend(name: str, driver: None = None, *, override: bool = False) -> Callable[[D], D]: ...
 @overload

@@ -47,8 +47,6 @@ __all__ = [
     "check_fork_safe",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 #: The default group (MegEngine's ``WORLD``): every rank.
 WORLD: Any = None
 """MegEngine's name for the default group; ``None`` is the default group here."""
@@ -396,6 +394,9 @@ class AllreduceCallback:
 
 make_allreduce_cb = AllreduceCallback
 """MegEngine's factory name for [`AllreduceCallback`][hwdist.compat.megengine.AllreduceCallback]."""
+
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def synchronized(func: F) -> F:

@@ -22,6 +22,19 @@ def vendor_missing(module: str) -> Optional[str]:
     return None if found else f"the Python package '{module}' is not installed"
 
 
+def torch_build_reason(available: str, library: str) -> Optional[str]:
+    """Why a backend built into torch cannot run here, or None: this torch is not supported by hwdist,
+    or it was built without ``library`` (``torch.distributed.<available>()`` says so)."""
+    unsupported = _compat.unsupported_reason()
+    if unsupported is not None:
+        return unsupported
+    import torch.distributed as dist
+
+    if not getattr(dist, available)():
+        return f"torch was built without {library}"
+    return None
+
+
 def package_version(module: str) -> Optional[str]:
     """The installed distribution version of ``module`` (read from its metadata, not imported), or None."""
     from importlib import metadata

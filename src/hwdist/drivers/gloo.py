@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from .. import _compat
+from ._common import torch_build_reason
 from .base import ALL_OPS, Driver
 
 # Gloo rejects int16 and the unsigned 16/32/64-bit types ("Invalid scalar type"), and bfloat16 before
@@ -53,14 +54,7 @@ class GlooDriver(Driver):
 
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""
-        import torch.distributed as dist
-
-        unsupported = _compat.unsupported_reason()
-        if unsupported is not None:
-            return unsupported
-        if not dist.is_gloo_available():
-            return "torch was built without Gloo"
-        return None
+        return torch_build_reason("is_gloo_available", "Gloo")
 
     def compute_device_type(self) -> str:
         """The device a gloo-only process computes on ('mps' on Apple, else 'cpu')."""

@@ -7,8 +7,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import _compat
-from ._common import AcceleratorDriver
+from ._common import AcceleratorDriver, torch_build_reason
 from .base import ALL_OPS
 
 
@@ -47,17 +46,10 @@ class NcclDriver(AcceleratorDriver):
         }
     )
 
-    # Written out per backend on purpose (like gloo's): each names its own torch build check.
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""
-        import torch.distributed as dist
-
-        unsupported = _compat.unsupported_reason()
-        if unsupported is not None:
-            return unsupported
-        if not dist.is_nccl_available():
-            return "torch was built without NCCL (a CPU-only build?)"
-        return super().unavailable_reason()
+        reason = torch_build_reason("is_nccl_available", "NCCL (a CPU-only build?)")
+        return reason or super().unavailable_reason()
 
     def details(self) -> dict[str, Any]:
         """The CUDA (or ROCm) runtime torch was built with, NCCL's version, the NVIDIA driver, the visible
