@@ -1,0 +1,118 @@
+"""The Python path of a pass-through collective: hwdist's per-call CPU time over raw torch.distributed.
+
+One gloo rank (hwdist.testing.RankPool), so there is no communication noise:
+each pass-through case (``all_reduce``, ``broadcast``, ``all_gather(same_shape=True)``
+on a 4 KiB tensor) is timed interleaved against the raw torch.distributed call,
+in four modes: torch's call as it is ("real") or replaced by a no-op ("stub":
+what is left is pure Python, hwdist's and the raw call's own argument
+handling), each with the flight recorder on (the default) and off. The rows give
+the medians and minimums per call and the overhead (hwdist - raw) in
+microseconds. Nothing here asserts a speed.
+
+Usage::
+
+    python -m benchmarks.bench_entry [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as tdist
+
+import hwdist
+from hwdist import registry
+from hwdist.collectives import _calls
+
+from ._common import bench_main, fmt_us
+
+
+def _local(cases: dict[str, Callable[[], Any]], iters: int, samples: int) -> dict[str, list[float]]:
+    """Per-call seconds of each case, interleaved (the order alternates each sample; one warm-up round)."""
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for s in range(samples + 1):
+        for name in cases if s % 2 == 0 else reversed(list(cases)):
+            fn = cases[name]
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            if s:
+                times[name].append((time.perf_counter() - t0) / iters)
+    return times
+
+
+def bench_rank(quick: bool) -> list[dict[str, Any]]:
+    """Every (op, mode) row on this one-rank group."""
+    t = torch.ones(1024)
+    ws = tdist.get_world_size()
+    iters, samples = (500, 7) if quick else (2000, 31)
+    ops = {
+        "all_reduce": (lambda: hwdist.all_reduce(t), lambda: tdist.all_reduce(t)),
+        "broadcast": (lambda: hwdist.broadcast(t, 0), lambda: tdist.broadcast(t, 0)),
+        "all_gather same_shape=True": (
+            lambda: hwdist.all_gather(t, same_shape=True),
+            lambda: tdist.all_gather([torch.empty_like(t) for _ in range(ws)], t),
+        ),
+    }
+    patched = ("all_reduce", "broadcast", "all_gather", "get_world_size")
+    real = {name: getattr(tdist, name) for name in patched}
+    recorder = _calls.recorder()
+    rows = []
+    for stub in (False, True):
+        for flight in (True, False):
+            if stub:  # torch's collective a no-op; a world of 2 so that all_gather takes its 2-rank path
+                for name in ("all_reduce", "broadcast", "all_gather"):
+                    setattr(tdist, name, lambda *a, **k: None)
+                tdist.get_world_size = lambda group=None: 2  # type: ignore[assignment]
+                ws = 2
+            _calls.set_recorder(recorder if flight else None)
+            try:
+                if stub:  # a new registry generation: a fresh default-group view, whose cached size reads 2
+                    registry.clear_cache()
+                for op, (hw, raw) in ops.items():
+                    times = _local({"hw": hw, "raw": raw}, iters, samples)
+                    a, b = times["hw"], times["raw"]
+                    rows.append({
+                        "case": f"{op}, torch {'stubbed' if stub else 'real'},"
+                                f" flight recorder {'on' if flight else 'off'}",
+                        "hwdist_median_us": statistics.median(a) * 1e6,
+                        "hwdist_min_us": min(a) * 1e6,
+                        "raw_median_us": statistics.median(b) * 1e6,
+                        "raw_min_us": min(b) * 1e6,
+                        "overhead_median_us": (statistics.median(a) - statistics.median(b)) * 1e6,
+                        "overhead_min_us": (min(a) - min(b)) * 1e6,
+                    })
+            finally:
+                _calls.set_recorder(recorder)
+    for name, fn in real.items():
+        setattr(tdist, name, fn)
+    registry.clear_cache()
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table."""
+    lines = [
+        "| case | hwdist median | hwdist min | raw median | raw min | overhead (medians) | overhead (mins) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {fmt_us(r['hwdist_median_us'])} | {fmt_us(r['hwdist_min_us'])} |"
+            f" {fmt_us(r['raw_median_us'])} | {fmt_us(r['raw_min_us'])} |"
+            f" {r['overhead_median_us']:.2f} us | {r['overhead_min_us']:.2f} us |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Run the benchmark and print the table (and write JSON if asked)."""
+    return bench_main(argv, __doc__.splitlines()[0], [(1, bench_rank)], format_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
