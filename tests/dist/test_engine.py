@@ -262,3 +262,86 @@ def test_only_the_engine_issues_torch_collectives(path):
         and node.attr in _COLLECTIVES
     ]
     assert not bad, bad
+
+
+# ---------------------------------------------------------------------------
+# the default group's view: kept between calls, made anew on a registry change or a new default group
+# ---------------------------------------------------------------------------
+def _view_cache_rank() -> dict:
+    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    out: dict = {}
+    v = _engine.view(None)
+    out["kept"] = _engine.view(None) is v and v.ws == ws
+    t = torch.full((6,), float(r))
+    hwdist.broadcast(t, src=ws - 1)  # a pass-through: its verdict is now kept by the view
+    out["contiguous"] = t.tolist()
+    base = torch.full((3, 4), float(r))
+    strided = base[:, 1]  # same dtype and device, not contiguous: the kept verdict must not apply
+    hwdist.broadcast(strided, src=ws - 1)
+    out["strided"] = base.tolist()
+
+    class Dummy(hwdist.Driver):
+        device_type = "cpu"
+
+    hwdist.register_backend("thin_view_dummy", Dummy)
+    try:
+        out["after_register"] = _engine.view(None) is not v
+    finally:
+        hwdist.unregister_backend("thin_view_dummy")
+    g = hwdist.all_gather(torch.tensor([r]), same_shape=True)
+    out["gather"] = [x.tolist() for x in g]
+    return out
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", world_sizes())
+def test_default_view_cache_follows_the_registry(dist, world_size, backend):
+    src = float(world_size - 1)
+    for r, got in enumerate(dist(_view_cache_rank, world_size, backend)):
+        assert got["kept"] and got["after_register"]
+        assert got["contiguous"] == [src] * 6
+        assert got["strided"] == [[float(r), src, float(r), float(r)] for _ in range(3)]
+        assert got["gather"] == [[i] for i in range(world_size)]
+
+
+_REINIT = r"""
+import os, tempfile, torch, torch.distributed as tdist, hwdist
+from hwdist.collectives import _engine
+
+def init():
+    fd, path = tempfile.mkstemp(); os.close(fd); os.unlink(path)
+    tdist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+
+init()
+t = torch.ones(2)
+hwdist.broadcast(t, 0)
+v = _engine.view(None)
+assert _engine.view(None) is v and v.ws == 1
+hwdist.destroy()                       # hwdist's destroy: serial again
+assert _engine.view(None) is _engine.SERIAL
+hwdist.broadcast(t, 0)                 # mmengine's single-process result: nothing happens
+init()
+w = _engine.view(None)
+assert w is not v and w.world is tdist.GroupMember.WORLD
+hwdist.broadcast(t, 0)
+tdist.destroy_process_group()          # raw torch, behind hwdist's back
+assert _engine.view(None) is _engine.SERIAL
+init()
+assert _engine.view(None) is not w
+hwdist.all_reduce(t)
+assert t.tolist() == [1.0, 1.0]
+hwdist.destroy()
+print("OK")
+"""
+
+
+def test_default_view_is_made_anew_after_destroy_and_reinit():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    done = subprocess.run(
+        [sys.executable, "-c", _REINIT], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout + done.stderr
