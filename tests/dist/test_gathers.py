@@ -45,6 +45,8 @@ def _shape(pattern: str, call: int, rank: int) -> tuple[int, ...]:
         return ((300_000 if call % 3 == 0 else 17) + rank,)
     if pattern == "one_rank_over":  # equal, then rank 1 alone over the prediction at call 5
         return (100 + (50 if call == 5 and rank == 1 else 0),)
+    if pattern == "all_jump":  # equal, then every rank 3x over the prediction at call 5 (the same headers)
+        return (100 if call < 5 else 300,)
     if pattern == "ndim_differs":
         return (2, rank + 1) if rank % 2 else (rank + 3,)
     if pattern == "deep":  # more dims than the header carries
@@ -55,7 +57,7 @@ def _shape(pattern: str, call: int, rank: int) -> tuple[int, ...]:
 
 
 PATTERNS = ["equal", "equal_1m", "uneven", "growing", "shrinking", "alternating", "big_and_small",
-            "one_rank_over", "ndim_differs", "deep", "scalar"]
+            "one_rank_over", "all_jump", "ndim_differs", "deep", "scalar"]
 
 
 def _value(pattern: str, call: int, rank: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -192,6 +194,7 @@ def test_gathers_agree_on_sizes(dist, world_size, backend):
         assert counts[0] == 2 and counts[1:] == [2] * (CALLS - 1), counts
         assert res["uneven"]["counts"][1:] == [1] * (CALLS - 1)
         assert res["one_rank_over"]["counts"][5] == 2  # the redo of what was over: one more, no more
+        assert res["all_jump"]["counts"][5] == 2
         assert max(max(res[p]["counts"]) for p in PATTERNS if p != "deep") <= 3
         forms = res["forms"]
         for name, dtype in (("complex64", torch.complex64), ("bfloat16", torch.bfloat16),
