@@ -111,24 +111,28 @@ class _Site:
         self.last = (data.dtype, data.shape, nbytes, head)
         return head
 
-    def all_mine(self, rows: Tensor, head: Header, cap: int, ws: int, op: str) -> Optional[Verdict]:
-        """The verdict when every rank's header bytes are this rank's (the steady state), else None."""
-        if self.framed is not head:
-            return None
-        same = self.same
-        if same is None or same[0] is not head or same[1] != cap or same[2] != ws:
-            mine = self.words.tobytes() * ws
-            same = self.same = (head, cap, ws, _sizes.verdict(op, [head] * ws, cap), mine)
-        if rows[:, :HEADER_BYTES].numpy().tobytes() != same[4]:
-            return None
-        return same[3]  # type: ignore[no-any-return]
-
     def byte_carrier(self, driver: Driver) -> torch.dtype:
         """``byte_carrier(driver, 'all_gather')``, and ``self.dev`` its comm device, kept per driver."""
         if driver is not self.driver:
             self.carrier, self.dev = byte_carrier(driver, "all_gather"), driver.comm_device()
             self.driver = driver
         return self.carrier
+
+    def steady(self, head: Header, cap: int, ws: int, op: str) -> tuple[Any, ...]:
+        """``(head, cap, ws, verdict, all ranks' header bytes, packed head)`` when all ranks send ``head``."""
+        same = self.same
+        if same is None or same[0] is not head or same[1] != cap or same[2] != ws:
+            mine = _sizes.pack(head)
+            verdict = _sizes.verdict(op, [head] * ws, cap)
+            same = self.same = (head, cap, ws, verdict, mine.numpy().tobytes() * ws, mine)
+        return same  # type: ignore[no-any-return]
+
+    def all_mine(self, rows: Tensor, head: Header, cap: int, ws: int, op: str) -> Optional[Verdict]:
+        """The verdict when every rank's header bytes are this rank's (the steady state), else None."""
+        same = self.steady(head, cap, ws, op)
+        if rows[:, :HEADER_BYTES].numpy().tobytes() != same[4]:
+            return None
+        return same[3]  # type: ignore[no-any-return]
 
     def frame(self, payload: Tensor, head: Header, cap: int) -> Tensor:
         """``_sizes.frame`` into a slot reused from call to call (the same bytes on the wire)."""
@@ -252,14 +256,14 @@ class Gather(Strategy):
         # beside: the header's small all_gather async, then the data's own collective
         hcarrier = site.byte_carrier(c.driver)
         dev = site.dev
-        hsend = _sizes.pack(head).to(dev)
+        hsend = site.steady(head, cap, ws, self.op)[5].to(dev)
         hrecv = torch.empty(ws * HEADER_BYTES, dtype=torch.uint8, device=dev)
         hwork = issue(wire_call(c.group, "all_gather", send=hsend.view(hcarrier),
                                 recv=list(hrecv.view(hcarrier).chunk(ws))), c.driver.supports_async)
-        self._data(c, _sized(_bytes_of(buf), cap), cap)
-        c.state = ("beside", site, cap, buf, hrecv, hwork, ws)
+        self._data(c, _sized(_bytes_of(buf), cap), cap, ws)
+        c.state = ("beside", site, cap, buf, hrecv, (hwork, head), ws)
 
-    def _data(self, c: Call, payload: Tensor, width: int) -> None:
+    def _data(self, c: Call, payload: Tensor, width: int, ws: int) -> None:
         """Fill ``c`` for the data's collective: every rank's ``width`` bytes, by the plan's native op."""
         g = c.view
         carrier = byte_carrier(c.driver, self.op)
@@ -269,15 +273,15 @@ class Gather(Strategy):
         c.send = payload.view(carrier)
         n = width // itemsize(carrier)
         if keep or native == "all_gather":
-            flat = torch.empty(g.size * n, dtype=carrier, device=payload.device)
-            c.recv = list(flat.chunk(g.size))
+            flat = torch.empty(ws * n, dtype=carrier, device=payload.device)
+            c.recv = list(flat.chunk(ws))
         else:
             c.recv = None
 
     def _explicit(self, c: Call, buf: Tensor, sizes: list[int], shapes: list[torch.Size]) -> None:
         carrier = byte_carrier(c.driver, self.op)
         width = _round(max(sizes), itemsize(carrier))
-        self._data(c, _sized(_bytes_of(buf), width), width)
+        self._data(c, _sized(_bytes_of(buf), width), width, len(sizes))
         c.state = ("explicit", sizes, shapes)
 
     def _same_shape(self, c: Call, buf: Tensor) -> None:
@@ -347,9 +351,18 @@ class Gather(Strategy):
             end = [HEADER_BYTES + min(h.nbytes, cap) for h in headers]
             payloads = [row[HEADER_BYTES:e] for row, e in zip(rows, end)]
         else:
-            if extra is not None:
-                extra.wait()  # the header's all_gather
-            headers = _headers(got.cpu().view(ws, HEADER_BYTES))
+            hwork, extra_head = extra
+            if hwork is not None:
+                hwork.wait()  # the header's all_gather
+            hrows = got.cpu().view(ws, HEADER_BYTES)
+            same = site.all_mine(hrows, extra_head, cap, ws, self.op)
+            if same is not None and same.held:  # the steady state: every rank sent this rank's header
+                hist.record(same)
+                if c.root is not None and g.rank != c.root:
+                    return []
+                shape = c.data.shape
+                return self._results(c, [_bytes_of(r)[: extra_head.nbytes] for r in c.recv], [shape] * ws)
+            headers = _headers(hrows)
             data_rows = [_bytes_of(r) for r in c.recv] if c.recv is not None else None
             payloads = [row[: min(h.nbytes, cap)] for row, h in zip(data_rows, headers)] if data_rows else []
         v = _sizes.verdict(self.op, headers, cap)
