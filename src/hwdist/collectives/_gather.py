@@ -178,9 +178,10 @@ def _sized(b: Tensor, width: int) -> Tensor:
     """``b`` (uint8) itself when it has ``width`` bytes, else a zero-padded (or cut) copy."""
     if b.numel() == width:
         return b
-    out = b.new_zeros(width)
+    out = b.new_empty(width)
     n = min(b.numel(), width)
     out[:n] = b[:n]
+    out[n:].zero_()
     return out
 
 
