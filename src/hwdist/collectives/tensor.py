@@ -180,21 +180,20 @@ def all_gather(
 ) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
-    Shapes may differ across ranks (any ndim). Every rank predicts the
-    call's size from the group's earlier calls and sends a small header
-    (shape, dtype) with its data padded to the prediction, so that when the
-    prediction holds (the steady state: equal or repeating shapes) the call
-    costs one collective, as torch's ``all_gather``; a rank over the
-    prediction makes every rank send the rest (one more), and with no
-    prediction (the first call, sizes that keep changing, ``async_op=True``,
-    very large tensors) the shapes are exchanged first. Either way no call
-    costs more than two collectives. ``same_shape=True`` skips all of it
-    when every rank is known to pass the same shape (as in mmengine). Every
-    rank raises the same TypeError when the dtypes differ. Dtypes the backend
-    cannot move travel as a byte view (``Tensor.view``), exactly. Where the
-    driver's tuning says the backend's all_gather is slow for large tensors
-    (gloo, above about 12 MiB per rank), the data moves as one broadcast per
-    rank instead (``same_shape=True`` too).
+    Shapes may differ across ranks (any ndim). The ranks agree on the sizes
+    by prediction: every rank sends a small header (shape, dtype) with its
+    data padded to the size the group's earlier calls predict, so in the
+    steady state (equal or repeating shapes) the call needs no separate shape
+    exchange; a rank over the prediction makes every rank send the rest, and
+    without a prediction (the first call, sizes that keep changing,
+    ``async_op=True``, very large tensors) the headers go first. Pass
+    ``same_shape=True`` to skip the agreement when every rank is known to
+    pass the same shape (as in mmengine). Every rank raises the same
+    TypeError when the dtypes differ. Dtypes the backend cannot move travel
+    as a byte view (``Tensor.view``), exactly. Where the driver's tuning says
+    the backend's all_gather is slow for large tensors, they move as one
+    broadcast per rank instead (``same_shape=True`` too). Costs and routes:
+    docs/collectives.md.
 
     Non-distributed or a one-rank group: returns ``[data]``.
 
