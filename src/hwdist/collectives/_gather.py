@@ -73,8 +73,14 @@ def exchange_headers(head: Header, group: Any, driver: Driver) -> list[Header]:
 def gathered_numels(data: Tensor, group: Any, driver: Driver, fn: str) -> list[int]:
     """Every rank's ``data.numel()``; the same TypeError on every rank when the dtypes differ."""
     headers = exchange_headers(header_of(data, 0), group, driver)
-    _sizes.verdict(fn, headers, None).raise_if_error()
+    _raise_if_error(_sizes.verdict(fn, headers, None))
     return [h.numel for h in headers]
+
+
+def _raise_if_error(v: Verdict) -> None:
+    """The dtypes differ: the TypeError the shape exchange raised before issue 17, on every rank."""
+    if v.outcome is _sizes.Outcome.ERROR:
+        raise TypeError(v.reason)
 
 
 def _shapes(v: Verdict, data: Tensor, group: Any, driver: Driver) -> list[torch.Size]:
@@ -235,7 +241,7 @@ class Gather(Strategy):
         if route == "explicit":
             v = _sizes.verdict(self.op, exchange_headers(head, c.group, c.driver), None)
             hist.record(v)
-            v.raise_if_error()
+            _raise_if_error(v)
             shapes = _shapes(v, data, c.group, c.driver)
             sizes = [h.nbytes for h in v.headers]
             if big and v.largest >= big:
@@ -368,7 +374,7 @@ class Gather(Strategy):
             payloads = [row[: min(h.nbytes, cap)] for row, h in zip(data_rows, headers)] if data_rows else []
         v = _sizes.verdict(self.op, headers, cap)
         hist.record(v)
-        v.raise_if_error()
+        _raise_if_error(v)
         keep = c.root is None or g.rank == c.root
         if v.over:  # every rank sends what was over the capacity (or nothing), the same width everywhere
             tail = _bytes_of(buf)[cap:]
