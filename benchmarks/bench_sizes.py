@@ -21,9 +21,19 @@ Cases:
 - ``hwdist all_gather_object`` of the same bytes as a numpy array (large sizes only);
 - ``control``: the baseline against itself under another name (the noise floor of a ratio here).
 
+``--gathers`` (issue 17, phase 2) times only the tensor gathers against the same baseline:
+
+- ``hwdist all_gather equal`` (default, every rank the same shape) and ``same_shape=True``;
+- ``hwdist all_gather uneven``: rank ``r`` holds ``size * (1 + r / (world - 1)) / 2`` bytes, so the
+  largest rank holds ``size`` and the smallest half of it; the baseline (a raw all_gather of ``size``
+  per rank) is then the raw all_gather of the padded size;
+- ``hwdist gather uneven`` (to rank 0) and ``pad_to_largest_tensor``;
+- ``broadcasts`` (raw, one per rank) and the control row.
+
 Usage::
 
     python -m benchmarks.bench_sizes [--quick] [--json PATH] [--world-sizes 2,3] [--sizes 4K,1M,32M,64M]
+    python -m benchmarks.bench_sizes --gathers [--sizes 4K,1M,64M] [--samples N]
 
 The quick mode (what ``python -m benchmarks.run --quick`` runs) takes 2 ranks and 4 KiB, 1 MiB, 32 MiB.
 """
@@ -129,6 +139,63 @@ def _cases(nbytes: int, ws: int, rank: int) -> dict[str, Callable[[], Any]]:
     return cases
 
 
+def _gather_cases(nbytes: int, ws: int, rank: int) -> dict[str, Callable[[], Any]]:
+    t = torch.full((nbytes // 4,), float(rank))
+    n_small = (nbytes // 4) // 2
+    uneven = torch.full((n_small + (nbytes // 4 - n_small) * rank // max(ws - 1, 1),), float(rank))
+    flat_u8 = torch.empty(ws * nbytes, dtype=torch.uint8)
+    u8 = t.view(torch.uint8)
+
+    def raw_list() -> Any:
+        out = [torch.empty_like(t) for _ in range(ws)]
+        tdist.all_gather(out, t)
+        return out
+
+    def raw_list_again() -> Any:  # the same code under another name: the noise floor
+        out = [torch.empty_like(t) for _ in range(ws)]
+        tdist.all_gather(out, t)
+        return out
+
+    def broadcasts() -> Any:
+        slots = list(flat_u8.chunk(ws))
+        slots[rank].copy_(u8)
+        for r in range(ws):
+            tdist.broadcast(slots[r], r)
+        return [c.view(torch.float32) for c in slots]
+
+    return {
+        BASE: raw_list,
+        "hwdist all_gather equal (default)": lambda: hwdist.all_gather(t),
+        "hwdist all_gather same_shape": lambda: hwdist.all_gather(t, same_shape=True),
+        "hwdist all_gather uneven (vs raw padded)": lambda: hwdist.all_gather(uneven),
+        "hwdist gather uneven (to rank 0)": lambda: hwdist.gather(uneven, 0),
+        "hwdist pad_to_largest_tensor": lambda: hwdist.pad_to_largest_tensor(uneven),
+        "broadcasts (raw)": broadcasts,
+        "control: list f32 again": raw_list_again,
+    }
+
+
+def bench_gathers(sizes: list[int], samples: int) -> list[dict[str, Any]]:
+    """Runs on every rank: the tensor gathers of issue 17 phase 2; returns rank 0's rows."""
+    ws, rank = tdist.get_world_size(), tdist.get_rank()
+    rows: list[dict[str, Any]] = []
+    for nbytes in sizes:
+        cases = _gather_cases(nbytes, ws, rank)
+        got = cases["hwdist all_gather equal (default)"]()
+        assert all(bool((g == r).all()) and g.numel() == nbytes // 4 for r, g in enumerate(got))
+        iters, _ = _iters_for(nbytes * ws, False)
+        times = measure(cases, iters, samples)
+        base = times[BASE]
+        for name, ts in times.items():
+            rows.append({
+                "world": ws, "size": _size(nbytes), "case": name,
+                "median_us": statistics.median(ts) * 1e6, "min_us": min(ts) * 1e6,
+                "ratio": statistics.median(x / y for x, y in zip(ts, base)),
+                "ratio_min": min(ts) / min(base),
+            })
+    return rows
+
+
 def _check(cases: dict[str, Callable[[], Any]], nbytes: int, ws: int) -> None:
     """Every case must deliver what each rank gave (rank r's tensor is full of r)."""
     for name, fn in cases.items():
@@ -190,15 +257,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--world-sizes", default=None, help="default 2,3 (--quick: 2)")
     ap.add_argument("--sizes", default=None, help="per rank (default 4K,1M,32M,64M; --quick: 4K,1M,32M)")
+    ap.add_argument("--gathers", action="store_true", help="issue 17 phase 2: the tensor gathers only")
+    ap.add_argument("--samples", type=int, default=11, help="samples per case with --gathers")
     args = ap.parse_args(argv)
     args.world_sizes = args.world_sizes or ("2" if args.quick else "2,3")
-    args.sizes = args.sizes or ("4K,1M,32M" if args.quick else "4K,1M,32M,64M")
+    default_sizes = "4K,1M,64M" if args.gathers else "4K,1M,32M,64M"
+    args.sizes = args.sizes or ("4K,1M,32M" if args.quick else default_sizes)
     sizes = [_parse_size(s) for s in args.sizes.split(",")]
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     for ws in (int(x) for x in args.world_sizes.split(",")):
         with RankPool(ws, "gloo", timeout=1800, env=ENV) as pool:
-            rows += pool.run(bench_rank, args.quick, sizes, timeout=1800)[0]
+            if args.gathers:
+                rows += pool.run(bench_gathers, sizes, args.samples, timeout=1800)[0]
+            else:
+                rows += pool.run(bench_rank, args.quick, sizes, timeout=1800)[0]
     print(f"torch {torch.__version__}, gloo, ranks on one host; {time.perf_counter() - start:.0f}s\n")
     print(format_table(rows))
     if args.json:

@@ -11,7 +11,7 @@ instead of hanging or returning garbage.
 
 Every collective reaches the check through the collective engine's hook
 (``collectives._engine.set_hook``), installed only while the mode is on: the
-tensor collectives through ``_engine.described``, the object, results, dict and
+tensor collectives through ``@collective(..., describe=...)``, the object, results, dict and
 params collectives through ``_engine.check`` (all_to_all's piece-size check through
 ``_engine.when_checking``); no other module reads the mode. The
 mode is a ``settings.Switch`` and each group's call

@@ -29,8 +29,7 @@ the mode is on), before the argument checks run.
 
 from __future__ import annotations
 
-import zlib
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -43,8 +42,8 @@ from ._handle import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device, fixed_comm_device
 
 __all__ = [
-    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "exchange_shapes", "set_hook",
-    "check", "when_checking",
+    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check",
+    "when_checking",
 ]
 
 Tensor = torch.Tensor
@@ -483,56 +482,3 @@ def wire_call(
     if reduce_op is not None:
         c.torch_op = TORCH_OPS[reduce_op]
     return c
-
-
-# ---------------------------------------------------------------------------
-# the shape exchange of uneven gathers (one function: issue 17 replaces it here)
-# ---------------------------------------------------------------------------
-_HEADER_DIMS = 6  # dims carried in the first shape exchange; more costs a second one
-_KNOWN_DTYPES = [
-    getattr(torch, n)
-    for n in (
-        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32"
-        " float64 complex32 complex64 complex128 float8_e4m3fn float8_e5m2"
-    ).split()
-    if isinstance(getattr(torch, n, None), torch.dtype)
-]
-
-
-def _dtype_code(dtype: torch.dtype) -> int:
-    return zlib.crc32(str(dtype).encode()) & 0x7FFFFFFF
-
-
-_CODE_TO_DTYPE = {_dtype_code(d): d for d in _KNOWN_DTYPES}
-
-
-def exchange_shapes(data: Tensor, g: GroupView, driver: Driver, fn: str) -> list[torch.Size]:
-    """Every rank's shape of ``data`` (one small all_gather); TypeError on every rank if the dtypes differ."""
-    from . import _transport  # the transport issues through this module
-
-    shape = list(data.shape)
-    head = [_dtype_code(data.dtype), len(shape)] + (shape + [0] * _HEADER_DIMS)[:_HEADER_DIMS]
-    rows = _transport.gather_ints(head, g.group, driver)
-    codes = [r[0] for r in rows]
-    if len(set(codes)) > 1:
-        names = ", ".join(
-            f"rank {i}: {str(_CODE_TO_DTYPE.get(c, f'dtype #{c}')).replace('torch.', '')}"
-            for i, c in enumerate(codes)
-        )
-        raise TypeError(f"{fn}: every rank must pass the same dtype; got {names}")
-    max_ndim = max(r[1] for r in rows)
-    if max_ndim > _HEADER_DIMS:  # rare: a second exchange with every dim
-        rows2 = _transport.gather_ints((shape + [0] * max_ndim)[:max_ndim], g.group, driver)
-        return [torch.Size(rows2[i][: rows[i][1]]) for i in range(len(rows))]
-    return [torch.Size(r[2 : 2 + r[1]]) for r in rows]
-
-
-def shape_numels(shapes: Sequence[torch.Size]) -> list[int]:
-    """The element count of each shape."""
-    out = []
-    for s in shapes:
-        n = 1
-        for d in s:
-            n *= d
-        out.append(n)
-    return out

@@ -4,20 +4,21 @@ A strategy never calls torch.distributed: its ``to_wire`` names the torch op
 (``call.native``) and fills the buffers, the engine issues it
 (hwdist/collectives/_engine.py), and its ``finish`` copies back and builds the
 result. ``serial`` is the op without a process group (mmengine's semantics).
-all_to_all's transports are in ``_alltoall.py``.
+all_to_all's transports are in ``_alltoall.py``, the gathers' (with the size agreement) in
+``_gather.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
 import torch
 
 from ..drivers.base import Driver, Plan
 from . import _args
-from ._engine import Call, Strategy, exchange_shapes
-from ._wire import comm_numel, copy_source, finish_reduction, from_comm, itemsize, prepare, restore, torch_op
+from ._engine import Call, Strategy
+from ._gather import Gather as Gather  # the gathers' strategy lives with the size agreement
+from ._wire import comm_numel, copy_source, finish_reduction, itemsize, prepare, restore, torch_op
 
 Tensor = torch.Tensor
 
@@ -65,79 +66,6 @@ class Broadcast(Strategy):
     def finish(self, c: Call) -> None:
         if not c.aliased and c.view.rank != c.root:
             restore(c.data, c.send, c.plan)
-
-
-_REAL_OF_COMPLEX = {
-    d: r
-    for d, r in (
-        (getattr(torch, "complex32", None), torch.float16),
-        (torch.complex64, torch.float32),
-        (torch.complex128, torch.float64),
-    )
-    if d is not None
-}
-
-
-class Gather(Strategy):
-    """all_gather (``root`` None) or gather to ``root``; uneven shapes padded to the largest.
-
-    ``extra`` is ``same_shape``: without it every rank's shape is exchanged first
-    ([`exchange_shapes`][hwdist.collectives._engine.exchange_shapes]).
-    """
-
-    def __init__(self, op: str, direct: bool = False) -> None:
-        self.op = op
-        self.direct = direct  # only with same_shape=True: no exchange, so a pass-through needs nothing else
-
-    def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
-        plan = driver.plan(self.op, data.dtype)
-        if plan.native_op == "gather" and data.is_complex() and not plan.view:
-            # torch.distributed.gather, unlike all_gather, does not view complex tensors as real pairs
-            # (gloo: "Invalid scalar type"): travel as the real pairs' (planned) dtype, a byte-exact view
-            real = driver.plan(self.op, _REAL_OF_COMPLEX[data.dtype])
-            plan = dataclasses.replace(plan, comm_dtype=real.comm_dtype, view=True)
-        return plan
-
-    def to_wire(self, c: Call) -> None:
-        g, plan, data = c.view, c.plan, c.data
-        ws = g.size
-        if ws == 1:
-            c.state = None
-            return  # nothing to communicate: finish returns [data]
-        shapes = None if c.extra else exchange_shapes(data, g, c.driver, self.op)
-        even = shapes is None or all(s == shapes[0] for s in shapes)
-        keep = c.root is None or g.rank == c.root
-        buf, _ = prepare(data, plan, c.cdev)
-        if not even:
-            assert shapes is not None
-            width = max(comm_numel(s, plan) for s in shapes)
-            buf = buf.reshape(-1)
-            if buf.numel() < width:
-                padded = buf.new_empty(width)
-                padded[: buf.numel()].copy_(buf)
-                buf = padded
-        c.native = plan.native_op
-        c.send = buf
-        outs = [torch.empty_like(buf) for _ in range(ws)] if keep or c.native == "all_gather" else []
-        c.recv = outs if keep or c.native == "all_gather" else None
-        c.state = (shapes, even, keep)
-
-    def finish(self, c: Call) -> list[Tensor]:
-        if c.state is None:
-            return [c.data]
-        shapes, even, keep = c.state
-        if not keep:
-            return []
-        plan, data = c.plan, c.data
-        if even:
-            if not plan.cast and c.cdev is None:
-                return c.recv  # type: ignore[no-any-return]
-            return [from_comm(o, plan, data.shape, data.device) for o in c.recv]
-        return [from_comm(o[: comm_numel(s, plan)], plan, s, data.device) for o, s in zip(c.recv, shapes)]
-
-    def serial(self, data: Optional[Tensor], extra: Any) -> list[Tensor]:
-        assert data is not None
-        return [data]
 
 
 class Scatter(Strategy):
@@ -275,6 +203,7 @@ REDUCE = Reduce()
 BROADCAST = Broadcast()
 ALL_GATHER = Gather("all_gather")
 ALL_GATHER_SAME_SHAPE = Gather("all_gather", direct=True)  # the engine may issue a pass-through directly
+ALL_GATHER_SAME_SHAPE_LARGE = Gather("all_gather")  # same_shape=True at a size where broadcasts may win
 GATHER = Gather("gather")
 SCATTER = Scatter()
 REDUCE_SCATTER = ReduceScatter()

@@ -32,11 +32,14 @@ from ._alltoall import ALL_TO_ALL
 from ._args import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
 from ._args import ReduceOpLike, normalize_reduce_op
 from ._calls import collective
-from ._engine import exchange_shapes, shape_numels, view
+from ..drivers.tuning import gather_by_broadcast_floor
+from ._engine import view
+from ._gather import gathered_numels
 from ._handle import CollectiveHandle
 from ._strategies import (
     ALL_GATHER,
     ALL_GATHER_SAME_SHAPE,
+    ALL_GATHER_SAME_SHAPE_LARGE,
     ALL_REDUCE,
     BARRIER,
     BROADCAST,
@@ -174,14 +177,20 @@ def all_gather(
 ) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
-    Shapes may differ across ranks (any ndim): hwdist first exchanges the
-    shapes (one small all_gather of a few int64 per rank), pads every tensor
-    to the largest, gathers, and trims. That exchange is the only cost over
-    torch's ``all_gather``; pass ``same_shape=True`` to skip it when every
-    rank is known to pass the same shape (then the call costs exactly one
-    all_gather, as in mmengine). The exchange also checks that every rank
-    passes the same dtype (TypeError on every rank otherwise). Dtypes the
-    backend cannot move travel as a byte view (``Tensor.view``), exactly.
+    Shapes may differ across ranks (any ndim). The ranks agree on the sizes
+    by prediction: every rank sends a small header (shape, dtype) with its
+    data padded to the size the group's earlier calls predict, so in the
+    steady state (equal or repeating shapes) the call needs no separate shape
+    exchange; a rank over the prediction makes every rank send the rest, and
+    without a prediction (the first call, sizes that keep changing,
+    ``async_op=True``, very large tensors) the headers go first. Pass
+    ``same_shape=True`` to skip the agreement when every rank is known to
+    pass the same shape (as in mmengine). Every rank raises the same
+    TypeError when the dtypes differ. Dtypes the backend cannot move travel
+    as a byte view (``Tensor.view``), exactly. Where the driver's tuning says
+    the backend's all_gather is slow for large tensors, they move as one
+    broadcast per rank instead (``same_shape=True`` too). Costs and routes:
+    docs/collectives.md.
 
     Non-distributed or a one-rank group: returns ``[data]``.
 
@@ -203,8 +212,13 @@ def all_gather(
         >>> # rank 1: [tensor([0]), tensor([0, 1])]
     """
     _check_tensor(data, "data", "all_gather")
-    strategy = ALL_GATHER_SAME_SHAPE if same_shape else ALL_GATHER
-    return view(group).run(strategy, data, async_op, extra=same_shape)
+    if not same_shape:
+        strategy = ALL_GATHER
+    elif 0 < gather_by_broadcast_floor() <= data.numel() * data.element_size():
+        strategy = ALL_GATHER_SAME_SHAPE_LARGE  # no pass-through: the driver may take the broadcasts
+    else:
+        strategy = ALL_GATHER_SAME_SHAPE
+    return view(group).run(strategy, data, async_op, extra=(same_shape, async_op))
 
 
 @collective(2, describe=fp.gather)
@@ -229,7 +243,7 @@ def gather(
         data: this rank's tensor.
         dst: global rank that receives the list.
         group: process group.
-        same_shape: skip the shape exchange.
+        same_shape: skip the size agreement.
         async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle];
             ``wait()`` returns the list.
 
@@ -249,7 +263,7 @@ def gather(
     _check_tensor(data, "data", "gather")
     g = view(group)
     dst = g.check_rank(dst, "dst", "gather")  # before anything else: dst=None must not pass for an all_gather
-    return g.run(GATHER, data, async_op, root=dst, extra=same_shape)
+    return g.run(GATHER, data, async_op, root=dst, extra=(same_shape, async_op))
 
 
 @collective(1, describe=fp.pad_to_largest_tensor)
@@ -257,7 +271,9 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
     """Flatten ``tensor`` and pad it with zeros to the largest element count of any rank.
 
     The building block of uneven gathers (vis4d's helper, any ndim and
-    dtype). Costs one small all_gather of shapes.
+    dtype). Costs one small all_gather of every rank's size header (the
+    size agreement's explicit exchange: there is no data to predict for);
+    every rank raises the same TypeError when the dtypes differ.
 
     Returns:
         ``(numels, padded)``: every rank's ``tensor.numel()`` in rank order,
@@ -278,7 +294,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
     from .. import registry
 
     driver = registry.resolve(group, tensor.device)
-    numels = shape_numels(exchange_shapes(tensor, g, driver, "pad_to_largest_tensor"))
+    numels = gathered_numels(tensor, group, driver, "pad_to_largest_tensor")
     width = max(numels)
     if flat.numel() < width:
         flat = torch.cat([flat, flat.new_zeros(width - flat.numel())])

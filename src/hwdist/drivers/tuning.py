@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Tuning", "DEFAULT", "TUNING", "tuning", "set_tuning"]
+__all__ = ["Tuning", "DEFAULT", "TUNING", "tuning", "set_tuning", "gather_by_broadcast_floor"]
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,15 @@ class Tuning:
             (bytes x ranks) is at most this go as one all_gather plus a local
             reduction (0: always all_reduce). Public ``all_reduce`` calls always
             issue torch's all_reduce.
+        gather_by_broadcast_min_bytes: a tensor ``all_gather`` of at least this
+            many bytes per rank moves as one broadcast per rank into one flat
+            buffer instead of the backend's all_gather (0: never); sizes are
+            then agreed explicitly first, and no size prediction is made above it.
     """
 
     pack_max_bytes: int = 0
     reduce_by_gather_max_bytes: int = 0
+    gather_by_broadcast_min_bytes: int = 0
 
 
 DEFAULT = Tuning()
@@ -48,11 +53,30 @@ DEFAULT = Tuning()
 # measured on 2 cores, 20 floats to 16 KiB, all_gather + local sum took 0.22-0.34x the all_reduce's time
 # at 2 ranks and 0.75-0.87x at 3; a 64 KiB all_gather per rank was erratic (up to 5x slower), so the
 # limit stays well below it.
+# Gloo's TCP allgather has a throughput cliff between 8 and 16 MiB per rank on one host (8.1 ms at 8 MiB,
+# 40.8 ms at 16 MiB, 2 ranks), where one broadcast per rank took 0.28x (2 ranks) and 0.43-0.47x (3 ranks)
+# of its time; at 8 MiB and below broadcasts lose with 3 ranks (1.13-1.31x): docs/benchmarks.md, issue 17.
 TUNING: dict[str, Tuning] = {
-    "gloo": Tuning(pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10),
+    "gloo": Tuning(
+        pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10, gather_by_broadcast_min_bytes=12 << 20
+    ),
     "mpi": Tuning(pack_max_bytes=1 << 20),
 }
 """Backend name -> its tuning (the measurements behind each entry: docs/benchmarks.md)."""
+
+
+_FLOOR: list[int] = []  # the smallest gather_by_broadcast_min_bytes of any backend (cached)
+
+
+def gather_by_broadcast_floor() -> int:
+    """The smallest nonzero ``gather_by_broadcast_min_bytes`` of any backend (0: none has one).
+
+    A cheap test for the tensor ``all_gather``'s pass-through: below it no backend takes the broadcasts.
+    """
+    if not _FLOOR:
+        found = [t.gather_by_broadcast_min_bytes for t in TUNING.values() if t.gather_by_broadcast_min_bytes]
+        _FLOOR.append(min(found) if found else 0)
+    return _FLOOR[0]
 
 
 def tuning(driver: Any) -> Tuning:
@@ -68,4 +92,5 @@ def set_tuning(name: str, value: Tuning) -> Tuning:
         )
     old = TUNING.get(name.lower(), DEFAULT)
     TUNING[name.lower()] = value
+    _FLOOR.clear()
     return old
