@@ -69,16 +69,17 @@ PREDICT_TOTAL_BYTES = 1 << 20
 _EMPTY = np.zeros(0, dtype=np.uint8)
 
 
-def _layout(opcode: int, status: int, root: int, token: int, nchunks: int) -> int:
-    # opcode 8 bits | status 8 | token 8 | root+1 24 | chunk count 15 (fits one int64 word)
-    return (opcode & 0xFF) | (status & 0xFF) << 8 | (token & 0xFF) << 16 | (root + 1) << 24 | nchunks << 48
+def _header(nbytes: int, opcode: int, status: int, root: int, token: int, nchunks: int) -> _sizes.Header:
+    # layout word: opcode 8 bits | status 8 | token 8 | root+1 (any group size); a bytes payload has no
+    # element count, so ``numel`` carries the chunk count (collect_results)
+    layout = (opcode & 0xFF) | (status & 0xFF) << 8 | (token & 0xFF) << 16 | (root + 1) << 24
+    return _sizes.Header(nbytes, nchunks, 0, -1, layout, nbytes, ())
 
 
 def _record(rank: int, h: _sizes.Header, data: Optional[np.ndarray]) -> Record:
     w = h.layout
-    opcode, status, token = w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF
-    root, nchunks = ((w >> 24) & 0xFFFFFF) - 1, (w >> 48) & 0x7FFF
-    return Record(rank, (0, status, h.nbytes, nchunks, root, opcode, token), data)
+    opcode, status, token, root = w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF, (w >> 24) - 1
+    return Record(rank, (0, status, h.nbytes, h.numel, root, opcode, token), data)
 
 
 def message_bytes(failure: LocalFailure) -> np.ndarray:
@@ -191,7 +192,7 @@ def gather_slots(
     else:  # frames: joined in the slot when they fit it
         n = sum(f.nbytes for f in payload)
         data = _joined(payload, n) if n <= used else _EMPTY
-    header = _sizes.Header.of_bytes(n, layout=_layout(opcode, status, root, token, nchunks))
+    header = _header(n, opcode, status, root, token, nchunks)
     rows = link.all_gather(_slot(data, header, used))
     headers, heads = _parse(rows, used)
     records = [_record(r, h, heads[r] if h.nbytes <= used else None) for r, h in enumerate(headers)]
@@ -231,7 +232,7 @@ def broadcast_slot(
             data, status = message_bytes(failure), failure.kind
         else:
             data = payload if payload is not None else _EMPTY
-        header = _sizes.Header.of_bytes(int(data.size), layout=_layout(opcode, status, root, 0, 0))
+        header = _header(int(data.size), opcode, status, root, 0, 0)
         row = _slot(data, header, used)
         link.broadcast(row, width, root)
     else:
