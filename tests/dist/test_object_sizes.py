@@ -207,3 +207,42 @@ def test_a_failure_on_one_rank_in_the_steady_state_raises_the_same_error_on_ever
     # every rank raised the same text (different collectives: each names its own call first, as before)
     for i in range(len(kinds) - 1):
         assert len({seen[i][1] for seen in per_rank}) == 1, [seen[i][1] for seen in per_rank]
+
+
+def _streamed_parts(fail_at: int) -> object:
+    """A part over what a slot holds streams to rank 0 while serialized; ``fail_at``: a bad item there."""
+    from hwdist.collectives import results as resmod
+
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    n = 4000 * world  # about 1.3 MB per rank: over the slot limit, so it streams
+    part = [{"idx": i, "pred": np.full(64, i, dtype=np.float32)} for i in range(rank, n, world)]
+    if fail_at >= 0 and rank == world - 1:
+        part[fail_at] = {"idx": -1, "bad": _Unpicklable()}
+    saved, resmod.STREAM_CHUNK_BYTES = resmod.STREAM_CHUNK_BYTES, 64 << 10  # many chunks
+    start = time.monotonic()
+    try:
+        with _Count() as c:
+            got = hwdist.collect_results(part, n)
+    except hwdist.SerializationError as exc:
+        return ("error", str(exc), sorted(exc.failures), time.monotonic() - start < 10,
+                hwdist.all_gather_object(rank) == list(range(world)))
+    finally:
+        resmod.STREAM_CHUNK_BYTES = saved
+    if rank != 0:
+        return ("ok", got, c.n)
+    ok = len(got) == n and all(d["idx"] == i and d["pred"][0] == i for i, d in enumerate(got))
+    return ("ok", ok, c.n)
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_large_part_streams_and_a_failure_in_the_stream_raises_on_every_rank(dist, world_size, backend):
+    for kind, ok, count in dist(_streamed_parts, world_size, backend, -1):
+        assert kind == "ok" and ok in (True, None), ok
+        assert count > 2  # the slots, then the chunks: it really streamed
+    bad = world_size - 1
+    outs = dist(_streamed_parts, world_size, backend, 3000, timeout=120)
+    for kind, msg, failures, fast, still_works in outs:
+        assert kind == "error" and failures == [bad] and fast and still_works, (kind, msg)
+        assert f"rank(s) {bad}" in msg and "result item 3000" in msg and "_Unpicklable" in msg, msg
+    assert len({o[1] for o in outs}) == 1
