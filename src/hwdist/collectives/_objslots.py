@@ -168,7 +168,6 @@ def gather_slots(
     root: int = -1,
     token: int = 0,
     nchunks: int = 0,
-    announce: Optional[int] = None,
 ) -> Exchange:
     """Every rank's slot, one all_gather at the family's predicted capacity; raises together on a failure.
 
@@ -182,8 +181,6 @@ def gather_slots(
         root: the root this rank was told (group rank; -1: none).
         token: a small flag word (``CONFIRM``).
         nchunks: the chunk count (``collect_results``).
-        announce: the size of a payload that moves after the slot whatever the capacity (a part
-            streamed while it is serialized): the slot carries none of it.
 
     Returns:
         An [`Exchange`][hwdist.collectives._objslots.Exchange].
@@ -198,8 +195,6 @@ def gather_slots(
     if failure is not None:
         data, status = message_bytes(failure), failure.kind
         n = int(data.size)
-    elif announce is not None:  # over any capacity: the caller moves it
-        data, n = _EMPTY, max(int(announce), used + 1)
     elif payload is None or isinstance(payload, np.ndarray):
         data = payload if payload is not None else _EMPTY
         n = int(data.size)

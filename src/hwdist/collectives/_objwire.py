@@ -113,16 +113,6 @@ class Link:
         """Send ``data`` to group rank ``dst``."""
         self._call(_transport.send_bytes, data, self.global_rank(dst))
 
-    def send_nowait(self, data: np.ndarray, dst: int) -> Any:
-        """Issue a send of ``data`` to group rank ``dst``; returns its work, for ``settle``."""
-        issued: list[Any] = []
-        self._call(_transport.send_bytes, data, self.global_rank(dst), waiter=lambda w, p2p: issued.append(w))
-        return issued[0] if issued else None
-
-    def settle(self, work: Any) -> None:
-        """Wait for a work of [`send_nowait`][hwdist.collectives._objwire.Link.send_nowait]."""
-        self._call(_settle_p2p, work)
-
     def recv(self, n: int, src: int) -> np.ndarray:
         """Receive ``n`` bytes from group rank ``src``."""
         return self._call(_transport.recv_bytes, n, self.global_rank(src))
@@ -140,10 +130,10 @@ class Link:
             self._sliced = self.driver.comm_device().type == "cpu"
         _notices.wait(work, p2p, self._sliced, self.notices.check)
 
-    def _call(self, fn: Callable[..., Any], *args: Any, waiter: Optional[_transport.Waiter] = None) -> Any:
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """One transport exchange; a failure here is posted for the other ranks."""
         try:
-            return fn(*args, self.group, self.driver, waiter or self._wait)
+            return fn(*args, self.group, self.driver, self._wait)
         except _notices.NoticeSeen as seen:
             raise PeerFailure(
                 f"an object collective failed on rank {seen.rank} of this group while rank {self.rank}"
@@ -167,10 +157,6 @@ class Link:
     def post_failure(self, reason: str) -> None:
         """Tell the group's other ranks that this rank left an object collective in the middle."""
         self.notices.post(self.rank, reason)
-
-
-def _settle_p2p(work: Any, group: Any, driver: Any, wait: _transport.Waiter) -> None:
-    wait(work, True)
 
 
 def check_root(link: Link, root: Any, name: str) -> int:
@@ -280,42 +266,22 @@ CONFIRM = 1
 
 
 def closing_status(
-    link: Link,
-    records: Sequence[Record],
-    root: int,
-    decoder: Decoder,
-    what: str,
-    op: int,
-    failed: Optional[tuple[int, int, str]] = None,
+    link: Link, records: Sequence[Record], root: int, decoder: Decoder, what: str, op: int
 ) -> None:
-    """The root's decode failure, or a sender's streamed failure, raised on every rank.
+    """The root's decode failure, raised on every rank (the root raises the original error).
 
     A closing broadcast of the root's status runs when some payload moved
-    after the slot exchange (a sender might otherwise wait on the root) or
+    after the record exchange (a sender might otherwise wait on the root) or
     when the root's serializer may refuse payloads (the root sets
-    [`CONFIRM`][hwdist.collectives._objwire.CONFIRM] in its slot). Otherwise every other rank has already
-    finished, nothing is left waiting, and only the root raises its decode error.
-
-    Args:
-        failed: on the root, ``(group rank, status, message)`` of a sender whose streamed
-            part failed (``_resultstream``): every rank, the root too, raises its error naming that rank.
+    [`CONFIRM`][hwdist.collectives._objwire.CONFIRM] in its record). Otherwise every other rank has already
+    finished, nothing is left waiting, and only the root raises.
     """
     if any(r.inline is None and r.rank != root for r in records) or records[root].token & CONFIRM:
         if link.rank == root:
-            if failed is not None:
-                rank, kind, message = failed
-                rec = make_record(op, status=kind, root=root, token=rank + 1, message=message)
-            elif decoder.error is not None:
-                rec = failure_record(op, LocalFailure(OTHER, decoder.message), root=root)
-            else:
-                rec = make_record(op, root=root)
+            kind = LocalFailure(OTHER, decoder.message) if decoder.error is not None else None
+            rec = failure_record(op, kind, root=root) if kind is not None else make_record(op, root=root)
             link.broadcast(rec, RECORD_BYTES, root)
         else:
-            rec = link.broadcast(None, RECORD_BYTES, root)
-        closing = parse_record(root, rec)
-        if closing.token > 0:  # a sender's failure: name that rank
-            closing.rank = closing.token - 1
-        if failed is not None or link.rank != root:
-            raise_failures([closing], what, op, root)
+            raise_failures([parse_record(root, link.broadcast(None, RECORD_BYTES, root))], what, op, root)
     if decoder.error is not None:
         raise decoder.error

@@ -9,11 +9,8 @@ Two transports:
 
 * over communication (``device='gpu'``, or ``device='cpu'`` without
   ``tmpdir``): every rank serializes its part once, in chunks of about
-  `CHUNK_BYTES`, and sends one slot (``_objslots``: status and size, and the
-  part itself when it fits the size the group's history predicts: one
-  collective in the steady state); a larger part moves point to point, and
-  rank 0 receives and deserializes one chunk at a time, so it never holds
-  more than one chunk of bytes besides the results.
+  `CHUNK_BYTES`; rank 0 receives and deserializes one chunk at a time,
+  so it never holds more than one chunk of bytes besides the results.
 * through a directory (``device='cpu'`` with ``tmpdir``): first rank 0 writes
   a probe file with a random token and every rank checks it sees it, so a
   directory that is not shared fails on every rank *before* anyone writes
@@ -30,7 +27,7 @@ import secrets
 import shutil
 import tempfile
 from itertools import chain
-from typing import Any, Optional, Sequence, cast
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -38,18 +35,16 @@ from ..errors import CollectiveArgumentError, ObjectCollectiveError
 from . import serialization as _ser
 from ._calls import collective
 from ._engine import check
-from ._objslots import PREDICT_TOTAL_BYTES, gather_slots
-from ._resultstream import Chunks, encode_chunks, encode_rest, recv_stream, send_stream
-from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, may_refuse, world_size
-from ._records import ARGUMENT, INLINE_BYTES, IO, OPS, LocalFailure, failure_record, make_record
+from ._objslots import gather_slots
+from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, describe, may_refuse, world_size
+from ._records import ARGUMENT, INLINE_BYTES, IO, OPS, SERIALIZE, LocalFailure, failure_record, make_record
 from .serialization import Frame, MapLocation, Serializer
 
 __all__ = ["collect_results", "collect_results_cpu", "collect_results_gpu", "create_tmpdir"]
 
 #: Target size of one serialized chunk of results (bytes).
 CHUNK_BYTES = 16 << 20
-#: Chunk size of a part that streams to rank 0 while it is serialized (see ``_resultstream``).
-STREAM_CHUNK_BYTES = 512 << 10
+_FIRST_CHUNK = 64  # items in the first chunk, which measures the size of an item
 #: Mode of the directories hwdist creates (the ranks of one job run as one user).
 _PRIVATE = 0o700
 
@@ -89,6 +84,34 @@ def _interleave(parts: Sequence[Sequence[Any]], size: int) -> list[Any]:
     return out
 
 
+def _encode_chunks(items: list[Any], serializer: Optional[Serializer], target: int) -> list[Frame]:
+    """Serialize ``items`` as a few lists of about ``target`` bytes each (at least one frame)."""
+    frames: list[Frame] = []
+    i, step = 0, min(len(items), _FIRST_CHUNK)
+    if not items:
+        return [_ser.encode([], serializer)]
+    while i < len(items):
+        chunk = items[i : i + step]
+        try:
+            frame = _ser.encode(chunk, serializer)
+        except Exception as exc:
+            raise LocalFailure(SERIALIZE, _which_item(chunk, i, serializer, exc)) from exc
+        frames.append(frame)
+        i += len(chunk)
+        per_item = max(1.0, frame.nbytes / len(chunk))
+        step = max(1, int(target // per_item))
+    return frames
+
+
+def _which_item(chunk: list[Any], start: int, serializer: Optional[Serializer], exc: BaseException) -> str:
+    for j, item in enumerate(chunk):
+        try:
+            _ser.encode(item, serializer)
+        except Exception as inner:
+            return describe(inner, item, serializer, f"result item {start + j} (of its part)")
+    return describe(exc, chunk, serializer, "its results")
+
+
 def _decode_joined(decoder: Decoder, rank: int, buf: np.ndarray, nchunks: int) -> list[Any]:
     """The items of ``nchunks`` frames that travelled one after the other in one slot."""
     items: list[Any] = []
@@ -126,48 +149,28 @@ def _collect_comm(
     part: list[Any] = []
     failure: Optional[LocalFailure] = None
     token = 0
-    streamed: Optional[Chunks] = None  # a large part: serialized while it streams to rank 0
-    p2p = comm.has("send") and comm.has("recv")
     try:
         if bad:
             raise LocalFailure(ARGUMENT, bad)
         part = _check_args(result_part, size)
         if comm.rank != 0:
-            chunks = Chunks(part, serializer, min(CHUNK_BYTES, STREAM_CHUNK_BYTES))
-            frames = [cast(Frame, chunks.next())]
-            if chunks.done or chunks.estimate() <= PREDICT_TOTAL_BYTES // comm.world:  # may fit a slot
-                frames = [frames[0], *encode_rest(chunks, CHUNK_BYTES)]
-            else:
-                streamed = chunks
+            frames = _encode_chunks(part, serializer, CHUNK_BYTES)
         else:
             token = CONFIRM if may_refuse(serializer) else 0
     except LocalFailure as fail:
         failure = fail
     # One slot per rank at the predicted capacity: a part that fits travels in it (its chunks one after
-    # the other); a larger one moves point to point to rank 0 below (streamed: nchunks 0).
-    ex = gather_slots(
-        comm, what, op, frames or None, failure, root=0, token=token,
-        nchunks=0 if streamed is not None else len(frames),
-        announce=streamed.estimate() if streamed is not None else None,
-    )
+    # the other); a larger one moves point to point to rank 0 below.
+    ex = gather_slots(comm, what, op, frames or None, failure, root=0, token=token, nchunks=len(frames))
     records = ex.records
+    p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
     decoder = Decoder(serializer, map_location, comm)  # a refused chunk: keep receiving, report at the end
-    failed: Optional[tuple[int, int, str]] = None
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
                 parts[r.rank] = _decode_joined(decoder, r.rank, r.inline.copy(), r.nchunks)
-            continue
-        if r.nchunks == 0:  # streamed while serialized
-            if me == r.rank:
-                assert streamed is not None
-                send_stream(comm, frames[0], streamed, 0, p2p)
-            elif me == 0 or not p2p:
-                gone = recv_stream(comm, r.rank, decoder, parts[r.rank], 0, p2p)
-                if gone is not None and failed is None:
-                    failed = (r.rank, *gone)
             continue
         nbytes = 8 * r.nchunks
         if p2p:
@@ -189,7 +192,7 @@ def _collect_comm(
                 buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
                 if me == 0:
                     parts[r.rank].extend(decoder(r.rank, buf) or [])
-    closing_status(comm, records, 0, decoder, what, op, failed)
+    closing_status(comm, records, 0, decoder, what, op)
     if me != 0:
         return None
     return _interleave(parts, int(size))
@@ -287,7 +290,7 @@ def _collect_files(
             tmpdir = os.fspath(tmpdir)
             token = 0
             if me != 0:
-                frames = encode_chunks(part, serializer, CHUNK_BYTES)
+                frames = _encode_chunks(part, serializer, CHUNK_BYTES)
             else:
                 token = secrets.randbits(62) | 1
                 try:
