@@ -190,7 +190,7 @@ def _failures_in_the_steady_state() -> list:
 def test_a_failure_on_one_rank_in_the_steady_state_raises_the_same_error_on_every_rank(
     dist, world_size, backend
 ):
-    per_rank = dist(_failures_in_the_steady_state, world_size, backend, timeout=120)
+    per_rank = dist(_failures_in_the_steady_state, world_size, backend)
     bad = world_size - 1
     kinds = ["SerializationError"] * 4 + ["CollectiveArgumentError"] * 3
     for seen in per_rank:

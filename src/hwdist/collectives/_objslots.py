@@ -84,7 +84,7 @@ def _record(rank: int, h: _sizes.Header, data: Optional[np.ndarray]) -> Record:
 
 def message_bytes(failure: LocalFailure) -> np.ndarray:
     """The failure's text as it travels (utf-8, at most ``INLINE_BYTES``, as the old record's)."""
-    return np.frombuffer(str(failure).encode("utf-8", "replace")[:INLINE_BYTES], dtype=np.uint8)
+    return np.frombuffer(bytearray(str(failure).encode("utf-8", "replace")[:INLINE_BYTES]), dtype=np.uint8)
 
 
 def predicted(hist: _sizes.SizeHistory, limit: int) -> tuple[Optional[int], int]:
