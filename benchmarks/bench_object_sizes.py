@@ -76,7 +76,7 @@ def mmengine_cpu(part: list, size: int) -> Any:
     for r in range(world):
         with open(os.path.join(tmpdir, f"part_{r}.pkl"), "rb") as fh:
             parts.append(pickle.load(fh))
-    out = []
+    out: list = []
     for items in zip(*parts):
         out.extend(items)
     shutil.rmtree(tmpdir)
