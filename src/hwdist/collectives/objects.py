@@ -4,19 +4,21 @@ Every call resolves its driver with ``registry.resolve(group)`` and then takes
 one of two paths, the same on every rank:
 
 * **portable** (default): serialize once (`serialization`), then one
-  fixed-size *record* exchange (an all_gather of 1 KiB per rank, `_records`)
-  that carries each rank's status, payload size and, for small payloads, the
-  payload itself. If any rank failed to serialize or passed a bad argument,
-  every rank raises the same clear error right there, instead of hanging in the
-  next collective. ``broadcast_object_list`` instead broadcasts ``src``'s
-  record alone (only ``src`` can fail there; see its docstring), one collective
-  for a small object where torch uses two; ``scatter_object_list`` agrees on
-  its arguments first (the agreement primitive, ``_agree.agree``), then
-  broadcasts ``src``'s record. Larger payloads then move as exact-size bytes
-  (broadcast per rank, point-to-point to a gather root, or a padded all_gather
-  when that is cheaper) through hwdist's internal transport (`_objwire`,
-  `_transport`), in the byte dtype the driver's plan allows. Tensors inside
-  received objects land on CPU or the ``map_location`` given.
+  *slot* per rank (`_objslots`, over the size-agreement mechanism of
+  `_sizes`): a 128-byte header (status, true size, opcode, root) and the
+  payload up to the capacity the group's size history predicts, the same on
+  every rank. In the steady state that one all_gather (``broadcast_object_list``:
+  one broadcast of ``src``'s slot) is the whole collective. If any rank failed
+  to serialize or passed a bad argument, every rank raises the same clear error
+  right there, instead of hanging in the next collective. Only the ranks whose
+  payload was over the capacity move it again: the bytes past the capacity by a
+  padded all_gather, whole payloads by one broadcast per rank above
+  ``PADDED_ALL_GATHER_LIMIT``, point to point to a gather root.
+  ``scatter_object_list`` agrees on its arguments first (the agreement
+  primitive, ``_agree.agree``), then broadcasts ``src``'s record. Bytes move
+  through hwdist's internal transport (`_objwire`, `_transport`), in the byte
+  dtype the driver's plan allows. Tensors inside received objects land on CPU
+  or the ``map_location`` given.
 * **native**: torch's own ``all_gather_object`` & co. Used only when asked
   ([`set_object_path`][hwdist.collectives.objects.set_object_path] ``('native')``), when the driver
   declares ``native_object_collectives`` and the torch version has them
@@ -25,14 +27,14 @@ one of two paths, the same on every rank:
   portable path is the default because it measured faster on every size
   (see ``docs/objects.md``).
 
-Verification mode ([`hwdist.verify`][hwdist.verify]): the record exchange checks the
+Verification mode ([`hwdist.verify`][hwdist.verify]): the slot exchange checks the
 call's identity (which collective, its src/dst) in every mode, so those
 disagreements raise [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError]
 on every rank even when the mode is off (``broadcast_object_list`` and
 ``scatter_object_list`` against a different collective: only with the mode on).
 When the mode is on, each object collective also takes part in the mode's
-per-group digest exchange (op name, call number, src/dst) before its record
-exchange: a 1 KiB record exchange must never meet a tensor collective's 24-byte
+per-group digest exchange (op name, call number, src/dst) before its slot
+exchange: a slot exchange must never meet a tensor collective's 24-byte
 digest exchange on another rank, so every verified collective, tensor or
 object, starts with the same exchange.
 
@@ -381,8 +383,8 @@ def broadcast_object_list(
     Outside a process group does nothing (mmengine). On other ranks the list
     is replaced in place by ``src``'s objects (its length follows ``src``).
 
-    One broadcast of ``src``'s 1 KiB record (payload inline when it fits,
-    else one more broadcast of the exact bytes). If ``src`` cannot serialize
+    One broadcast of ``src``'s slot (payload in it up to the predicted
+    size, else one more broadcast of the rest). If ``src`` cannot serialize
     its list, or ``data`` is not a list there, every rank raises the same
     error naming ``src``. A non-list ``data`` on another rank raises
     [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] on that rank

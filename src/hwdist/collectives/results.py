@@ -9,8 +9,11 @@ Two transports:
 
 * over communication (``device='gpu'``, or ``device='cpu'`` without
   ``tmpdir``): every rank serializes its part once, in chunks of about
-  `CHUNK_BYTES`; rank 0 receives and deserializes one chunk at a time,
-  so it never holds more than one chunk of bytes besides the results.
+  `CHUNK_BYTES`, and sends one slot (``_objslots``: status and size, and the
+  part itself when it fits the size the group's history predicts: one
+  collective in the steady state); a larger part moves point to point, and
+  rank 0 receives and deserializes one chunk at a time, so it never holds
+  more than one chunk of bytes besides the results.
 * through a directory (``device='cpu'`` with ``tmpdir``): first rank 0 writes
   a probe file with a random token and every rank checks it sees it, so a
   directory that is not shared fails on every rank *before* anyone writes
