@@ -54,7 +54,6 @@ __all__ = [
     "broadcast_slot",
     "complete_broadcast",
     "gather_tails",
-    "over_ranks",
     "message_bytes",
     "predicted",
 ]
@@ -138,7 +137,7 @@ def _joined(frames: Sequence[Frame], n: int) -> np.ndarray:
     return out
 
 
-def _parse(rows: np.ndarray, cap: int) -> tuple[list[_sizes.Header], list[np.ndarray]]:
+def _parse(rows: np.ndarray) -> tuple[list[_sizes.Header], list[np.ndarray]]:
     headers, views = _sizes.unframe(torch.from_numpy(rows))
     return headers, [v.numpy() for v in views]
 
@@ -203,7 +202,7 @@ def gather_slots(
         data = _joined(payload, n) if n <= used else _EMPTY
     header = _header(n, opcode, status, root, token, nchunks)
     rows = link.all_gather(_slot(data, header, used))
-    headers, heads = _parse(rows, used)
+    headers, heads = _parse(rows)
     records = [_record(r, h, heads[r] if h.nbytes <= used else None) for r, h in enumerate(headers)]
     v = _sizes.verdict(what, headers, used)
     ex = Exchange(records, heads, used, v)
@@ -247,7 +246,7 @@ def broadcast_slot(
     else:
         row = link.broadcast(None, width, root)
         data = _EMPTY
-    headers, heads = _parse(row.reshape(1, width), used)
+    headers, heads = _parse(row.reshape(1, width))
     rec = _record(root, headers[0], heads[0] if headers[0].nbytes <= used else None)
     if rec.status != OK:
         if rec.inline is None:  # a long message: the rest of it, exactly
@@ -292,8 +291,3 @@ def gather_tails(link: Link, ex: Exchange, own: Optional[np.ndarray]) -> list[Op
     for r in ex.over:
         out[r] = np.concatenate([ex.heads[r], rows[r, : ex.records[r].total - cap]])
     return out
-
-
-def over_ranks(records: Sequence[Record]) -> list[Record]:
-    """The records whose payload did not come in the slot."""
-    return [r for r in records if r.inline is None]
