@@ -4,19 +4,21 @@ Every call resolves its driver with ``registry.resolve(group)`` and then takes
 one of two paths, the same on every rank:
 
 * **portable** (default): serialize once (`serialization`), then one
-  fixed-size *record* exchange (an all_gather of 1 KiB per rank, `_records`)
-  that carries each rank's status, payload size and, for small payloads, the
-  payload itself. If any rank failed to serialize or passed a bad argument,
-  every rank raises the same clear error right there, instead of hanging in the
-  next collective. ``broadcast_object_list`` instead broadcasts ``src``'s
-  record alone (only ``src`` can fail there; see its docstring), one collective
-  for a small object where torch uses two; ``scatter_object_list`` agrees on
-  its arguments first (the agreement primitive, ``_agree.agree``), then
-  broadcasts ``src``'s record. Larger payloads then move as exact-size bytes
-  (broadcast per rank, point-to-point to a gather root, or a padded all_gather
-  when that is cheaper) through hwdist's internal transport (`_objwire`,
-  `_transport`), in the byte dtype the driver's plan allows. Tensors inside
-  received objects land on CPU or the ``map_location`` given.
+  *slot* per rank (`_objslots`, over the size-agreement mechanism of
+  `_sizes`): a 128-byte header (status, true size, opcode, root) and the
+  payload up to the capacity the group's size history predicts, the same on
+  every rank. In the steady state that one all_gather (``broadcast_object_list``:
+  one broadcast of ``src``'s slot) is the whole collective. If any rank failed
+  to serialize or passed a bad argument, every rank raises the same clear error
+  right there, instead of hanging in the next collective. Only the ranks whose
+  payload was over the capacity move it again: the bytes past the capacity by a
+  padded all_gather, whole payloads by one broadcast per rank above
+  ``PADDED_ALL_GATHER_LIMIT``, point to point to a gather root.
+  ``scatter_object_list`` agrees on its arguments first (the agreement
+  primitive, ``_agree.agree``), then broadcasts ``src``'s record. Bytes move
+  through hwdist's internal transport (`_objwire`, `_transport`), in the byte
+  dtype the driver's plan allows. Tensors inside received objects land on CPU
+  or the ``map_location`` given.
 * **native**: torch's own ``all_gather_object`` & co. Used only when asked
   ([`set_object_path`][hwdist.collectives.objects.set_object_path] ``('native')``), when the driver
   declares ``native_object_collectives`` and the torch version has them
@@ -25,14 +27,14 @@ one of two paths, the same on every rank:
   portable path is the default because it measured faster on every size
   (see ``docs/objects.md``).
 
-Verification mode ([`hwdist.verify`][hwdist.verify]): the record exchange checks the
+Verification mode ([`hwdist.verify`][hwdist.verify]): the slot exchange checks the
 call's identity (which collective, its src/dst) in every mode, so those
 disagreements raise [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError]
 on every rank even when the mode is off (``broadcast_object_list`` and
 ``scatter_object_list`` against a different collective: only with the mode on).
 When the mode is on, each object collective also takes part in the mode's
-per-group digest exchange (op name, call number, src/dst) before its record
-exchange: a 1 KiB record exchange must never meet a tensor collective's 24-byte
+per-group digest exchange (op name, call number, src/dst) before its slot
+exchange: a slot exchange must never meet a tensor collective's 24-byte
 digest exchange on another rank, so every verified collective, tensor or
 object, starts with the same exchange.
 
@@ -71,6 +73,7 @@ from ._objwire import (
     serialize,
     world_size,
 )
+from ._objslots import broadcast_slot, complete_broadcast, gather_slots, gather_tails
 from ._records import (
     ASSERTED,
     INLINE_BYTES,
@@ -83,7 +86,6 @@ from ._records import (
     failure_record,
     make_record,
     parse_record,
-    payload_record,
     raise_failures,
 )
 from .serialization import (
@@ -262,31 +264,27 @@ def all_gather_object(
         out: list[Any] = [None] * world
         torch_dist.all_gather_object(out, data, group=group)
         return out
+    own: Optional[np.ndarray] = None
+    failure: Optional[LocalFailure] = None
     try:
-        frame = serialize(data, serializer)
-        rec, own = payload_record(op, frame)
+        own = serialize(data, serializer).to_numpy()
     except LocalFailure as fail:
-        rec, own = failure_record(op, fail), None
-    records = comm.exchange(rec, "all_gather_object", op)
+        failure = fail
+    ex = gather_slots(comm, "all_gather_object", op, own, failure)
     results: list[Any] = [None] * world
-    big = [r for r in records if r.inline is None]
     decoder = Decoder(serializer, map_location, comm)  # a failure is raised after this rank's last broadcast
-    for r in records:
+    for r in ex.records:
         if r.inline is not None:
             results[r.rank] = decoder(r.rank, r.inline.copy())
-    if big:
-        largest = max(r.total for r in big)
-        if largest * world <= PADDED_ALL_GATHER_LIMIT and len(big) > 1:
-            slot = np.zeros(largest, dtype=np.uint8)
-            if own is not None:
-                slot[: own.size] = own
-            rows = comm.all_gather(slot)
-            for r in big:
-                results[r.rank] = decoder(r.rank, rows[r.rank, : r.total])
-        else:
-            for r in big:
-                buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
-                results[r.rank] = decoder(r.rank, buf)
+    if ex.over:  # only the ranks over the predicted capacity move again
+        if ex.verdict.tail_width * world <= PADDED_ALL_GATHER_LIMIT and len(ex.over) > 1:
+            for k, buf in enumerate(gather_tails(comm, ex, own)):
+                if buf is not None:
+                    results[k] = decoder(k, buf)
+        else:  # exact sizes, one broadcast per rank: gloo's broadcast beats its all_gather here
+            for k in ex.over:
+                buf = comm.broadcast(own if k == comm.rank else None, ex.records[k].total, k)
+                results[k] = decoder(k, buf)
     if decoder.error is not None:
         raise decoder.error
     return results
@@ -329,7 +327,9 @@ def gather_object(
     comm = Link(group)
     check("gather_object", comm.group, lambda: (None, {"dst": rank_field(dst)}))
     op = OPS["gather_object"]
-    own = None
+    own: Optional[np.ndarray] = None
+    failure: Optional[LocalFailure] = None
+    root, token = -1, 0
     try:
         root = check_root(comm, dst, "dst")
         if _native(comm.driver, map_location, serializer):
@@ -337,24 +337,26 @@ def gather_object(
             torch_dist.gather_object(data, out, dst=dst, group=group)
             return out
         token = CONFIRM if comm.rank == root and may_refuse(serializer) else 0
-        rec, own = payload_record(op, serialize(data, serializer), root=root, token=token)
+        own = serialize(data, serializer).to_numpy()
     except LocalFailure as fail:
-        rec = failure_record(op, fail)
-        root = -1
-    records = comm.exchange(rec, "gather_object", op, root)
-    root = records[0].root
+        failure, root = fail, -1
+    # the root's own payload need not travel: it decodes it from here
+    sent = None if comm.rank == root else own
+    ex = gather_slots(comm, "gather_object", op, sent, failure, root=root, token=token)
+    root = ex.records[0].root
     p2p = comm.has("send") and comm.has("recv")
     results: Optional[list[Any]] = [None] * world if comm.rank == root else None
     decoder = Decoder(serializer, map_location, comm)
-    for r in records:
+    for r in ex.records:
+        if r.rank == root:
+            if results is not None:
+                results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
+            continue
         if r.inline is not None:
             if results is not None:
                 results[r.rank] = decoder(r.rank, r.inline.copy())
             continue
-        if r.rank == root:
-            if results is not None:
-                results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
-        elif p2p:
+        if p2p:  # over the capacity: only those ranks' payloads move again, to the root
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]
             elif results is not None:
@@ -363,7 +365,7 @@ def gather_object(
             buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
             if results is not None:
                 results[r.rank] = decoder(r.rank, buf)
-    closing_status(comm, records, root, decoder, "gather_object", op)
+    closing_status(comm, ex.records, root, decoder, "gather_object", op)
     return results
 
 
@@ -381,8 +383,8 @@ def broadcast_object_list(
     Outside a process group does nothing (mmengine). On other ranks the list
     is replaced in place by ``src``'s objects (its length follows ``src``).
 
-    One broadcast of ``src``'s 1 KiB record (payload inline when it fits,
-    else one more broadcast of the exact bytes). If ``src`` cannot serialize
+    One broadcast of ``src``'s slot (payload in it up to the predicted
+    size, else one more broadcast of the rest). If ``src`` cannot serialize
     its list, or ``data`` is not a list there, every rank raises the same
     error naming ``src``. A non-list ``data`` on another rank raises
     [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] on that rank
@@ -423,24 +425,19 @@ def broadcast_object_list(
     if not bad and _native(comm.driver, map_location, serializer):
         torch_dist.broadcast_object_list(data, src=src, group=group)
         return
-    # One broadcast of src's record (status, size and, when small, the payload itself): the same
-    # collectives as torch's size-then-data broadcast, one fewer for small objects. Only src can
-    # fail (it alone serializes); its failure reaches every rank in the record.
+    # One broadcast of src's slot (status, size and the payload up to the predicted capacity): one
+    # collective in the steady state where torch uses two. Only src can fail (it alone serializes); its
+    # failure reaches every rank in the slot.
+    own: Optional[np.ndarray] = None
+    failure: Optional[LocalFailure] = None
     if comm.rank == root:
-        own = None
         try:
             if bad:
                 raise LocalFailure(ASSERTED, f"data must be a list, got {type(data).__name__}")
-            rec, own = payload_record(op, serialize(data, serializer, "data"), root=root)
+            own = serialize(data, serializer, "data").to_numpy()
         except LocalFailure as fail:
-            rec = failure_record(op, fail, root=root)
-        comm.broadcast(rec, RECORD_BYTES, root)
-        source = parse_record(root, rec)
-        raise_failures([source], "broadcast_object_list", op, root)
-        if own is not None:
-            comm.broadcast(own, source.total, root)
-        return
-    source = parse_record(root, comm.broadcast(None, RECORD_BYTES, root))
+            failure = fail
+    source, head = broadcast_slot(comm, "broadcast_object_list", op, root, own, failure)
     if source.status == OK and (source.opcode != op or source.root != root):
         raise CollectiveArgumentError(
             f"broadcast_object_list: rank {root} sent {OP_NAMES.get(source.opcode, source.opcode)}"
@@ -448,7 +445,9 @@ def broadcast_object_list(
             f" {source.root}; every rank must call broadcast_object_list with the same src"
         )
     raise_failures([source], "broadcast_object_list", op, root)
-    buf = source.inline if source.inline is not None else comm.broadcast(None, source.total, root)
+    buf = complete_broadcast(comm, source, head, own, root)
+    if comm.rank == root:
+        return
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
         raise ArgumentAssertionError(bad)
     data[:] = decode(buf.copy() if source.inline is not None else buf, serializer, map_location)

@@ -9,8 +9,11 @@ Two transports:
 
 * over communication (``device='gpu'``, or ``device='cpu'`` without
   ``tmpdir``): every rank serializes its part once, in chunks of about
-  `CHUNK_BYTES`; rank 0 receives and deserializes one chunk at a time,
-  so it never holds more than one chunk of bytes besides the results.
+  `CHUNK_BYTES`, and sends one slot (``_objslots``: status and size, and the
+  part itself when it fits the size the group's history predicts: one
+  collective in the steady state); a larger part moves point to point, and
+  rank 0 receives and deserializes one chunk at a time, so it never holds
+  more than one chunk of bytes besides the results.
 * through a directory (``device='cpu'`` with ``tmpdir``): first rank 0 writes
   a probe file with a random token and every rank checks it sees it, so a
   directory that is not shared fails on every rank *before* anyone writes
@@ -35,6 +38,7 @@ from ..errors import CollectiveArgumentError, ObjectCollectiveError
 from . import serialization as _ser
 from ._calls import collective
 from ._engine import check
+from ._objslots import gather_slots
 from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, describe, may_refuse, world_size
 from ._records import ARGUMENT, INLINE_BYTES, IO, OPS, SERIALIZE, LocalFailure, failure_record, make_record
 from .serialization import Frame, MapLocation, Serializer
@@ -111,11 +115,18 @@ def _which_item(chunk: list[Any], start: int, serializer: Optional[Serializer], 
     return describe(exc, chunk, serializer, "its results")
 
 
-def _part_record(op: int, frames: list[Frame], token: int = 0) -> np.ndarray:
-    total = sum(f.nbytes for f in frames)
-    if len(frames) == 1 and total <= INLINE_BYTES:
-        return make_record(op, total=total, nchunks=1, root=0, token=token, inline=frames[0].to_numpy())
-    return make_record(op, total=total, nchunks=len(frames), root=0, token=token)
+def _decode_joined(decoder: Decoder, rank: int, buf: np.ndarray, nchunks: int) -> list[Any]:
+    """The items of ``nchunks`` frames that travelled one after the other in one slot."""
+    items: list[Any] = []
+    pos = 0
+    for _ in range(nchunks):
+        try:
+            n = _ser.frame_length(buf, pos)
+        except ValueError:  # not a frame: the decoder reports it (and drains the rest)
+            n = buf.size - pos
+        items.extend(decoder(rank, buf[pos : pos + n]) or [])
+        pos += n
+    return items
 
 
 def _chunk_table(frames: list[Frame]) -> np.ndarray:
@@ -139,19 +150,22 @@ def _collect_comm(
     op = OPS["collect_results"]
     frames: list[Frame] = []
     part: list[Any] = []
+    failure: Optional[LocalFailure] = None
+    token = 0
     try:
         if bad:
             raise LocalFailure(ARGUMENT, bad)
         part = _check_args(result_part, size)
         if comm.rank != 0:
             frames = _encode_chunks(part, serializer, CHUNK_BYTES)
-        if comm.rank != 0:
-            rec = _part_record(op, frames)
         else:
-            rec = make_record(op, root=0, token=CONFIRM if may_refuse(serializer) else 0)
+            token = CONFIRM if may_refuse(serializer) else 0
     except LocalFailure as fail:
-        rec = failure_record(op, fail, root=0)
-    records = comm.exchange(rec, what, op, 0)
+        failure = fail
+    # One slot per rank at the predicted capacity: a part that fits travels in it (its chunks one after
+    # the other); a larger one moves point to point to rank 0 below.
+    ex = gather_slots(comm, what, op, frames or None, failure, root=0, token=token, nchunks=len(frames))
+    records = ex.records
     p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
@@ -159,7 +173,7 @@ def _collect_comm(
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
-                parts[r.rank] = decoder(r.rank, r.inline.copy()) or []
+                parts[r.rank] = _decode_joined(decoder, r.rank, r.inline.copy(), r.nchunks)
             continue
         nbytes = 8 * r.nchunks
         if p2p:

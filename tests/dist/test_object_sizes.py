@@ -1,0 +1,209 @@
+"""Object collectives with sizes agreed by prediction (issue 17) on real ranks: gloo and emu, 2 and 3 ranks.
+
+Each rank builds its objects from (pattern, call, rank) and returns what it got;
+the test rebuilds what every rank gave and compares. The collectives hwdist
+issues are counted by wrapping the transport's ``issue`` (the engine entry every
+internal exchange goes through) inside the rank process: in the steady state an
+object collective is one collective. Failures injected on one rank after the
+history has a prediction must raise the same error on every rank within seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import hwdist
+from hwdist.testing.pytest_plugin import backends
+
+CALLS = 8
+#: pattern -> payload length in characters for (call, rank)
+PATTERNS = {
+    "steady": lambda call, rank: 40,
+    "growing": lambda call, rank: 30 + 150 * call + 7 * rank,
+    "shrinking": lambda call, rank: max(3000 - 400 * call - rank, 0),
+    "alternating": lambda call, rank: 5000 + rank if call % 2 else 20,
+    "one_rank_big": lambda call, rank: 200_000 if (call == 5 and rank == 1) else 50,
+}
+OPS = ("all_gather_object", "gather_object", "broadcast_object_list", "collect_results")
+
+
+def _value(pattern: str, call: int, rank: int):
+    n = PATTERNS[pattern](call, rank)
+    return {"rank": rank, "call": call, "text": chr(97 + (rank + call) % 26) * n,
+            "arr": np.arange(rank + 1, dtype=np.int32) + call}
+
+
+def _plain(obj):
+    """A comparable form (arrays as lists)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return (str(obj.dtype), obj.tolist())
+    return obj
+
+
+class _Count:
+    """Counts the collectives hwdist issues in this process (wraps the transport's ``issue``)."""
+
+    def __init__(self) -> None:
+        from hwdist.collectives import _transport
+
+        self.mod, self.orig, self.n = _transport, _transport.issue, 0
+
+    def __enter__(self) -> "_Count":
+        def counted(*args, **kwargs):
+            self.n += 1
+            return self.orig(*args, **kwargs)
+
+        self.mod.issue = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mod.issue = self.orig
+
+
+def _call(op: str, obj, world: int):
+    if op == "all_gather_object":
+        return hwdist.all_gather_object(obj)
+    if op == "gather_object":
+        return hwdist.gather_object(obj, dst=0)
+    if op == "broadcast_object_list":
+        box = [obj]
+        hwdist.broadcast_object_list(box, src=1)
+        return box
+    return hwdist.collect_results([obj, obj], 2 * world)
+
+
+def _run_patterns() -> dict:
+    from hwdist import _state
+    from hwdist.collectives import _sizes
+
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    out: dict = {}
+    for op in OPS:
+        for pattern in PATTERNS:
+            _state.of(None).sizes = {}  # every rank at the same point: each pattern starts without history
+            got, counts = [], []
+            for call in range(CALLS):
+                with _Count() as c:
+                    res = _call(op, _value(pattern, call, rank), world)
+                got.append(_plain(res))
+                counts.append(c.n)
+            hist = _sizes.history(None, op if op == "broadcast_object_list" else "object collectives")
+            out[(op, pattern)] = {"got": got, "counts": counts,
+                                  "history": (list(hist.sizes), hist.hits, hist.redos, hist.explicit)}
+    return out
+
+
+def _expected(op: str, pattern: str, call: int, rank: int, world: int):
+    vals = [_plain(_value(pattern, call, r)) for r in range(world)]
+    if op == "all_gather_object":
+        return vals
+    if op == "gather_object":
+        return vals if rank == 0 else None
+    if op == "broadcast_object_list":
+        return [vals[1]]
+    return vals + vals if rank == 0 else None  # item i is on rank i % W; two items per rank
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sizes_grow_shrink_alternate_and_one_collective_in_the_steady_state(dist, world_size, backend):
+    results = dist(_run_patterns, world_size, backend)
+    for key in results[0]:  # every rank's history moved the same way
+        assert len({repr(r[key]["history"]) for r in results}) == 1, key
+    for op in OPS:
+        assert results[0][(op, "steady")]["history"][1:] == (CALLS - 1, 0, 1)  # hits, redos, explicit
+    for rank, res in enumerate(results):
+        for op in OPS:
+            for pattern in PATTERNS:
+                got = res[(op, pattern)]["got"]
+                for call in range(CALLS):
+                    assert got[call] == _expected(op, pattern, call, rank, world_size), (op, pattern, call)
+    for op in OPS:
+        # a steady size: one collective per call once the history has a prediction, on every rank
+        for res in results:
+            assert res[(op, "steady")]["counts"][2:] == [1] * (CALLS - 2), (op, res[(op, "steady")]["counts"])
+        # one rank over the prediction: that call costs more, the next ones are one collective again
+        big = [res[(op, "one_rank_big")]["counts"] for res in results]
+        for counts in big:
+            assert counts[2:5] == [1, 1, 1] and counts[5] > 1, (op, counts)
+        # alternating big/small: the period is learned (one collective per call from the fifth call)
+        for res in results:
+            for pattern, first in (("alternating", 4), ("growing", 3), ("shrinking", 1)):
+                assert res[(op, pattern)]["counts"][first:] == [1] * (CALLS - first), (op, res[(op, pattern)])
+
+
+class _Unpicklable:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def _failures_in_the_steady_state() -> list:
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    bad_rank = world - 1
+    seen: list = []
+
+    def attempt(fn) -> None:
+        start = time.monotonic()
+        try:
+            fn()
+        except hwdist.ObjectCollectiveError as exc:
+            seen.append((type(exc).__name__, str(exc), sorted(getattr(exc, "failures", {}) or {}),
+                         time.monotonic() - start < 10))
+            return
+        seen.append(None)
+
+    small = {"rank": rank}
+    odd = _Unpicklable() if rank == bad_rank else small
+    cases = [
+        # serialization failures on one rank (the message is longer than the predicted slot)
+        ("all_gather_object", lambda: hwdist.all_gather_object(odd)),
+        ("gather_object", lambda: hwdist.gather_object(odd)),
+        ("broadcast_object_list", lambda: hwdist.broadcast_object_list([odd], src=bad_rank)),
+        ("collect_results", lambda: hwdist.collect_results([small, odd], 2 * world)),
+        # bad arguments on one rank
+        ("gather_object", lambda: hwdist.gather_object(small, dst=world + 5 if rank == bad_rank else 0)),
+        ("collect_results",
+         lambda: hwdist.collect_results("not a list" if rank == bad_rank else [small], world)),
+        # different collectives on different ranks
+        ("gather_object",
+         lambda: hwdist.all_gather_object(small) if rank == bad_rank else hwdist.gather_object(small)),
+    ]
+    for op, fn in cases:
+        for _ in range(3):  # the steady state: the history has a prediction
+            _call(op, small, world)
+        attempt(fn)
+        # the group still works, and the next call is right
+        assert hwdist.all_gather_object(rank) == list(range(world))
+    return seen
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_failure_on_one_rank_in_the_steady_state_raises_the_same_error_on_every_rank(
+    dist, world_size, backend
+):
+    per_rank = dist(_failures_in_the_steady_state, world_size, backend)
+    bad = world_size - 1
+    kinds = ["SerializationError"] * 4 + ["CollectiveArgumentError"] * 3
+    for seen in per_rank:
+        assert len(seen) == len(kinds) and all(s is not None for s in seen), seen
+        for (kind, msg, _, fast), want in zip(seen, kinds):
+            assert kind == want, (kind, msg)
+            assert fast, msg
+        for _, msg, failures, _ in seen[:4]:
+            assert failures == [bad] and f"rank(s) {bad}" in msg, msg
+            assert "_Unpicklable" in msg and "lock" in msg, msg  # the whole message reached every rank
+        assert f"dst={world_size + 5} is not a rank of the group" in seen[4][1]
+        assert "results must be a list, got str" in seen[5][1]
+        assert "different object collectives" in seen[6][1]
+    # every rank raised the same text (different collectives: each names its own call first, as before)
+    for i in range(len(kinds) - 1):
+        assert len({seen[i][1] for seen in per_rank}) == 1, [seen[i][1] for seen in per_rank]
