@@ -89,57 +89,59 @@ def _dict_rows(quick: bool) -> list[dict[str, Any]]:
     finally:
         tdist.all_reduce, _compat.all_gather_into_tensor = real
     for name, label in (("hw", "verify=True"), ("hw_noverify", "verify=False")):
-        row = _row(f"all_reduce_dict 20 metrics ({label}), CPU time without the collective", local, name, "raw")
+        row = _row(f"all_reduce_dict 20 metrics ({label}), CPU time without the collective", local, name,
+                   "raw")
         row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
         rows.append(row)
     tdist.barrier()
     return rows
 
 
-def _a2a_rows(quick: bool) -> list[dict[str, Any]]:
+def _a2a_cases(nbytes: int) -> dict[str, Any]:
     rank = tdist.get_rank()
     ws = tdist.get_world_size()
+    base = nbytes // 4
+
+    def pieces(b: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        ins = [torch.full((b * (1 + (rank + r) % 2),), float(rank)) for r in range(ws)]
+        outs = [torch.empty(b * (1 + (j + rank) % 2)) for j in range(ws)]
+        return ins, outs
+
+    def raw_a2a(o: list[torch.Tensor], i: list[torch.Tensor]) -> None:
+        # gloo's list form needs equal pieces: the hand-written list all_to_all over the flat form
+        recv = torch.empty(sum(t.numel() for t in o))
+        tdist.all_to_all_single(recv, torch.cat(i), [t.numel() for t in o], [t.numel() for t in i])
+        for t, piece in zip(o, recv.split([t.numel() for t in o])):
+            t.copy_(piece)
+
+    ins, outs = pieces(base)
+    state = {"b": base}
+
+    def changing() -> None:  # a new split table every call (every piece one element longer)
+        state["b"] += 1
+        i2, o2 = pieces(state["b"])
+        hwdist.all_to_all(o2, i2)
+
+    def raw_changing() -> None:
+        state["b"] += 1
+        i2, o2 = pieces(state["b"])
+        raw_a2a(o2, i2)
+
+    return {
+        "hw": lambda: hwdist.all_to_all(outs, ins),
+        "raw": lambda: raw_a2a(outs, ins),
+        "raw_again": lambda: raw_a2a(outs, ins),
+        "hw_changing": changing,
+        "raw_changing": raw_changing,
+    }
+
+
+def _a2a_rows(quick: bool) -> list[dict[str, Any]]:
+    ws = tdist.get_world_size()
     rows: list[dict[str, Any]] = []
-    for nbytes in (4 * KiB, 256 * KiB):
-        base = nbytes // 4
-
-        def pieces(b: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-            ins = [torch.full((b * (1 + (rank + r) % 2),), float(rank)) for r in range(ws)]
-            outs = [torch.empty(b * (1 + (j + rank) % 2)) for j in range(ws)]
-            return ins, outs
-
-        ins, outs = pieces(base)
-        state = {"b": base}
-
-        def raw_a2a(o: list[torch.Tensor], i: list[torch.Tensor]) -> None:
-            # gloo's list form needs equal pieces: the hand-written list all_to_all over the flat form
-            recv = torch.empty(sum(t.numel() for t in o))
-            tdist.all_to_all_single(recv, torch.cat(i), [t.numel() for t in o], [t.numel() for t in i])
-            for t, piece in zip(o, recv.split([t.numel() for t in o])):
-                t.copy_(piece)
-
-        def changing() -> None:  # a new split table every call (every piece one element longer)
-            state["b"] += 1
-            i2, o2 = pieces(state["b"])
-            hwdist.all_to_all(o2, i2)
-
-        def raw_changing() -> None:
-            state["b"] += 1
-            i2, o2 = pieces(state["b"])
-            raw_a2a(o2, i2)
-
-        iters, samples = (20, 15) if quick else (20, 51)
-        times = measure(
-            {
-                "hw": lambda: hwdist.all_to_all(outs, ins),
-                "raw": lambda: raw_a2a(outs, ins),
-                "raw_again": lambda: raw_a2a(outs, ins),
-                "hw_changing": changing,
-                "raw_changing": raw_changing,
-            },
-            iters,
-            samples,
-        )
+    for nbytes in (4 * KiB, 32 * KiB):
+        iters, samples = (20, 15) if quick else (20, 41)
+        times = measure(_a2a_cases(nbytes), iters, samples)
         size = f"{nbytes // KiB} KiB"
         rows.append(_row(f"all_to_all uneven {size}, {ws} ranks, repeated splits", times, "hw", "raw"))
         rows.append(_row(f"all_to_all uneven {size}, {ws} ranks, splits changing every call", times,

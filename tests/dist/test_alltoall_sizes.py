@@ -58,9 +58,9 @@ def _piece(pattern: str, call: int, j: int, r: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.float32) + 1000 * j + 100 * r + 10_000 * call
 
 
-def _catch(fn) -> object:
+def _catch(fn, *args) -> object:
     try:
-        fn()
+        fn(*args)
     except Exception as exc:  # noqa: BLE001 - the test compares type and text
         return (type(exc).__name__, isinstance(exc, ValueError), str(exc))
     return None
@@ -93,21 +93,21 @@ def _a2a_rank(patterns: list[str]) -> dict:
         group = torch.distributed.new_group(list(range(ws)))
         if case != "first":
             for _ in range(3):
-                hwdist.all_to_all([torch.empty(4) for _ in range(ws)], [torch.ones(4) for _ in range(ws)], group)
+                hwdist.all_to_all([torch.empty(4) for _ in range(ws)], [torch.ones(4)] * ws, group)
         ins = [torch.ones(5 if (rank == ws - 1 and r == 0) else 4) for r in range(ws)]
         outs = [torch.empty(4) for _ in range(ws)]
         if case == "dtype":
             ins = [torch.ones(4, dtype=torch.float64 if rank == ws - 1 else torch.float32) for _ in range(ws)]
             outs = [torch.empty(4, dtype=ins[0].dtype) for _ in range(ws)]
         with Issued() as counted:
-            err = _catch(lambda: hwdist.all_to_all(outs, ins, group))
+            err = _catch(hwdist.all_to_all, outs, ins, group)
         # the group still works afterwards
         o2 = [torch.empty(2) for _ in range(ws)]
         hwdist.all_to_all(o2, [torch.full((2,), float(rank)) for _ in range(ws)], group)
         out["errors"][case] = (err, counted.n, [t.tolist() for t in o2])
     with hwdist.verification():
         ins = [torch.ones(5 if (rank == ws - 1 and r == 0) else 4) for r in range(ws)]
-        out["errors"]["verification"] = (_catch(lambda: hwdist.all_to_all([torch.empty(4)] * ws, ins)), None, None)
+        out["errors"]["verification"] = (_catch(hwdist.all_to_all, [torch.empty(4)] * ws, ins), None, None)
     return out
 
 
