@@ -20,9 +20,10 @@ else the last one):
   dict is the predicted one"; a rank whose dict differs sends zeros of the
   predicted length, so the collective is always well formed; the reduced flag
   is the verdict (held, or redo) on every rank;
-* otherwise (no prediction, no exact flag for the op, or the flag said redo) one small [`agree`][hwdist.collectives._agree.agree]
-  exchange of the fingerprint checks the layouts first (the explicit exchange),
-  every rank raising together when they differ, then the data moves.
+* otherwise (no prediction, no exact flag for the op, or the flag said redo)
+  one small [`agree`][hwdist.collectives._agree.agree] exchange of the
+  fingerprint checks the layouts first (the explicit exchange), every rank
+  raising together when they differ, then the data moves.
 
 Cost: one collective per call in the steady state, check + data on a new
 layout, three on a change after a predicted layout. Only agreed calls are
@@ -99,7 +100,7 @@ class DictLayout:
 
     __slots__ = (
         "sig", "driver", "device_type", "ws", "parts", "stack", "flag", "words", "_rows", "cdev", "cpu",
-        "keys", "dtypes", "shapes", "held", "explicit", "fp",
+        "keys", "dtypes", "shapes", "held", "explicit", "fp", "_scratch",
     )  # fmt: skip
 
     def __init__(
@@ -152,6 +153,7 @@ class DictLayout:
         self.words = fingerprint(op, describe(keys, shapes, dtypes))
         self.fp = (self.words[0] << 31) | self.words[1]
         self._rows: dict[tuple[Optional[torch.device], int], Tensor] = {}
+        self._scratch: list[Tensor] = []
         # the verdicts this layout's calls record (the same on every rank: built from agreed facts only)
         nbytes = sum(p.layout.total * torch.empty((), dtype=p.pack_dtype).element_size() for p in parts)
         head = (_sizes.Header.of_bytes(nbytes, self.fp),)
@@ -242,28 +244,44 @@ class DictLayout:
 
     def reduce(self, bufs: Buffers, group: Any) -> None:
         """Reduce every buffer across the ranks, in place."""
-        for part, (_, wire) in zip(self.parts, bufs[0]):
-            _transport.reduce_buffer(wire, part.plan.reduce_op or "sum", group, self.ws, self.driver)
+        scratch = self._scratch
+        for i, (part, (_, wire)) in enumerate(zip(self.parts, bufs[0])):
+            if i >= len(scratch):  # the local reduction's gathered rows: one buffer per part, reused
+                scratch.append(torch.empty(self.ws * wire.numel(), dtype=wire.dtype, device=wire.device))
+            rop = part.plan.reduce_op or "sum"
+            _transport.reduce_buffer(wire, rop, group, self.ws, self.driver, scratch[i])
 
-    def all_matched(self, bufs: Buffers) -> bool:
-        """Whether the reduced flag says that every rank sent this layout."""
-        assert self.flag is not None
-        wire = bufs[0][0][1]
-        return bool(self.flag.ok((wire[-1] if wire.dim() == 1 else wire.reshape(-1)[-1]).item()))
+    def unpack(
+        self, bufs: Buffers, keys: Sequence[Any], values: Sequence[Tensor], data: Any, flagged: bool = False
+    ) -> bool:
+        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device).
 
-    def unpack(self, bufs: Buffers, keys: Sequence[Any], values: Sequence[Tensor], data: Any) -> None:
-        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
-        for part, (_, wire) in zip(self.parts, bufs[0]):
+        With ``flagged``, first the reduced flag: False (and nothing written) when it says that some
+        rank did not send this layout.
+        """
+        if bufs[1]:  # stacked: value-shaped rows, the flag row last
+            flat = bufs[0][0][0]
+            rows = flat.unbind(0)
+            if flagged:
+                last = rows[-1]
+                assert self.flag is not None
+                if not self.flag.ok((last if last.dim() == 0 else last.reshape(-1)[0]).item()):
+                    return False
+            if self.parts[0].plan.post is Post.DIVIDE:
+                divide(flat, self.ws)
+            if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
+                rows = flat.to(values[0].device).unbind(0)
+            for k, piece in zip(keys, rows):  # the last row (the flag) has no key
+                data[k] = piece
+            return True
+        if flagged:
+            wire = bufs[0][0][1]
+            assert self.flag is not None
+            if not self.flag.ok(wire[-1].item()):
+                return False
+        for part, (flat, wire) in zip(self.parts, bufs[0]):
             if part.plan.post is Post.DIVIDE:
                 divide(wire, self.ws)
-        if bufs[1]:
-            flat = bufs[0][0][0]
-            if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
-                flat = flat.to(values[0].device)
-            for k, piece in zip(keys, flat.unbind(0)):  # the last row (the flag) has no key
-                data[k] = piece
-            return
-        for part, (flat, _) in zip(self.parts, bufs[0]):
             fl = part.layout
             body = flat[: fl.total] if part.extra else flat
             members = [values[i] for i in part.idx]
@@ -280,6 +298,7 @@ class DictLayout:
                     if piece.device != orig.device:
                         piece = piece.to(orig.device)
                 data[keys[i]] = piece
+        return True
 
     def move(self, keys: Sequence[Any], values: Sequence[Tensor], data: Any, group: Any) -> None:
         """Pack, reduce and unpack ``values`` in this layout (the ranks agreed on it, or did not check)."""
@@ -377,51 +396,58 @@ class LayoutAgreement:
         #: this rank's last ``verify=False`` layout (local only: it never decides what is sent)
         self.unchecked: Optional[DictLayout] = None
 
-    def reduce(self, call: DictCall, checked: bool = True) -> None:
-        """Reduce ``call``'s values into its dict; with ``checked``, every rank raises together on a mismatch.
+    def reduce(
+        self,
+        fn: str,
+        op: str,
+        keys: list[Any],
+        values: list[Any],
+        data: Any,
+        problem: Optional[Exception],
+        kind: type[Exception],
+        checked: bool = True,
+    ) -> None:
+        """Reduce ``values`` into ``data``; with ``checked``, every rank raises together on a mismatch.
 
-        Unchecked, a problem raises on this rank only, before it communicates.
+        The arguments are [`DictCall`][hwdist.collectives._layouts.DictCall]'s (built only off the
+        steady state). Unchecked, a problem raises on this rank only, before it communicates.
         """
         if not checked:
             recent = self.unchecked
-            if recent is not None and call.problem is None:
-                match = recent.flag.match if recent.flag else 0
-                bufs = recent.try_pack(call.op, call.keys, call.values, match)
+            if recent is not None and problem is None:
+                bufs = recent.try_pack(op, keys, values, recent.flag.match if recent.flag else 0)
                 if bufs is not None:
                     recent.reduce(bufs, self.group)
-                    recent.unpack(bufs, call.keys, call.values, call.data)
+                    recent.unpack(bufs, keys, values, data)
                     return
+            call = DictCall(fn, op, keys, values, data, problem, kind)
             layout = self.layout_for(call)
             if call.problem is not None:
-                raise type(call.problem)(f"{call.fn}: {call.problem}")
+                raise type(call.problem)(f"{fn}: {call.problem}")
             if layout is not None:
-                layout.move(call.keys, call.values, call.data, self.group)
+                layout.move(keys, values, data, self.group)
                 self.unchecked = layout
             return
         predicted = self.predicted
         if predicted is not None:  # the same branch on every rank: the history is the same everywhere
             flag = predicted.flag
             assert flag is not None
-            bufs = None
-            if call.problem is None:
-                bufs = predicted.try_pack(call.op, call.keys, call.values, flag.match)
+            bufs = predicted.try_pack(op, keys, values, flag.match) if problem is None else None
             if bufs is None:
                 bufs = predicted.pack(None, flag.mismatch)
             predicted.reduce(bufs, self.group)
-            if predicted.all_matched(bufs):
-                predicted.unpack(bufs, call.keys, call.values, call.data)
+            if predicted.unpack(bufs, keys, values, data, flagged=True):
                 self.record(predicted.held, predicted)
                 return
             # every rank saw the same flag: the explicit exchange now; the miss is not recorded (no backoff:
             # the check's agreed layout is the next prediction, so a changed dict costs 3 once, then 1)
+        call = DictCall(fn, op, keys, values, data, problem, kind)
         layout = self.layout_for(call)
         driver = layout.driver if layout is not None else None
         words = layout.words if layout is not None else None
-        self.check(
-            call.fn, call.keys, call.values, call.problem, self.group, op=call.op, driver=driver, words=words
-        )
+        self.check(fn, keys, values, call.problem, self.group, op=op, driver=driver, words=words)
         if layout is not None and layout.parts:
-            layout.move(call.keys, call.values, call.data, self.group)
+            layout.move(keys, values, data, self.group)
             self.record(layout.explicit, layout)
 
     def record(self, v: _sizes.Verdict, layout: Optional[DictLayout]) -> None:

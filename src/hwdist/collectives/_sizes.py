@@ -60,7 +60,7 @@ import enum
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -501,28 +501,20 @@ def slots_agree(total_f: float, total_f2: float, world: int) -> bool:
     return a * a == world * b
 
 
-class MatchFlag:
-    """A 0/1 "my data has the predicted layout" element's values under a reduce op, and the test.
+class MatchFlag(NamedTuple):
+    """A 0/1 "my data has the predicted layout" element under a reduce op: what a rank that matched
+    sends, what one that did not sends, and ``ok(reduced value)``: every rank matched."""
 
-    The exact form of a reduction's check when every rank compares itself with the same prediction
-    (``all_reduce_dict``): one element, and the reduced value says whether *every* rank matched.
-    """
-
-    __slots__ = ("match", "mismatch", "ok")
-
-    def __init__(self, match: int, mismatch: int, ok: Any) -> None:
-        self.match = match  #: what a rank that matched sends
-        self.mismatch = mismatch  #: what a rank that did not sends
-        self.ok = ok  #: ``ok(reduced value)``: every rank matched
+    match: int
+    mismatch: int
+    ok: Callable[[Any], bool]
 
 
 def match_flag(reduce_op: str, wire_dtype: torch.dtype, world: int) -> Optional[MatchFlag]:
-    """How a 0/1 match flag reduces to "every rank matched" under ``reduce_op``, or None (no exact code).
-
-    SUM: 1/0, every rank matched when the total is ``world``; MAX/BOR: 0/1, must stay 0;
-    MIN/PRODUCT/BAND: 1/0, must stay 1; AVG on floats: 1/0, must stay above ``1 - 0.5/world``.
-    None for BXOR and for a sum that the wire dtype could not hold exactly.
-    """
+    """The [`MatchFlag`][hwdist.collectives._sizes.MatchFlag] of ``reduce_op``, or None (no exact code:
+    BXOR, a sum the wire dtype cannot hold exactly). The exact check of a reduction whose ranks all
+    compare themselves with one prediction (``all_reduce_dict``); SUM 1/0 totals ``world``, MAX/BOR 0/1
+    stay 0, MIN/PRODUCT/BAND 1/0 stay 1, float AVG 1/0 stays above ``1 - 0.5/world``."""
     if reduce_op in ("max", "bor"):
         return MatchFlag(0, 1, lambda v: v == 0)
     if reduce_op in ("min", "product", "band"):

@@ -209,7 +209,8 @@ def all_reduce_dict(
         agreement = getattr(state, "all_reduce_dict", None)
         if agreement is None:
             hist = _sizes.history(owner, "all_reduce_dict")
-            agreement = _layouts.LayoutAgreement(group, torch_dist.get_world_size(group), check_same_dicts, hist)
+            ws = torch_dist.get_world_size(group)
+            agreement = _layouts.LayoutAgreement(group, ws, check_same_dicts, hist)
             setattr(state, "all_reduce_dict", agreement)  # noqa: B010 (GroupState is a namespace)
         ws = agreement.ws
     if alone is not None and (not checked or ws == 1):
@@ -227,7 +228,7 @@ def all_reduce_dict(
         except TypeError:  # keys of mixed types: still one order on every rank
             keys = sorted(data, key=_key_order)
         values = [data[k] for k in keys]  # every value is checked before any communication (DictCall.check)
-    agreement.reduce(_layouts.DictCall("all_reduce_dict", rop, keys, values, data, problem, kind), checked)
+    agreement.reduce("all_reduce_dict", rop, keys, values, data, problem, kind, checked)
 
 
 MiB = 1024 * 1024
