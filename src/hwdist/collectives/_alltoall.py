@@ -291,12 +291,12 @@ class _Predicted(Strategy):
         code = _sizes.dtype_code(c.data.dtype)
         share = table_share(c.view.index(c.view.rank), in_sizes, out_sizes)
         words = [_sizes.Header(n * isz, n, code, 1, share, span, (n,)).words() for n in in_sizes]
-        send = torch.zeros(ws, hb + cap, dtype=torch.uint8)
-        send[:, :hb] = torch.tensor(words, dtype=torch.int64).view(torch.uint8)
+        send = torch.empty(ws, hb + cap, dtype=torch.uint8)  # the padding past each piece is never read
+        send.narrow(1, 0, hb).copy_(torch.tensor(words, dtype=torch.int64).view(torch.uint8).view(ws, hb))
         for r, p in enumerate(pieces):
             n = min(p.numel(), cap)
             if n:
-                send[r, hb : hb + n] = p[:n]
+                send[r].narrow(0, hb, n).copy_(p.narrow(0, 0, n))
         c.native, c.send, c.recv, rows = _rows_call(c, send)
         c.splits = (None, None)
         c.state = (in_sizes, out_sizes, cap, pieces, rows)
