@@ -1,16 +1,35 @@
-"""all_to_all's three transports, as engine strategies.
+"""all_to_all's transports, as engine strategies, with the piece sizes agreed by prediction.
 
-``ALL_TO_ALL`` picks one per call (``choose``):
+``ALL_TO_ALL`` picks one route per call (``choose``), the same on every rank,
+because it depends only on the group's size history for ``all_to_all``
+([`_sizes.history`][hwdist.collectives._sizes.history]), which every rank moves
+with the same verdicts:
 
-* **equal pieces** on a backend with all_to_all: torch's list form, no copy where none is needed;
-* **pieces of different sizes** on such a backend: one flat buffer each way with split sizes
-  (``all_to_all_single``);
-* **emulated** (the backend has no all_to_all, the plan says so): one exchange of the piece sizes,
-  then one all_gather of every rank's pieces (world-size times the traffic). Size mismatches raise
-  on every rank.
+* **predicted** (the history predicts a capacity for the largest piece, at most
+  ``IN_BAND_MAX_BYTES``): every piece travels in a slot of the predicted capacity
+  behind a [`Header`][hwdist.collectives._sizes.Header] (its size, the dtype, the
+  sender's largest piece as ``span``, and the sender's share of a checksum of the
+  whole split table as ``layout``): one ``all_to_all_single`` of equal slots (on a
+  backend without all_to_all, one all_gather of every rank's slots). Every rank
+  receives one header from every rank, so the verdict is the same everywhere:
+  held (one collective); a piece over the capacity (the redo moves only the bytes
+  past it, the same width everywhere: two collectives); different dtypes, or
+  split tables that do not match (the checksum: rank ``j`` adds
+  ``h(j, r, sent to r)`` and subtracts ``h(s, j, expected from s)``, so the sum over
+  the ranks is 0 exactly when every send size is what its receiver expects, up to
+  a 2**-61 chance) raise the same error on every rank, after one exchange of the
+  table that names the ranks.
+* **explicit** (no prediction: the first call, a backoff after misses, pieces
+  over ``IN_BAND_MAX_BYTES``, or verification mode): one small all_gather of every
+  rank's dtype and split table, checked on every rank, then the data exactly:
+  torch's list form when every piece of every rank has one size, else one flat
+  buffer each way with split sizes (``all_to_all_single``), or on a backend
+  without all_to_all one all_gather of every rank's pieces (world-size times the
+  traffic).
 
-In verification mode the native transports exchange the piece sizes too, so a
-mismatch raises on every rank there as well. ``extra`` is ``(inputs, outputs)``.
+Mismatched piece sizes always raise on every rank (a ValueError naming the
+ranks; in verification mode the mode's ``CollectiveMismatch``). ``extra`` is
+``(inputs, outputs)``.
 """
 
 from __future__ import annotations
@@ -19,12 +38,53 @@ from typing import Any, Optional
 
 import torch
 
-from . import _transport
-from ..errors import CollectiveMismatch
-from ._engine import Call, Strategy, when_checking
-from ._wire import as_comm_flat, comm_numel, copy_source, prepare, restore
+from . import _sizes, _transport
+from ..drivers.base import byte_carrier
+from ..errors import CollectiveArgumentError, CollectiveMismatch, PlanError
+from ._engine import Call, Strategy, issue, when_checking, wire_call
+from ._wire import as_comm_flat, comm_numel, copy_source, itemsize, prepare, restore
 
 Tensor = torch.Tensor
+
+_M = (1 << 61) - 1  # the checksum's modulus (a prime)
+_MASK = (1 << 64) - 1
+_OP = "all_to_all"
+
+
+def _mix(x: int) -> int:
+    # splitmix64's finaliser: every input bit reaches every output bit
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _h(src: int, dst: int, n: int) -> int:
+    return _mix(_mix((src << 32) ^ dst) + n) % _M
+
+
+def table_share(me: int, in_sizes: list[int], out_sizes: list[int]) -> int:
+    """This rank's share of the split table's checksum (the shares of all ranks sum to 0 mod 2**61-1
+    exactly when every rank sends every other rank what that rank expects, up to a 2**-61 chance).
+
+    Args:
+        me: this rank's index in the group.
+        in_sizes: what it sends to each rank (elements).
+        out_sizes: what it expects from each rank (elements).
+    """
+    total = 0
+    for r, n in enumerate(in_sizes):
+        total += _h(me, r, n)
+    for s, n in enumerate(out_sizes):
+        total -= _h(s, me, n)
+    return total % _M
+
+
+def _checking() -> bool:
+    """Whether verification mode is on (its hook is set)."""
+    seen: list[bool] = []
+    when_checking(lambda: seen.append(True))
+    return bool(seen)
 
 
 def _piece_size_errors(table: list[list[int]], ws: int) -> list[str]:
@@ -37,35 +97,62 @@ def _piece_size_errors(table: list[list[int]], ws: int) -> list[str]:
     ]
 
 
-def _check_piece_sizes(c: Call, in_sizes: list[int], out_sizes: list[int]) -> None:
-    """Verification mode: every rank's send sizes match what their receivers expect (one gather)."""
-    ws = c.view.size
-    bad = _piece_size_errors(_transport.gather_ints(in_sizes + out_sizes, c.group, c.driver), ws)
-    if bad:
+def _raise_piece_sizes(bad: list[str], checking: bool) -> None:
+    if checking:
         raise CollectiveMismatch(
             "collective mismatch in 'all_to_all' across ranks (verification mode): piece sizes do not"
             " match: " + "; ".join(bad[:4])
         )
+    raise CollectiveArgumentError("all_to_all: piece sizes do not match across ranks: " + "; ".join(bad[:4]))
 
 
-def _sizes(c: Call) -> tuple[list[int], list[int]]:
+def _sizes_of(c: Call) -> tuple[list[int], list[int]]:
     ins, outs = c.extra
     return [comm_numel(t.shape, c.plan) for t in ins], [comm_numel(t.shape, c.plan) for t in outs]
 
 
-class AllToAll(Strategy):
-    """all_to_all: picks one of the transports below for each call."""
+def _explicit_table(c: Call, in_sizes: list[int], out_sizes: list[int]) -> list[list[int]]:
+    """Every rank's dtype and sizes (one small all_gather), checked: the same error on every rank."""
+    ws = c.view.size
+    code = _sizes.dtype_code(c.data.dtype)
+    rows = _transport.gather_ints([code] + in_sizes + out_sizes, c.group, c.driver)
+    isz = itemsize(c.plan.comm_dtype)
+    # what the history records: every rank's largest piece in bytes (the span of the predicted route)
+    headers = [_sizes.Header(max(row[1 : ws + 1]) * isz, 0, row[0], -1) for row in rows]
+    v = _sizes.verdict(_OP, headers, None)
+    _sizes.history(c.group, _OP).record(v)
+    v.raise_if_error()
+    table = [row[1:] for row in rows]
+    bad = _piece_size_errors(table, ws)
+    if bad:
+        _raise_piece_sizes(bad, _checking())
+    return table
 
-    op = "all_to_all"
+
+class AllToAll(Strategy):
+    """all_to_all: picks one of the routes below for each call (the same on every rank)."""
+
+    op = _OP
 
     def choose(self, c: Call) -> Strategy:
-        if c.plan.native_op != "all_to_all":
+        in_sizes, out_sizes = _sizes_of(c)
+        native = c.plan.native_op == "all_to_all"
+        if c.view.size == 1:  # nothing to agree on
+            c.state = (in_sizes, out_sizes)
+            return EQUAL if native and in_sizes == out_sizes else SPLIT if native else EMULATED_ONE
+        cap = None
+        if not _checking():  # verification mode: always the explicit table, with the mode's error
+            cap = _sizes.history(c.group, _OP).predict(_sizes.IN_BAND_MAX_BYTES)
+        if cap is not None:
+            c.state = (in_sizes, out_sizes, cap)
+            return PREDICTED
+        table = _explicit_table(c, in_sizes, out_sizes)
+        if not native:
+            c.state = table
             return EMULATED
-        in_sizes, out_sizes = _sizes(c)
         c.state = (in_sizes, out_sizes)
-        # the emulated transport always checks the sizes; the native ones in verification mode
-        when_checking(lambda: _check_piece_sizes(c, in_sizes, out_sizes))
-        return EQUAL if len(set(in_sizes + out_sizes)) == 1 else SPLIT
+        first = table[0][0]
+        return EQUAL if all(n == first for row in table for n in row) else SPLIT
 
     def serial(self, data: Optional[Tensor], extra: Any) -> None:
         ins, outs = extra
@@ -74,9 +161,9 @@ class AllToAll(Strategy):
 
 
 class _Equal(Strategy):
-    """Equal pieces: torch's list form."""
+    """Every piece of every rank has one size: torch's list form."""
 
-    op = "all_to_all"
+    op = _OP
 
     def to_wire(self, c: Call) -> None:
         ins, outs = c.extra
@@ -93,9 +180,9 @@ class _Equal(Strategy):
 
 
 class _Split(Strategy):
-    """Pieces of different sizes: one flat buffer each way with split sizes."""
+    """Pieces of different sizes, known on every rank: one flat buffer each way with split sizes."""
 
-    op = "all_to_all"
+    op = _OP
 
     def to_wire(self, c: Call) -> None:
         ins, _ = c.extra
@@ -112,24 +199,21 @@ class _Split(Strategy):
 
 
 class _Emulated(Strategy):
-    """No all_to_all: exchange the piece sizes, then all_gather every rank's pieces."""
+    """No all_to_all, the table known on every rank: all_gather every rank's pieces."""
 
-    op = "all_to_all"
+    op = _OP
 
     def to_wire(self, c: Call) -> None:
-        ins, outs = c.extra
+        ins, _ = c.extra
         g, plan = c.view, c.plan
         ws = g.size
-        in_sizes, out_sizes = _sizes(c)
-        table = _transport.gather_ints(in_sizes + out_sizes, c.group, c.driver)
-        bad = _piece_size_errors(table, ws)
-        if bad:
-            raise ValueError("all_to_all: piece sizes do not match across ranks: " + "; ".join(bad[:4]))
+        table = c.state if c.state is not None else [[comm_numel(t.shape, plan) for t in ins] * 2]
         width = max(sum(row[:ws]) for row in table)
         device = c.cdev if c.cdev is not None else ins[0].device
         mine = torch.empty(width, dtype=plan.comm_dtype, device=device)
         pos = 0
-        for t, k in zip(ins, in_sizes):
+        for t in ins:
+            k = comm_numel(t.shape, plan)
             mine[pos : pos + k].copy_(copy_source(t, plan, c.cdev))
             pos += k
         c.send = mine
@@ -144,7 +228,123 @@ class _Emulated(Strategy):
             restore(out, c.recv[j][off : off + table[j][me]], c.plan)
 
 
+# ---------------------------------------------------------------------------
+# the predicted route: framed slots of the predicted capacity
+# ---------------------------------------------------------------------------
+def _piece_bytes(t: Tensor, c: Call) -> Tensor:
+    flat = as_comm_flat(t, c.plan, c.cdev)
+    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+
+
+def _carrier(driver: Any, op: str) -> torch.dtype:
+    # int64 where the driver moves it as it is: gloo's all_to_all_single of 128 KiB took 1.6 ms as uint8
+    # and 0.09 ms as int64 here (slots are multiples of 64 bytes, so any carrier fits)
+    try:
+        if not driver.plan(op, torch.int64).cast:
+            return torch.int64
+    except PlanError:
+        pass
+    return byte_carrier(driver, op)
+
+
+def _rows_call(c: Call, send: Tensor) -> tuple[str, Tensor, Any, Tensor]:
+    """How row ``r`` of ``send`` (``(ws, width)`` uint8) reaches rank ``r``: ``(native, send, recv, rows)``.
+
+    ``rows`` (``(ws, width)``) holds row ``j`` from rank ``j`` once ``native`` ran on ``send``/``recv``:
+    one ``all_to_all_single`` of equal rows, or without all_to_all one all_gather of every rank's block.
+    """
+    ws, width = send.shape
+    dev = c.driver.comm_device()
+    native = c.plan.native_op == "all_to_all"
+    carrier = _carrier(c.driver, "all_to_all" if native else "all_gather")
+    flat = send.reshape(-1).to(dev).view(carrier)
+    if native:
+        recv = torch.empty(ws * width, dtype=torch.uint8, device=dev)
+        return "all_to_all_single", flat, recv.view(carrier), recv.view(ws, width)
+    blocks = torch.empty(ws, ws * width, dtype=torch.uint8, device=dev)  # every rank's whole block
+    me = c.view.index(c.view.rank)
+    return "all_gather", flat, list(blocks.view(carrier).unbind(0)), blocks.view(ws, ws, width)[:, me]
+
+
+def _exchange(c: Call, send: Tensor) -> Tensor:
+    """Row ``j`` from rank ``j`` (blocking; the redo of the bytes over the capacity)."""
+    native, flat, recv, rows = _rows_call(c, send)
+    call = wire_call(c.group, native, send=flat, recv=recv, driver=c.driver)
+    call.splits = (None, None)
+    issue(call)
+    return rows
+
+
+class _Predicted(Strategy):
+    """The history predicts the largest piece: slots of that capacity behind a header, one collective."""
+
+    op = _OP
+
+    def to_wire(self, c: Call) -> None:
+        ins, _ = c.extra
+        in_sizes, out_sizes, cap = c.state
+        ws = c.view.size
+        hb = _sizes.HEADER_BYTES
+        pieces = [_piece_bytes(t, c) for t in ins]
+        isz = itemsize(c.plan.comm_dtype)
+        span = max(in_sizes) * isz
+        code = _sizes.dtype_code(c.data.dtype)
+        share = table_share(c.view.index(c.view.rank), in_sizes, out_sizes)
+        words = [_sizes.Header(n * isz, n, code, 1, share, span, (n,)).words() for n in in_sizes]
+        send = torch.empty(ws, hb + cap, dtype=torch.uint8)  # the padding past each piece is never read
+        send.narrow(1, 0, hb).copy_(torch.tensor(words, dtype=torch.int64).view(torch.uint8).view(ws, hb))
+        for r, p in enumerate(pieces):
+            n = min(p.numel(), cap)
+            if n:
+                send[r].narrow(0, hb, n).copy_(p.narrow(0, 0, n))
+        c.native, c.send, c.recv, rows = _rows_call(c, send)
+        c.splits = (None, None)
+        c.state = (in_sizes, out_sizes, cap, pieces, rows)
+
+    def finish(self, c: Call) -> None:
+        in_sizes, out_sizes, cap, pieces, rows = c.state
+        ws = c.view.size
+        hb = _sizes.HEADER_BYTES
+        rows = rows.cpu()
+        headers = [_sizes.Header.from_words(w) for w in rows[:, :hb].contiguous().view(torch.int64).tolist()]
+        v = _sizes.verdict(_OP, headers, cap)
+        _sizes.history(c.group, _OP).record(v)
+        v.raise_if_error()
+        if sum(h.layout for h in headers) % _M:  # some send size is not what its receiver expects
+            table = _transport.gather_ints(in_sizes + out_sizes, c.group, c.driver)
+            _raise_piece_sizes(_piece_size_errors(table, ws) or ["the split tables differ"], False)
+        tails = None
+        if v.over:  # every rank sends what was over the capacity (or nothing), the same width everywhere
+            send = torch.zeros(ws, v.tail_width, dtype=torch.uint8)
+            for r, p in enumerate(pieces):
+                if p.numel() > cap:
+                    send[r, : p.numel() - cap] = p[cap:]
+            tails = _exchange(c, send).cpu()
+        for j, out in enumerate(c.extra[1]):
+            n = headers[j].nbytes
+            piece = rows[j, hb : hb + min(n, cap)]
+            if n > cap:
+                assert tails is not None
+                piece = torch.cat([piece, tails[j, : n - cap]])
+            restore(out, piece.view(c.plan.comm_dtype), c.plan)
+
+
+class _EmulatedOne(Strategy):
+    """A one-rank group without all_to_all: the piece is this rank's own."""
+
+    op = _OP
+
+    def to_wire(self, c: Call) -> None:
+        c.native = None
+
+    def finish(self, c: Call) -> None:
+        ins, outs = c.extra
+        restore(outs[0], as_comm_flat(ins[0], c.plan, c.cdev), c.plan)
+
+
 ALL_TO_ALL = AllToAll()
 EQUAL = _Equal()
 SPLIT = _Split()
 EMULATED = _Emulated()
+EMULATED_ONE = _EmulatedOne()
+PREDICTED = _Predicted()

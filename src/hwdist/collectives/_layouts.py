@@ -1,34 +1,34 @@
-"""How ``all_reduce_dict`` makes every rank agree on a dict's layout, and how it moves the values.
+"""How ``all_reduce_dict`` agrees on a dict's layout (through ``_sizes``) and how it moves the values.
 
 A *layout* ([`DictLayout`][hwdist.collectives._layouts.DictLayout]) is what decides
 the bytes on the wire: the reduce op, the sorted keys, each value's shape and
 dtype, and the driver. It packs the values into one flat buffer per
-communication dtype, with one *flag* element at the end of the first buffer,
-reduces them and writes the results back.
+communication dtype, with one match flag ([`_sizes.match_flag`][hwdist.collectives._sizes.match_flag])
+at the end of the first buffer, reduces them and writes the results back.
 
 [`LayoutAgreement`][hwdist.collectives._layouts.LayoutAgreement] is one process
-group's protocol, with one entry point, ``reduce(call)``. Before the data of a
-checked call moves, every rank must hold the same layout (a wrong buffer length
-would crash or hang the data collective). ``settle`` is that step:
+group's use of the size-agreement mechanism ([`_sizes`][hwdist.collectives._sizes]),
+with one entry point, ``reduce``. Its history is the group's
+``_sizes.history(group, "all_reduce_dict")``: a layout is a
+[`Header`][hwdist.collectives._sizes.Header] (its wire bytes, its fingerprint as
+``layout``), and every call records a [`Verdict`][hwdist.collectives._sizes.Verdict]
+every rank reached alike, so every rank predicts the same next layout
+(``SizeHistory.expected_layout``: the one that followed the last one last time,
+else the last one):
 
-* once every rank agreed on a layout, every rank holds the same history of
-  agreed layouts and makes the same *prediction* of the next one (the layout
-  that followed the previous one last time, else the previous one);
-* the predicted call moves the data in the predicted layout with the flag
-  "my dict is the predicted one" (encoded so that the reduced flag says
-  whether *every* rank matched: SUM == world size, MIN == 1, MAX == 0, ...);
-  a rank whose dict differs sends zeros of the predicted length, so the
-  collective is always well formed;
-* otherwise (no prediction, no exact flag for the op, or some rank did not
-  match) one small [`agree`][hwdist.collectives._agree.agree] exchange of a
-  fingerprint checks the layouts first, and every rank raises together when
-  they differ.
+* the predicted call moves the data in the predicted layout with the flag "my
+  dict is the predicted one"; a rank whose dict differs sends zeros of the
+  predicted length, so the collective is always well formed; the reduced flag
+  is the verdict (held, or redo) on every rank;
+* otherwise (no prediction, no exact flag for the op, or the flag said redo)
+  one small [`agree`][hwdist.collectives._agree.agree] exchange of the
+  fingerprint checks the layouts first (the explicit exchange), every rank
+  raising together when they differ, then the data moves.
 
 Cost: one collective per call in the steady state, check + data on a new
-layout, three on a change after a predicted layout. The history changes only
-after a call every rank completed, so it stays the same on every rank.
-``settle`` is the one method to swap for another agreement (issue 17's
-general size agreement).
+layout, three on a change after a predicted layout. Only agreed calls are
+recorded (a miss is not), so ``_sizes``' backoff never applies here: the
+check's agreed layout is always the next prediction.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 
 from .. import registry
 from ..drivers.base import Plan, Post
-from . import _transport
+from . import _sizes, _transport
 from ._wire import divide
 from .flat import FlatLayout
 
@@ -76,37 +76,6 @@ def fingerprint(op: Optional[str], desc: list[tuple[str, tuple[int, ...], str]])
     return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
 
 
-class FlagCode:
-    """The flag element's values under the reduce op actually issued, and the test of the result."""
-
-    __slots__ = ("match", "mismatch", "ok")
-
-    def __init__(self, match: int, mismatch: int, ok: Callable[[Any], bool]) -> None:
-        self.match = match
-        self.mismatch = mismatch
-        self.ok = ok
-
-
-def flag_code(reduce_op: str, wire_dtype: torch.dtype, ws: int) -> Optional[FlagCode]:
-    """How a 0/1 "this rank matches" flag reduces to "every rank matches", or None (no exact code)."""
-    if reduce_op in ("max", "bor"):
-        return FlagCode(0, 1, lambda v: v == 0)
-    if reduce_op in ("min", "product", "band"):
-        return FlagCode(1, 0, lambda v: v == 1)
-    if wire_dtype.is_floating_point:
-        eps = torch.finfo(wire_dtype).eps
-        if reduce_op == "sum" and ws <= 2.0 / eps:  # every integer up to 2/eps is exact
-            return FlagCode(1, 0, lambda v: v == ws)
-        if reduce_op == "avg" and 8 * eps < 0.5 / ws:
-            # all ones average to 1 (up to rounding); one zero gives at most 1 - 1/ws
-            return FlagCode(1, 0, lambda v: v > 1.0 - 0.5 / ws)
-        return None
-    exact_sum = wire_dtype != torch.bool and not wire_dtype.is_complex and ws <= torch.iinfo(wire_dtype).max
-    if reduce_op == "sum" and exact_sum:
-        return FlagCode(1, 0, lambda v: v == ws)
-    return None  # bxor, or a sum that could overflow the flag
-
-
 class Part:
     """One flat buffer of a layout: which values, packed in which dtype, reduced how."""
 
@@ -131,7 +100,7 @@ class DictLayout:
 
     __slots__ = (
         "sig", "driver", "device_type", "ws", "parts", "stack", "flag", "words", "_rows", "cdev", "cpu",
-        "keys", "dtypes", "shapes",
+        "keys", "dtypes", "shapes", "held", "explicit", "fp", "_scratch",
     )  # fmt: skip
 
     def __init__(
@@ -179,10 +148,17 @@ class DictLayout:
             parts[0].extra = parts[0].layout.numels[0]
         self.parts = parts
         first = parts[0].plan if parts else None
-        self.flag = None if first is None else flag_code(first.reduce_op or "sum", first.comm_dtype, ws)
-        #: the fingerprint every rank compares on a checked call
+        self.flag = _sizes.match_flag(first.reduce_op or "sum", first.comm_dtype, ws) if first else None
+        #: the fingerprint every rank compares on a checked call, and as one int (the header's layout)
         self.words = fingerprint(op, describe(keys, shapes, dtypes))
+        self.fp = (self.words[0] << 31) | self.words[1]
         self._rows: dict[tuple[Optional[torch.device], int], Tensor] = {}
+        self._scratch: list[Tensor] = []
+        # the verdicts this layout's calls record (the same on every rank: built from agreed facts only)
+        nbytes = sum(p.layout.total * torch.empty((), dtype=p.pack_dtype).element_size() for p in parts)
+        head = (_sizes.Header.of_bytes(nbytes, self.fp),)
+        self.held = _sizes.Verdict(_sizes.Outcome.HELD, head, nbytes, nbytes)  #: the prediction held
+        self.explicit = _sizes.Verdict(_sizes.Outcome.HELD, head, None, nbytes)  #: checked, then moved
 
     def _row(self, first: Tensor, value: int) -> Tensor:
         """A value-shaped tensor filled with ``value`` on ``first``'s device (the stacked flag row)."""
@@ -268,28 +244,44 @@ class DictLayout:
 
     def reduce(self, bufs: Buffers, group: Any) -> None:
         """Reduce every buffer across the ranks, in place."""
-        for part, (_, wire) in zip(self.parts, bufs[0]):
-            _transport.reduce_buffer(wire, part.plan.reduce_op or "sum", group, self.ws, self.driver)
+        scratch = self._scratch
+        for i, (part, (_, wire)) in enumerate(zip(self.parts, bufs[0])):
+            if i >= len(scratch):  # the local reduction's gathered rows: one buffer per part, reused
+                scratch.append(torch.empty(self.ws * wire.numel(), dtype=wire.dtype, device=wire.device))
+            rop = part.plan.reduce_op or "sum"
+            _transport.reduce_buffer(wire, rop, group, self.ws, self.driver, scratch[i])
 
-    def all_matched(self, bufs: Buffers) -> bool:
-        """Whether the reduced flag says that every rank sent this layout."""
-        assert self.flag is not None
-        wire = bufs[0][0][1]
-        return bool(self.flag.ok((wire[-1] if wire.dim() == 1 else wire.reshape(-1)[-1]).item()))
+    def unpack(
+        self, bufs: Buffers, keys: Sequence[Any], values: Sequence[Tensor], data: Any, flagged: bool = False
+    ) -> bool:
+        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device).
 
-    def unpack(self, bufs: Buffers, keys: Sequence[Any], values: Sequence[Tensor], data: Any) -> None:
-        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
-        for part, (_, wire) in zip(self.parts, bufs[0]):
+        With ``flagged``, first the reduced flag: False (and nothing written) when it says that some
+        rank did not send this layout.
+        """
+        if bufs[1]:  # stacked: value-shaped rows, the flag row last
+            flat = bufs[0][0][0]
+            rows = flat.unbind(0)
+            if flagged:
+                last = rows[-1]
+                assert self.flag is not None
+                if not self.flag.ok((last if last.dim() == 0 else last.reshape(-1)[0]).item()):
+                    return False
+            if self.parts[0].plan.post is Post.DIVIDE:
+                divide(flat, self.ws)
+            if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
+                rows = flat.to(values[0].device).unbind(0)
+            for k, piece in zip(keys, rows):  # the last row (the flag) has no key
+                data[k] = piece
+            return True
+        if flagged:
+            wire = bufs[0][0][1]
+            assert self.flag is not None
+            if not self.flag.ok(wire[-1].item()):
+                return False
+        for part, (flat, wire) in zip(self.parts, bufs[0]):
             if part.plan.post is Post.DIVIDE:
                 divide(wire, self.ws)
-        if bufs[1]:
-            flat = bufs[0][0][0]
-            if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
-                flat = flat.to(values[0].device)
-            for k, piece in zip(keys, flat.unbind(0)):  # the last row (the flag) has no key
-                data[k] = piece
-            return
-        for part, (flat, _) in zip(self.parts, bufs[0]):
             fl = part.layout
             body = flat[: fl.total] if part.extra else flat
             members = [values[i] for i in part.idx]
@@ -306,6 +298,7 @@ class DictLayout:
                     if piece.device != orig.device:
                         piece = piece.to(orig.device)
                 data[keys[i]] = piece
+        return True
 
     def move(self, keys: Sequence[Any], values: Sequence[Tensor], data: Any, group: Any) -> None:
         """Pack, reduce and unpack ``values`` in this layout (the ranks agreed on it, or did not check)."""
@@ -378,81 +371,96 @@ def value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
 
 
 class LayoutAgreement:
-    """One process group's ``all_reduce_dict`` protocol; the one entry point is ``reduce``.
+    """One process group's ``all_reduce_dict`` protocol over ``_sizes``; the one entry point is ``reduce``.
 
     Args:
         group: the process group (None: the default group).
         ws: its size.
         check: raises on every rank together unless every rank holds the same layout (and no rank's
             arguments were bad): ``check(fn, keys, values, problem, group, op=, driver=, words=)``.
+        history: the group's ``_sizes.history(group, "all_reduce_dict")``.
     """
 
     LIMIT = 64
 
-    def __init__(self, group: Any, ws: int, check: Check) -> None:
+    def __init__(self, group: Any, ws: int, check: Check, history: _sizes.SizeHistory) -> None:
         self.group = group
         self.ws = ws
         self.check = check
-        self.last: Optional[DictLayout] = None
-        #: the layout every rank expects next, or None before the first agreed call
+        self.history = history
+        #: the layouts every rank agreed on, by fingerprint (filled only by agreed calls: alike everywhere)
+        self.agreed: dict[int, DictLayout] = {}
+        #: the layout the history predicts for the next call (with a flag), or None: explicit
         self.predicted: Optional[DictLayout] = None
-        self.follows: dict[Signature, DictLayout] = {}
         self.built: dict[tuple[Signature, str], DictLayout] = {}
         #: this rank's last ``verify=False`` layout (local only: it never decides what is sent)
         self.unchecked: Optional[DictLayout] = None
 
-    def reduce(self, call: DictCall, checked: bool = True) -> None:
-        """Reduce ``call``'s values into its dict; with ``checked``, every rank raises together on a mismatch.
+    def reduce(
+        self,
+        fn: str,
+        op: str,
+        keys: list[Any],
+        values: list[Any],
+        data: Any,
+        problem: Optional[Exception],
+        kind: type[Exception],
+        checked: bool = True,
+    ) -> None:
+        """Reduce ``values`` into ``data``; with ``checked``, every rank raises together on a mismatch.
 
-        Unchecked, a problem raises on this rank only, before it communicates.
+        The arguments are [`DictCall`][hwdist.collectives._layouts.DictCall]'s (built only off the
+        steady state). Unchecked, a problem raises on this rank only, before it communicates.
         """
         if not checked:
             recent = self.unchecked
-            if recent is not None and call.problem is None:
-                bufs = recent.try_pack(
-                    call.op, call.keys, call.values, recent.flag.match if recent.flag is not None else 0
-                )
+            if recent is not None and problem is None:
+                bufs = recent.try_pack(op, keys, values, recent.flag.match if recent.flag else 0)
                 if bufs is not None:
                     recent.reduce(bufs, self.group)
-                    recent.unpack(bufs, call.keys, call.values, call.data)
+                    recent.unpack(bufs, keys, values, data)
                     return
+            call = DictCall(fn, op, keys, values, data, problem, kind)
             layout = self.layout_for(call)
             if call.problem is not None:
-                raise type(call.problem)(f"{call.fn}: {call.problem}")
+                raise type(call.problem)(f"{fn}: {call.problem}")
             if layout is not None:
-                layout.move(call.keys, call.values, call.data, self.group)
+                layout.move(keys, values, data, self.group)
                 self.unchecked = layout
             return
-        layout = self.settle(call)
-        if layout is not None and layout.parts:
-            layout.move(call.keys, call.values, call.data, self.group)
-            self.agreed(layout)
-
-    def settle(self, call: DictCall) -> Optional[DictLayout]:
-        """Make every rank agree on the layout: the agreed layout, or None when the prediction moved the data.
-
-        Raises together (through ``check``) when the layouts differ or some rank's arguments are bad.
-        """
         predicted = self.predicted
-        if predicted is not None and predicted.flag is not None:  # the same branch on every rank
-            bufs = None
-            if call.problem is None:
-                bufs = predicted.try_pack(call.op, call.keys, call.values, predicted.flag.match)
+        if predicted is not None:  # the same branch on every rank: the history is the same everywhere
+            flag = predicted.flag
+            assert flag is not None
+            bufs = predicted.try_pack(op, keys, values, flag.match) if problem is None else None
             if bufs is None:
-                bufs = predicted.pack(None, predicted.flag.mismatch)
+                bufs = predicted.pack(None, flag.mismatch)
             predicted.reduce(bufs, self.group)
-            if predicted.all_matched(bufs):
-                predicted.unpack(bufs, call.keys, call.values, call.data)
-                self.agreed(predicted)
-                return None
-            # some rank's dict is not the predicted one: every rank saw the same flag; check properly
+            if predicted.unpack(bufs, keys, values, data, flagged=True):
+                self.record(predicted.held, predicted)
+                return
+            # every rank saw the same flag: the explicit exchange now; the miss is not recorded (no backoff:
+            # the check's agreed layout is the next prediction, so a changed dict costs 3 once, then 1)
+        call = DictCall(fn, op, keys, values, data, problem, kind)
         layout = self.layout_for(call)
         driver = layout.driver if layout is not None else None
         words = layout.words if layout is not None else None
-        self.check(
-            call.fn, call.keys, call.values, call.problem, self.group, op=call.op, driver=driver, words=words
-        )
-        return layout
+        self.check(fn, keys, values, call.problem, self.group, op=op, driver=driver, words=words)
+        if layout is not None and layout.parts:
+            layout.move(keys, values, data, self.group)
+            self.record(layout.explicit, layout)
+
+    def record(self, v: _sizes.Verdict, layout: Optional[DictLayout]) -> None:
+        """Move the history by one call's verdict (on every rank alike) and draw the next prediction."""
+        hist = self.history
+        hist.record(v)
+        if layout is not None and self.agreed.get(layout.fp) is not layout:
+            if len(self.agreed) >= self.LIMIT:
+                self.agreed.clear()  # the same on every rank: only agreed calls fill it
+            self.agreed[layout.fp] = layout
+        fp = hist.expected_layout()
+        nxt = self.agreed.get(fp) if fp is not None else None
+        self.predicted = nxt if nxt is not None and nxt.flag is not None else None
 
     def layout_for(self, call: DictCall) -> Optional[DictLayout]:
         """This rank's layout of ``call`` (built once per signature and device type).
@@ -480,15 +488,3 @@ class LayoutAgreement:
             self.built.clear()  # a local cache: clearing it changes nothing on the wire
         found = self.built[(call.sig, dtype)] = DictLayout(call.sig, driver, dtype, plans, self.ws)
         return found
-
-    def agreed(self, layout: DictLayout) -> None:
-        """Record a layout every rank used (called on every rank after the same successful call)."""
-        last = self.last
-        if layout is last and layout is self.predicted:
-            return  # the steady state: nothing would change
-        if last is not None and self.follows.get(last.sig) is not layout:
-            if len(self.follows) >= self.LIMIT and last.sig not in self.follows:
-                self.follows.clear()  # the same on every rank: the histories are equal
-            self.follows[last.sig] = layout
-        self.last = layout
-        self.predicted = self.follows.get(layout.sig, layout)

@@ -56,13 +56,20 @@ _LOCAL: dict[str, Callable[[Tensor, Tensor], Any]] = {
     "bxor": _bitwise(torch.bitwise_xor),
 }
 
-def reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
+def reduce_buffer(
+    buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any, scratch: Optional[Tensor] = None
+) -> None:
     """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...).
+
+    ``scratch``: a caller's buffer of ``world_size * buf.numel()`` elements of ``buf``'s dtype and
+    device for the gathered rows (reused across calls; None: a new one when needed).
     """
     limit = tuning(driver).reduce_by_gather_max_bytes
     local = _LOCAL.get(reduce_op) if limit else None
     if local is not None and buf.numel() * buf.element_size() * world_size <= limit:
-        gathered = torch.empty(world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
+        gathered = scratch
+        if gathered is None or gathered.numel() != world_size * buf.numel() or gathered.dtype != buf.dtype:
+            gathered = torch.empty(world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
         issue(wire_call(group, "all_gather_flat", send=buf.reshape(-1), recv=gathered, driver=driver))
         local(gathered.view(world_size, *buf.shape), buf)
     else:

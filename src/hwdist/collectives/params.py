@@ -20,7 +20,7 @@ from .. import _compat, _state, registry
 from ..verify import describe_tensor
 from ..errors import ArgumentAssertionError
 from ..drivers.tuning import tuning
-from . import _layouts, _transport
+from . import _layouts, _sizes, _transport
 from . import tensor as _t
 from ._agree import agree
 from ._args import not_dense, op_field
@@ -204,10 +204,13 @@ def all_reduce_dict(
     agreement: Optional[_layouts.LayoutAgreement] = None
     if torch_dist.is_initialized():
         # kept by the group object (not None): a default group made by a new init gets a new history
-        state = _state.of(group if group is not None else _compat.default_group())
+        owner = group if group is not None else _compat.default_group()
+        state = _state.of(owner)
         agreement = getattr(state, "all_reduce_dict", None)
         if agreement is None:
-            agreement = _layouts.LayoutAgreement(group, torch_dist.get_world_size(group), check_same_dicts)
+            hist = _sizes.history(owner, "all_reduce_dict")
+            ws = torch_dist.get_world_size(group)
+            agreement = _layouts.LayoutAgreement(group, ws, check_same_dicts, hist)
             setattr(state, "all_reduce_dict", agreement)  # noqa: B010 (GroupState is a namespace)
         ws = agreement.ws
     if alone is not None and (not checked or ws == 1):
@@ -225,7 +228,7 @@ def all_reduce_dict(
         except TypeError:  # keys of mixed types: still one order on every rank
             keys = sorted(data, key=_key_order)
         values = [data[k] for k in keys]  # every value is checked before any communication (DictCall.check)
-    agreement.reduce(_layouts.DictCall("all_reduce_dict", rop, keys, values, data, problem, kind), checked)
+    agreement.reduce("all_reduce_dict", rop, keys, values, data, problem, kind, checked)
 
 
 MiB = 1024 * 1024
