@@ -42,7 +42,7 @@ from . import _sizes, _transport
 from ..drivers.base import byte_carrier
 from ..errors import CollectiveArgumentError, CollectiveMismatch, PlanError
 from ._engine import Call, Strategy, issue, when_checking, wire_call
-from ._wire import as_comm_flat, comm_numel, copy_source, itemsize, prepare, restore
+from ._wire import as_comm_flat, comm_numel, copy_bytes, copy_source, itemsize, prepare, restore
 
 Tensor = torch.Tensor
 
@@ -296,7 +296,7 @@ class _Predicted(Strategy):
         for r, p in enumerate(pieces):
             n = min(p.numel(), cap)
             if n:
-                send[r].narrow(0, hb, n).copy_(p.narrow(0, 0, n))
+                copy_bytes(send[r].narrow(0, hb, n), p.narrow(0, 0, n))
         c.native, c.send, c.recv, rows = _rows_call(c, send)
         c.splits = (None, None)
         c.state = (in_sizes, out_sizes, cap, pieces, rows)
@@ -318,7 +318,7 @@ class _Predicted(Strategy):
             send = torch.zeros(ws, v.tail_width, dtype=torch.uint8)
             for r, p in enumerate(pieces):
                 if p.numel() > cap:
-                    send[r, : p.numel() - cap] = p[cap:]
+                    copy_bytes(send[r, : p.numel() - cap], p[cap:])
             tails = _exchange(c, send).cpu()
         for j, out in enumerate(c.extra[1]):
             n = headers[j].nbytes

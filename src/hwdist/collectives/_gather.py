@@ -41,7 +41,7 @@ from ..drivers.tuning import tuning
 from . import _sizes, _transport
 from ._engine import Call, Strategy, issue, wire_call
 from ._sizes import HEADER_BYTES, Header, Verdict
-from ._wire import comm_numel, from_comm, itemsize, prepare
+from ._wire import comm_numel, copy_bytes, from_comm, itemsize, prepare
 
 __all__ = ["Gather", "exchange_headers", "header_of", "gathered_numels"]
 
@@ -151,7 +151,7 @@ class _Site:
             self.words[:] = head.words()
             self.framed = head
         n = min(payload.numel(), cap)
-        slot[HEADER_BYTES : HEADER_BYTES + n].copy_(payload[:n])
+        copy_bytes(slot[HEADER_BYTES : HEADER_BYTES + n], payload[:n])
         if n < cap:
             slot[HEADER_BYTES + n :].zero_()
         return slot
@@ -186,7 +186,7 @@ def _sized(b: Tensor, width: int) -> Tensor:
         return b
     out = b.new_empty(width)
     n = min(b.numel(), width)
-    out[:n] = b[:n]
+    copy_bytes(out[:n], b[:n])
     out[n:].zero_()
     return out
 
@@ -308,7 +308,7 @@ class Gather(Strategy):
         slots = list(flat.split(widths))
         me = g.index(g.rank)
         mine = _bytes_of(buf)
-        slots[me][: mine.numel()].copy_(mine)
+        copy_bytes(slots[me][: mine.numel()], mine)
         ranks = g.ranks()
         for r, slot in enumerate(slots):
             root = r if ranks is None else ranks[r]

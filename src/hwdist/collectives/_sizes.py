@@ -67,6 +67,7 @@ import torch
 from .. import _state
 from ..errors import CollectiveArgumentError
 from . import _transport
+from ._wire import copy_bytes
 
 __all__ = [
     "HEADER_BYTES",
@@ -227,7 +228,7 @@ def frame(payload: Tensor, header: Header, capacity: int) -> Tensor:
     slot = torch.zeros(HEADER_BYTES + capacity, dtype=torch.uint8)
     slot[:HEADER_BYTES] = pack(header)
     n = min(payload.numel(), capacity)
-    slot[HEADER_BYTES : HEADER_BYTES + n] = payload[:n]
+    copy_bytes(slot[HEADER_BYTES : HEADER_BYTES + n], payload[:n])
     return slot
 
 
