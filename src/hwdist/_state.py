@@ -29,7 +29,11 @@ class GroupState:
         return f"GroupState({', '.join(sorted(vars(self)))})"
 
 
-_DEFAULT = object()  # key of the default group (group=None)
+class _DefaultGroup:
+    """The key of the default group (group=None): weak-referenceable, unlike a bare ``object()``."""
+
+
+_DEFAULT = _DefaultGroup()
 _weak: "weakref.WeakKeyDictionary[Any, GroupState]" = weakref.WeakKeyDictionary()
 # Groups that cannot be weakly referenced: the object is kept alive with its state, so its id is never reused.
 _strong: dict[int, tuple[Any, GroupState]] = {}

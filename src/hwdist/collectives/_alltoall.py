@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from . import _sizes, _transport
@@ -275,8 +276,23 @@ def _exchange(c: Call, send: Tensor) -> Tensor:
     return rows
 
 
+def _host_bytes(t: Tensor, c: Call) -> Optional[np.ndarray]:
+    """``t``'s bytes as a numpy view when it travels as it is from host memory, else None."""
+    plan = c.plan
+    if c.cdev is not None or plan.cast or plan.view or t.device.type != "cpu" or not t.is_contiguous():
+        return None
+    try:
+        return t.detach().numpy().reshape(-1).view(np.uint8)
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16, ...)
+        return None
+
+
 class _Predicted(Strategy):
-    """The history predicts the largest piece: slots of that capacity behind a header, one collective."""
+    """The history predicts the largest piece: slots of that capacity behind a header, one collective.
+
+    The slots are filled and read through numpy where the pieces are host tensors numpy can view
+    (each torch op on a small tensor costs microseconds; docs/benchmarks.md), else through torch.
+    """
 
     op = _OP
 
@@ -285,19 +301,28 @@ class _Predicted(Strategy):
         in_sizes, out_sizes, cap = c.state
         ws = c.view.size
         hb = _sizes.HEADER_BYTES
-        pieces = [_piece_bytes(t, c) for t in ins]
         isz = itemsize(c.plan.comm_dtype)
         span = max(in_sizes) * isz
         code = _sizes.dtype_code(c.data.dtype)
         share = table_share(c.view.index(c.view.rank), in_sizes, out_sizes)
-        words = [_sizes.Header(n * isz, n, code, 1, share, span, (n,)).words() for n in in_sizes]
-        send = torch.empty(ws, hb + cap, dtype=torch.uint8)  # the padding past each piece is never read
-        send.narrow(1, 0, hb).copy_(torch.tensor(words, dtype=torch.int64).view(torch.uint8).view(ws, hb))
-        for r, p in enumerate(pieces):
-            n = min(p.numel(), cap)
-            if n:
-                copy_bytes(send[r].narrow(0, hb, n), p.narrow(0, 0, n))
-        c.native, c.send, c.recv, rows = _rows_call(c, send)
+        slots = np.empty((ws, hb + cap), dtype=np.uint8)  # the padding past each piece is never read
+        slots[:, :hb].view(np.int64)[:] = [
+            _sizes.Header(n * isz, n, code, 1, share, span, (n,)).words() for n in in_sizes
+        ]
+        pieces: list[Any] = []
+        for r, t in enumerate(ins):
+            host = _host_bytes(t, c)
+            if host is not None:
+                n = min(host.size, cap)
+                slots[r, hb : hb + n] = host[:n]
+                pieces.append(host)
+            else:
+                p = _piece_bytes(t, c)
+                n = min(p.numel(), cap)
+                if n:
+                    copy_bytes(torch.from_numpy(slots[r, hb : hb + n]), p.narrow(0, 0, n).cpu())
+                pieces.append(p.cpu().numpy())
+        c.native, c.send, c.recv, rows = _rows_call(c, torch.from_numpy(slots))
         c.splits = (None, None)
         c.state = (in_sizes, out_sizes, cap, pieces, rows)
 
@@ -305,8 +330,8 @@ class _Predicted(Strategy):
         in_sizes, out_sizes, cap, pieces, rows = c.state
         ws = c.view.size
         hb = _sizes.HEADER_BYTES
-        rows = rows.cpu()
-        headers = [_sizes.Header.from_words(w) for w in rows[:, :hb].contiguous().view(torch.int64).tolist()]
+        got = rows.cpu().numpy()
+        headers = [_sizes.Header.from_words(w) for w in got[:, :hb].view(np.int64).tolist()]
         v = _sizes.verdict(_OP, headers, cap)
         _sizes.history(c.group, _OP).record(v)
         v.raise_if_error()
@@ -315,18 +340,19 @@ class _Predicted(Strategy):
             _raise_piece_sizes(_piece_size_errors(table, ws) or ["the split tables differ"], False)
         tails = None
         if v.over:  # every rank sends what was over the capacity (or nothing), the same width everywhere
-            send = torch.zeros(ws, v.tail_width, dtype=torch.uint8)
+            send = np.zeros((ws, v.tail_width), dtype=np.uint8)
             for r, p in enumerate(pieces):
-                if p.numel() > cap:
-                    copy_bytes(send[r, : p.numel() - cap], p[cap:])
-            tails = _exchange(c, send).cpu()
+                if p.size > cap:
+                    send[r, : p.size - cap] = p[cap:]
+            tails = _exchange(c, torch.from_numpy(send)).cpu().numpy()
+        dtype = c.plan.comm_dtype
         for j, out in enumerate(c.extra[1]):
             n = headers[j].nbytes
-            piece = rows[j, hb : hb + min(n, cap)]
+            piece = got[j, hb : hb + min(n, cap)]
             if n > cap:
                 assert tails is not None
-                piece = torch.cat([piece, tails[j, : n - cap]])
-            restore(out, piece.view(c.plan.comm_dtype), c.plan)
+                piece = np.concatenate([piece, tails[j, : n - cap]])
+            restore(out, torch.from_numpy(piece).view(dtype), c.plan)
 
 
 class _EmulatedOne(Strategy):
