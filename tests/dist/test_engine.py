@@ -317,12 +317,17 @@ t = torch.ones(2)
 hwdist.broadcast(t, 0)
 v = _engine.view(None)
 assert _engine.view(None) is v and v.ws == 1
+import gc, weakref
+old = weakref.ref(tdist.GroupMember.WORLD)
 hwdist.destroy()                       # hwdist's destroy: serial again
+gc.collect()
+# the kept view must not keep torch's group alive (gloo aborts at exit destroying a group left alive)
+assert old() is None, "the default view kept the destroyed group alive"
 assert _engine.view(None) is _engine.SERIAL
 hwdist.broadcast(t, 0)                 # mmengine's single-process result: nothing happens
 init()
 w = _engine.view(None)
-assert w is not v and w.world is tdist.GroupMember.WORLD
+assert w is not v and w.world() is tdist.GroupMember.WORLD
 hwdist.broadcast(t, 0)
 tdist.destroy_process_group()          # raw torch, behind hwdist's back
 assert _engine.view(None) is _engine.SERIAL

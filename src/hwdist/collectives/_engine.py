@@ -29,6 +29,7 @@ the mode is on), before the argument checks run.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -157,6 +158,17 @@ def _done(async_op: bool, result: Any) -> Any:
     return CollectiveHandle(result=result) if async_op else result
 
 
+def _no_world() -> None:
+    return None
+
+
+def _weak(obj: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # not weak-referenceable: kept, as before
+        return lambda: obj
+
+
 class GroupView:
     """A process group as the collectives see it (distributed).
 
@@ -171,7 +183,9 @@ class GroupView:
 
     def __init__(self, group: Any, world: Any = None) -> None:
         self.group = group
-        self.world = world  # the default group's torch object (the cache's key), None for another group
+        # the default group's torch object (the cache's key), held weakly: a view kept after the group is
+        # destroyed must not keep torch's group alive until exit (gloo aborts destroying it then)
+        self.world: Callable[[], Any] = _no_world if world is None else _weak(world)
         #: the world size, cached in the default group's view (a group's size never changes)
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
@@ -366,11 +380,11 @@ def view(group: Any) -> Any:
         return GroupView(group) if _is_initialized() else SERIAL
     global _default_view
     world = _world()
-    v = _default_view
-    if v is not None and v.world is world and v.generation == registry.generation:
-        return v
     if world is None:
         return SERIAL
+    v = _default_view
+    if v is not None and v.world() is world and v.generation == registry.generation:
+        return v
     v = _default_view = GroupView(None, world)
     return v
 
