@@ -59,9 +59,14 @@ class MpiLocalPools:
         world_size: int = 2,
         backend: Optional[str] = "gloo",
         *args: Any,
+        timeout: Optional[float] = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """Run ``fn`` on every MPI rank; results by rank (as the pooled harness returns them)."""
+        """Run ``fn`` on every MPI rank; results by rank (as the pooled harness returns them).
+
+        ``timeout`` is accepted for the pooled harness's signature and not used: the whole run is bounded
+        by ``MPIEXEC_TIMEOUT`` and the process-group timeout (module docstring).
+        """
         # Same signature as pytest_plugin's pooled run (deliberate): the ``dist`` fixture hands
         # tests either one, so a test runs unchanged under the pools and under mpiexec.
         from .harness import RankFailure, is_skip
