@@ -396,6 +396,7 @@ class LayoutAgreement:
         #: this rank's last ``verify=False`` layout (local only: it never decides what is sent)
         self.unchecked: Optional[DictLayout] = None
 
+    # The same arguments as DictCall's (deliberate): reduce builds one DictCall from them per call.
     def reduce(
         self,
         fn: str,
