@@ -1,5 +1,12 @@
 """all_to_all's transports, as engine strategies, with the piece sizes agreed by prediction.
 
+On a backend with a native all_to_all, outside verification mode, a call is
+torch's own: the list form when every piece has one size, else one flat
+buffer each way with split sizes (each rank's outputs give what it receives,
+as torch requires; one collective, nothing framed). The routes below serve a
+backend without all_to_all (which must learn every rank's split table) and
+verification mode.
+
 ``ALL_TO_ALL`` picks one route per call (``choose``), the same on every rank,
 because it depends only on the group's size history for ``all_to_all``
 ([`_sizes.history`][hwdist.collectives._sizes.history]), which every rank moves
@@ -27,8 +34,10 @@ with the same verdicts:
   without all_to_all one all_gather of every rank's pieces (world-size times the
   traffic).
 
-Mismatched piece sizes always raise on every rank (a ValueError naming the
-ranks; in verification mode the mode's ``CollectiveMismatch``). ``extra`` is
+Mismatched piece sizes raise on every rank on a backend without all_to_all (a
+ValueError naming the ranks) and in verification mode on any backend (the
+mode's ``CollectiveMismatch``); on a native all_to_all they are the caller's
+contract, as in torch. ``extra`` is
 ``(inputs, outputs)``.
 """
 
@@ -141,8 +150,15 @@ class AllToAll(Strategy):
         if c.view.size == 1:  # nothing to agree on
             c.state = (in_sizes, out_sizes)
             return EQUAL if native and in_sizes == out_sizes else SPLIT if native else EMULATED_ONE
+        checking = _checking()
+        if native and not checking:
+            # torch's contract: every rank's output tensors give the sizes it receives, so a backend with
+            # an all_to_all needs no agreement (one collective, nothing framed, the data never staged on
+            # the host); verification mode checks the split tables first
+            c.state = (in_sizes, out_sizes)
+            return EQUAL if len(set(in_sizes + out_sizes)) == 1 else SPLIT
         cap = None
-        if not _checking():  # verification mode: always the explicit table, with the mode's error
+        if not checking:  # verification mode: always the explicit table, with the mode's error
             cap = _sizes.history(c.group, _OP).predict(_sizes.IN_BAND_MAX_BYTES)
         if cap is not None:
             c.state = (in_sizes, out_sizes, cap)
