@@ -50,6 +50,16 @@ def measure(
     return times
 
 
+def raw_all_gather_list(t: Any, world_size: int) -> list[Any]:
+    """The baseline of the gather benches: raw ``torch.distributed.all_gather`` into a new list.
+
+    A bench times it under two names, the second as the noise-floor control row.
+    """
+    out = [torch.empty_like(t) for _ in range(world_size)]
+    tdist.all_gather(out, t)
+    return out
+
+
 def fmt_us(us: float) -> str:
     """Microseconds as ``12.3 us`` or ``1.23 ms``."""
     return f"{us / 1000:.2f} ms" if abs(us) >= 1000 else f"{us:.1f} us"

@@ -46,7 +46,7 @@ import torch.distributed as tdist
 import hwdist
 from hwdist.testing import RankPool
 
-from ._common import ENV, MiB, fmt_us, measure
+from ._common import ENV, MiB, fmt_us, measure, raw_all_gather_list
 
 N_RESULTS = 20_000
 
@@ -136,14 +136,10 @@ def _groups(world: int, rank: int, quick: bool) -> dict[str, tuple[dict[str, Cal
     ten = torch.full(((32 * MiB) // 4,), float(rank))
 
     def raw_list() -> Any:
-        out = [torch.empty_like(ten) for _ in range(world)]
-        tdist.all_gather(out, ten)
-        return out
+        return raw_all_gather_list(ten, world)
 
     def raw_list_again() -> Any:  # the same code under another name: the noise floor
-        out = [torch.empty_like(ten) for _ in range(world)]
-        tdist.all_gather(out, ten)
-        return out
+        return raw_all_gather_list(ten, world)
 
     def t_ag_big() -> Any:
         out: list = [None] * world

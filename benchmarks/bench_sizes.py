@@ -55,7 +55,7 @@ import torch.distributed as tdist
 import hwdist
 from hwdist.testing import RankPool
 
-from ._common import ENV, KiB, MiB, fmt_us, measure
+from ._common import ENV, KiB, MiB, fmt_us, measure, raw_all_gather_list
 
 BASE = "list f32"
 
@@ -80,14 +80,10 @@ def _cases(nbytes: int, ws: int, rank: int) -> dict[str, Callable[[], Any]]:
     arr = t.numpy()
 
     def raw_list() -> Any:
-        out = [torch.empty_like(t) for _ in range(ws)]
-        tdist.all_gather(out, t)
-        return out
+        return raw_all_gather_list(t, ws)
 
     def raw_list_again() -> Any:  # the same code under another name: the noise floor
-        out = [torch.empty_like(t) for _ in range(ws)]
-        tdist.all_gather(out, t)
-        return out
+        return raw_all_gather_list(t, ws)
 
     def list_u8() -> Any:
         out = [torch.empty_like(u8) for _ in range(ws)]
@@ -147,14 +143,10 @@ def _gather_cases(nbytes: int, ws: int, rank: int) -> dict[str, Callable[[], Any
     u8 = t.view(torch.uint8)
 
     def raw_list() -> Any:
-        out = [torch.empty_like(t) for _ in range(ws)]
-        tdist.all_gather(out, t)
-        return out
+        return raw_all_gather_list(t, ws)
 
     def raw_list_again() -> Any:  # the same code under another name: the noise floor
-        out = [torch.empty_like(t) for _ in range(ws)]
-        tdist.all_gather(out, t)
-        return out
+        return raw_all_gather_list(t, ws)
 
     def broadcasts() -> Any:
         slots = list(flat_u8.chunk(ws))
