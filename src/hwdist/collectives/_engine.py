@@ -40,7 +40,7 @@ from .. import _compat, registry
 from ..drivers.base import Driver, Plan, Post
 from . import _calls
 from ._handle import CollectiveHandle
-from ._wire import TORCH_OPS, comm_device, fixed_comm_device
+from ._wire import TORCH_OPS, comm_device, comm_index_source, fixed_comm_device
 
 __all__ = [
     "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check",
@@ -190,9 +190,13 @@ class GroupView:
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
         self.drivers: Optional[dict[Optional[torch.device], tuple[Driver, Optional[torch.device]]]] = None
-        #: (strategy, dtype, reduce op, device) -> (op, plan, issue async) of a pass-through: ``_direct``'s
-        #: arguments, the default group's view only (filled where the comm device is fixed, as ``drivers``)
-        self.passthrough: Optional[dict[tuple[Any, ...], tuple[str, Plan, bool]]] = None
+        #: (strategy, dtype, reduce op, device) -> (op, plan, issue async, index source) of a pass-through:
+        #: ``_direct``'s arguments, the default group's view only. Index source None: the comm device is
+        #: fixed (no index); else the driver's ``comm_index_source()``, asked on each hit whether the
+        #: bound device is still the tensor's (``set_device`` may have moved it)
+        self.passthrough: Optional[
+            dict[tuple[Any, ...], tuple[str, Plan, bool, Optional[Callable[[], int]]]]
+        ] = None
         self.generation = 0
         if world is not None:
             self.ws, self.generation = int(torch_dist.get_world_size()), registry.generation
@@ -302,7 +306,9 @@ class GroupView:
             key = (strategy, data.dtype, rop, data.device)
             hit = known.get(key)
             if hit is not None and data.is_contiguous():
-                return self._direct(hit[0], data, hit[1], root, async_op and hit[2], async_op)
+                bound = hit[3]
+                if bound is None or bound() == data.device.index:
+                    return self._direct(hit[0], data, hit[1], root, async_op and hit[2], async_op)
         group = self.group
         driver, cdev = self.target(data)
         if data is None:  # barrier
@@ -310,8 +316,13 @@ class GroupView:
         elif strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
             plan = driver.plan(strategy.op, data.dtype, rop)
             if cdev is None and plan.passthrough and data.is_contiguous():
-                if known is not None and fixed_comm_device(driver):
-                    known[key] = (plan.op, plan, driver.supports_async)
+                if known is not None:
+                    if fixed_comm_device(driver):
+                        known[key] = (plan.op, plan, driver.supports_async, None)
+                    else:
+                        bound = comm_index_source(driver)
+                        if bound is not None:
+                            known[key] = (plan.op, plan, driver.supports_async, bound)
                 return self._direct(plan.op, data, plan, root, async_op and driver.supports_async, async_op)
         else:
             plan = strategy.plan(driver, data, rop)

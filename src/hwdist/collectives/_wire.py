@@ -6,7 +6,7 @@ apply it without a copy where none is needed. Nothing here communicates.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
@@ -58,6 +58,19 @@ def comm_device(driver: Driver, data: Tensor) -> Optional[torch.device]:
 def fixed_comm_device(driver: Driver) -> bool:
     """Whether ``driver``'s comm device is fixed (no index: ``set_device`` cannot change it), once known."""
     return driver in _FIXED_COMM_DEVICE
+
+
+# Drivers whose comm device has an index -> their ``comm_index_source()`` (None: ask ``comm_device``).
+_INDEX_SOURCE: dict[Driver, Optional[Callable[[], int]]] = {}
+
+
+def comm_index_source(driver: Driver) -> Optional[Callable[[], int]]:
+    """``driver.comm_index_source()``, asked once per driver."""
+    try:
+        return _INDEX_SOURCE[driver]
+    except KeyError:
+        fn = _INDEX_SOURCE[driver] = driver.comm_index_source()
+        return fn
 
 
 def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Tensor, bool]:

@@ -1,0 +1,107 @@
+"""hwdist vs raw torch.distributed on one CUDA GPU over NCCL (one rank), measured in the same run.
+
+A lent GPU machine has one GPU and NCCL runs one rank per GPU, so this bench
+measures what one rank can show: hwdist's own cost around each NCCL call on
+real hardware (a fast host CPU, a real CUDA stream). Every call is followed by
+``torch.cuda.synchronize()`` in both columns, so a row is the latency of one
+completed collective; the last row enqueues 2000 calls per sample with one
+synchronize (the host's own cost around each launch). Cases are timed
+interleaved with raw torch, with a raw-vs-raw control row per size (the noise
+floor). Nothing here asserts a speed. The gathers, object collectives and
+``all_reduce_dict`` are not here: at one rank hwdist communicates nothing for
+them (the result is the input), so a ratio against torch's real call would
+compare nothing.
+
+Usage (on a machine with a CUDA GPU)::
+
+    python -m benchmarks.bench_gpu [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as tdist
+
+import hwdist
+from hwdist.testing import RankPool
+
+from ._common import KiB, MiB, measure
+from .bench_tensor import _row, _size, format_table
+
+
+def _synced(fn: Callable[[], Any]) -> Callable[[], None]:
+    def call() -> None:
+        fn()
+        torch.cuda.synchronize()
+
+    return call
+
+
+@contextlib.contextmanager
+def _synced_after() -> Iterator[None]:
+    torch.cuda.synchronize()
+    yield
+    torch.cuda.synchronize()
+
+
+def bench_rank(quick: bool) -> list[dict[str, Any]]:
+    """Runs on the one rank; returns the table rows."""
+    dev = hwdist.get_comm_device()
+    rows: list[dict[str, Any]] = []
+    samples = 7 if quick else 21
+    for nbytes in (4 * KiB, MiB) + (() if quick else (64 * MiB,)):
+        t = torch.ones(nbytes // 4, device=dev)
+        iters = 200 if nbytes <= MiB else 20
+        pairs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+            "all_reduce": (lambda: hwdist.all_reduce(t), lambda: tdist.all_reduce(t)),
+            "broadcast": (lambda: hwdist.broadcast(t, 0), lambda: tdist.broadcast(t, 0)),
+        }
+        for name, (hw, raw) in pairs.items():
+            cases = {"hw": _synced(hw), "raw": _synced(raw), "raw_again": _synced(raw)}
+            times = measure(cases, iters, samples)
+            rows.append(_row(f"{name} {_size(nbytes)}", times, "hw", "raw"))
+            rows.append(_row(f"control: raw {name} {_size(nbytes)} vs itself", times, "raw_again", "raw"))
+    # the host cost alone: each call enqueued, one synchronize per sample (the CPU time around the launch)
+    one = torch.ones(1, device=dev)
+    times = measure(
+        {"hw": lambda: hwdist.all_reduce(one), "raw": lambda: tdist.all_reduce(one)},
+        2000,
+        samples,
+        context=lambda name: _synced_after(),
+    )
+    row = _row("all_reduce 1 element, enqueue only", times, "hw", "raw")
+    row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
+    rows.append(row)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer samples")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_gpu: no CUDA device here; nothing measured", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    with RankPool(1, "nccl", timeout=600) as pool:
+        rows = pool.run(bench_rank, args.quick, timeout=600)[0]
+    name = torch.cuda.get_device_name(0)
+    nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    print(f"torch {torch.__version__}, nccl {nccl}, 1 rank on {name}; {time.perf_counter() - start:.0f}s\n")
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
