@@ -161,7 +161,9 @@ reduce_scatter_tensor = _pick("reduce_scatter_single", "reduce_scatter_tensor")
 is_xccl_available = _pick("is_xccl_available")
 
 
-def all_gather_into_tensor_by_list(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> Any:
+def all_gather_into_tensor_by_list(
+    output: torch.Tensor, input: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Any:
     """``all_gather_into_tensor`` through the list form, for backends without the flat one.
 
     Gloo lacks the flat form on torch 2.1.
@@ -169,7 +171,7 @@ def all_gather_into_tensor_by_list(output: torch.Tensor, input: torch.Tensor, gr
     Drop when every backend hwdist drives has the flat form (gloo: torch>=2.2 as the floor).
     """
     world_size = output.numel() // max(input.numel(), 1)
-    return _dist.all_gather(list(output.view(world_size, -1).unbind(0)), input.reshape(-1), group)
+    return _dist.all_gather(list(output.view(world_size, -1).unbind(0)), input.reshape(-1), group, async_op)
 
 
 def register_torch_backend(name: str, factory: Callable[..., Any], devices: list[str]) -> None:

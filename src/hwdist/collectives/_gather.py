@@ -95,17 +95,24 @@ def _shapes(v: Verdict, data: Tensor, group: Any, driver: Driver) -> list[torch.
 class _Site:
     """One (group, op, root, async) call site: its size history and what this rank reuses per call."""
 
-    __slots__ = ("hist", "driver", "carrier", "dev", "slot", "words", "framed", "last", "same")
+    __slots__ = (
+        "hist", "driver", "carrier", "dev", "flat", "slot", "words", "body", "send", "hsend", "framed",
+        "last", "same",
+    )  # fmt: skip
 
     def __init__(self, hist: _sizes.SizeHistory) -> None:
         self.hist = hist
         self.driver: Any = None
         self.carrier = torch.uint8
         self.dev = torch.device("cpu")
+        self.flat = False  # the driver has the flat all_gather (one receive tensor, no list)
         self.slot: Optional[Tensor] = None  # the in-band send slot (sync calls only: free on return)
         self.words: Any = None  # its header words, as an int64 numpy view
+        self.body: Any = None  # its payload bytes (uint8) and, when they fit, as int64 words
+        self.send: Optional[Tensor] = None  # the slot as sent: on the comm device, as the byte carrier
+        self.hsend: Any = None  # (steady tuple, packed header as sent) for the header beside the data
         self.framed: Optional[Header] = None  # the header whose words the slot holds
-        self.last: Any = None  # (dtype, shape, wire bytes, header) of the last call: its header reused
+        self.last: Any = None  # (dtype, shape, wire bytes, header, strides) of the last call: reused
         self.same: Any = None  # (header, capacity, world, verdict): the verdict when every rank sent it
 
     def header(self, data: Tensor, nbytes: int) -> Header:
@@ -114,14 +121,15 @@ class _Site:
         if last is not None and last[2] == nbytes and last[0] == data.dtype and last[1] == data.shape:
             return last[3]  # type: ignore[no-any-return]
         head = header_of(data, nbytes)
-        self.last = (data.dtype, data.shape, nbytes, head)
+        self.last = (data.dtype, data.shape, nbytes, head, _contiguous_strides(data.shape))
         return head
 
     def byte_carrier(self, driver: Driver) -> torch.dtype:
         """``byte_carrier(driver, 'all_gather')``, and ``self.dev`` its comm device, kept per driver."""
         if driver is not self.driver:
             self.carrier, self.dev = byte_carrier(driver, "all_gather"), driver.comm_device()
-            self.driver = driver
+            self.flat = "all_gather" in driver.caps.flat_ops
+            self.driver, self.send = driver, None
         return self.carrier
 
     def steady(self, head: Header, cap: int, ws: int, op: str) -> tuple[Any, ...]:
@@ -133,28 +141,61 @@ class _Site:
             same = self.same = (head, cap, ws, verdict, mine.numpy().tobytes() * ws, mine)
         return same  # type: ignore[no-any-return]
 
-    def all_mine(self, rows: Tensor, head: Header, cap: int, ws: int, op: str) -> Optional[Verdict]:
-        """The verdict when every rank's header bytes are this rank's (the steady state), else None."""
+    def head_send(self, head: Header, cap: int, ws: int, op: str) -> Tensor:
+        """This rank's packed header on the comm device, as the byte carrier (kept while it repeats)."""
         same = self.steady(head, cap, ws, op)
-        if rows[:, :HEADER_BYTES].numpy().tobytes() != same[4]:
+        sent = self.hsend
+        if sent is None or sent[0] is not same or sent[1].device != self.dev:
+            packed = same[5] if same[5].device == self.dev else same[5].to(self.dev)
+            sent = self.hsend = (same, packed.view(self.carrier))
+        return sent[1]  # type: ignore[no-any-return]
+
+    def all_mine(self, rows: Any, head: Header, cap: int, ws: int, op: str) -> Optional[Verdict]:
+        """The verdict when every rank's header bytes are this rank's (the steady state), else None.
+
+        ``rows``: the ``(world, >= HEADER_BYTES)`` received bytes, a numpy array (or a CPU tensor).
+        """
+        same = self.steady(head, cap, ws, op)
+        if not isinstance(rows, np.ndarray):
+            rows = rows.numpy()
+        if rows[:, :HEADER_BYTES].tobytes() != same[4]:
             return None
         return same[3]  # type: ignore[no-any-return]
 
-    def frame(self, payload: Tensor, head: Header, cap: int) -> Tensor:
-        """``_sizes.frame`` into a slot reused from call to call (the same bytes on the wire)."""
+    def frame(self, buf: Tensor, nbytes: int, head: Header, cap: int) -> Tensor:
+        """``_sizes.frame`` of ``buf``'s bytes into a slot reused from call to call; the slot as sent.
+
+        The slot lives on the host (its header is written through numpy); on a driver whose comm
+        device is not the host it is copied there each call.
+        """
         slot = self.slot
         if slot is None or slot.numel() != HEADER_BYTES + cap:
             slot = self.slot = torch.zeros(HEADER_BYTES + cap, dtype=torch.uint8)
             self.words = slot[:HEADER_BYTES].numpy().view(np.int64)
-            self.framed = None
+            body = slot[HEADER_BYTES:]
+            self.body = (body, body.view(torch.int64))  # cap is a multiple of 64
+            self.framed = self.send = None
         if self.framed is not head:
             self.words[:] = head.words()
             self.framed = head
-        n = min(payload.numel(), cap)
-        copy_bytes(slot[HEADER_BYTES : HEADER_BYTES + n], payload[:n])
-        if n < cap:
-            slot[HEADER_BYTES + n :].zero_()
-        return slot
+        body, words = self.body
+        aligned = not nbytes % 8 and not buf.storage_offset() * buf.element_size() % 8
+        if nbytes == cap and aligned and buf.is_contiguous():
+            words.copy_(buf.view(-1).view(torch.int64))  # the steady state: the payload fills the slot
+        else:
+            n = min(nbytes, cap)
+            src = _bytes_of(buf)
+            copy_bytes(body[:n], src[:n])
+            if n < cap:
+                body[n:].zero_()
+        send = self.send
+        if send is None:
+            dev = self.dev
+            send = slot.view(self.carrier) if slot.device == dev else None
+            self.send = send
+        if send is None:  # a comm device other than the host: the slot travels there each call
+            return slot.to(self.dev).view(self.carrier)
+        return send
 
 
 def _site(group: Any, op: str, key: tuple[Any, ...]) -> _Site:
@@ -173,6 +214,14 @@ def _headers(rows: Tensor) -> list[Header]:
     """Every rank's header from the ``(world, >= HEADER_BYTES)`` uint8 rows (CPU), in one conversion."""
     words = rows[:, :HEADER_BYTES].numpy().view(np.int64).tolist()
     return [Header.from_words(w) for w in words]
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(strides))
 
 
 def _bytes_of(buf: Tensor) -> Tensor:
@@ -252,26 +301,30 @@ class Gather(Strategy):
         assert cap is not None
         if route == "in_band":
             carrier = site.byte_carrier(c.driver)
-            slot = site.frame(_bytes_of(buf).cpu(), head, cap)
-            dev = site.dev
-            flat = torch.empty(ws * slot.numel(), dtype=torch.uint8, device=dev)
-            c.native = "all_gather"
-            c.send = (slot if slot.device == dev else slot.to(dev)).view(carrier)
-            c.recv = list(flat.view(carrier).chunk(ws))
+            c.send = site.frame(buf, nbytes, head, cap)
+            flat = torch.empty(ws * (HEADER_BYTES + cap), dtype=torch.uint8, device=site.dev)
+            if site.flat:  # one receive tensor: no list of views to make (and none for torch to copy out)
+                c.native, c.recv = "all_gather_flat", flat.view(carrier)
+            else:
+                c.native, c.recv = "all_gather", list(flat.view(carrier).chunk(ws))
             c.state = ("in_band", site, cap, buf, flat, head, ws)
             return
         # beside: the header's small all_gather async, then the data's own collective
         hcarrier = site.byte_carrier(c.driver)
-        dev = site.dev
-        hsend = site.steady(head, cap, ws, self.op)[5].to(dev)
-        hrecv = torch.empty(ws * HEADER_BYTES, dtype=torch.uint8, device=dev)
-        hwork = issue(wire_call(c.group, "all_gather", send=hsend.view(hcarrier),
-                                recv=list(hrecv.view(hcarrier).chunk(ws))), c.driver.supports_async)
-        self._data(c, _sized(_bytes_of(buf), cap), cap, ws)
-        c.state = ("beside", site, cap, buf, hrecv, (hwork, head), ws)
+        hsend = site.head_send(head, cap, ws, self.op)
+        hrecv = torch.empty(ws * HEADER_BYTES, dtype=torch.uint8, device=site.dev)
+        hcall = wire_call(c.group, "all_gather_flat", send=hsend, recv=hrecv.view(hcarrier), driver=c.driver)
+        hwork = issue(hcall, c.driver.supports_async)
+        received = self._data(c, _sized(_bytes_of(buf), cap), cap, ws)
+        c.state = ("beside", site, cap, buf, hrecv, (hwork, head, received), ws)
 
-    def _data(self, c: Call, payload: Tensor, width: int, ws: int) -> None:
-        """Fill ``c`` for the data's collective: every rank's ``width`` bytes, by the plan's native op."""
+    def _data(self, c: Call, payload: Tensor, width: int, ws: int) -> Optional[Tensor]:
+        """Fill ``c`` for the data's collective: every rank's ``width`` bytes, by the plan's native op.
+
+        Returns the receive buffer (``(ws * width)`` bytes as the carrier), or None where this rank
+        receives nothing; an all_gather receives into it as one tensor where the driver has the flat
+        form (no list of views for hwdist to make, nor for torch to copy out).
+        """
         g = c.view
         carrier = byte_carrier(c.driver, self.op)
         native = c.driver.plan(self.op, carrier).native_op
@@ -279,17 +332,21 @@ class Gather(Strategy):
         c.native = native
         c.send = payload.view(carrier)
         n = width // itemsize(carrier)
-        if keep or native == "all_gather":
-            flat = torch.empty(ws * n, dtype=carrier, device=payload.device)
-            c.recv = list(flat.chunk(ws))
-        else:
+        if not (keep or native == "all_gather"):
             c.recv = None
+            return None
+        flat = torch.empty(ws * n, dtype=carrier, device=payload.device)
+        if native == "all_gather" and "all_gather" in c.driver.caps.flat_ops:
+            c.native, c.recv = "all_gather_flat", flat
+        else:
+            c.recv = list(flat.chunk(ws))
+        return flat
 
     def _explicit(self, c: Call, buf: Tensor, sizes: list[int], shapes: list[torch.Size]) -> None:
         carrier = byte_carrier(c.driver, self.op)
         width = _round(max(sizes), itemsize(carrier))
-        self._data(c, _sized(_bytes_of(buf), width), width, len(sizes))
-        c.state = ("explicit", sizes, shapes)
+        flat = self._data(c, _sized(_bytes_of(buf), width), width, len(sizes))
+        c.state = ("explicit", sizes, shapes, flat)
 
     def _same_shape(self, c: Call, buf: Tensor) -> None:
         g = c.view
@@ -332,10 +389,10 @@ class Gather(Strategy):
             _, sizes, shapes, slots = c.state
             return self._results(c, [s[:n] for s, n in zip(slots, sizes)], shapes)
         if route == "explicit":
-            _, sizes, shapes = c.state
-            if not (c.root is None or c.view.rank == c.root):
+            _, sizes, shapes, flat = c.state
+            if flat is None or not (c.root is None or c.view.rank == c.root):
                 return []
-            rows = [_bytes_of(r) for r in c.recv]
+            rows = flat.view(torch.uint8).view(len(sizes), -1)
             return self._results(c, [row[:n] for row, n in zip(rows, sizes)], shapes)
         return self._predicted(c)
 
@@ -343,35 +400,50 @@ class Gather(Strategy):
         route, site, cap, buf, got, extra, ws = c.state
         g, hist = c.view, site.hist
         if route == "in_band":
-            rows = got.cpu().view(ws, -1)
-            same = site.all_mine(rows, extra, cap, ws, self.op)
+            # the headers are read on the host; the payloads stay where they arrived (the comm device)
+            host = (got if got.is_cpu else got.cpu()).numpy().reshape(ws, -1)
+            same = site.all_mine(host, extra, cap, ws, self.op)
             if same is not None and same.held:  # the steady state: every rank sent this rank's header
                 hist.record(same)
                 if c.root is not None and g.rank != c.root:
                     return []
-                body = rows[:, HEADER_BYTES : HEADER_BYTES + extra.nbytes]
                 plan = c.plan
                 if plan.passthrough and c.cdev is None and extra.nbytes and extra.shape is not None:
-                    return list(body.view(plan.dtype).view(ws, *c.data.shape).unbind(0))
+                    # every rank's payload as one strided view of the received bytes
+                    size = itemsize(plan.dtype)
+                    step = (HEADER_BYTES + cap) // size
+                    shape, strides = site.last[1], site.last[4]
+                    return list(
+                        got.view(plan.dtype)
+                        .as_strided((ws, *shape), (step, *strides), HEADER_BYTES // size)
+                        .unbind(0)
+                    )
+                body = got.view(ws, -1)[:, HEADER_BYTES : HEADER_BYTES + extra.nbytes]
                 return self._results(c, list(body.unbind(0)), [c.data.shape] * ws)
-            headers = _headers(rows)
+            rows = got.view(ws, -1)
+            headers = _headers(torch.from_numpy(host))
             end = [HEADER_BYTES + min(h.nbytes, cap) for h in headers]
             payloads = [row[HEADER_BYTES:e] for row, e in zip(rows, end)]
         else:
-            hwork, extra_head = extra
+            hwork, extra_head, flat = extra
             if hwork is not None:
                 hwork.wait()  # the header's all_gather
-            hrows = got.cpu().view(ws, HEADER_BYTES)
+            hrows = (got if got.is_cpu else got.cpu()).numpy().reshape(ws, HEADER_BYTES)
             same = site.all_mine(hrows, extra_head, cap, ws, self.op)
             if same is not None and same.held:  # the steady state: every rank sent this rank's header
                 hist.record(same)
-                if c.root is not None and g.rank != c.root:
+                if flat is None or (c.root is not None and g.rank != c.root):
                     return []
-                shape = c.data.shape
-                return self._results(c, [_bytes_of(r)[: extra_head.nbytes] for r in c.recv], [shape] * ws)
-            headers = _headers(hrows)
-            data_rows = [_bytes_of(r) for r in c.recv] if c.recv is not None else None
-            payloads = [row[: min(h.nbytes, cap)] for row, h in zip(data_rows, headers)] if data_rows else []
+                data = c.data
+                if c.plan.passthrough and c.cdev is None and extra_head.nbytes == cap and data.numel():
+                    return list(flat.view(data.dtype).view(ws, *data.shape).unbind(0))  # one view, unbound
+                rows = flat.view(torch.uint8).view(ws, -1)
+                return self._results(c, list(rows[:, : extra_head.nbytes].unbind(0)), [data.shape] * ws)
+            headers = _headers(torch.from_numpy(hrows))
+            payloads = []
+            if flat is not None:
+                rows = flat.view(torch.uint8).view(ws, -1)
+                payloads = [row[: min(h.nbytes, cap)] for row, h in zip(rows, headers)]
         v = _sizes.verdict(self.op, headers, cap)
         hist.record(v)
         _raise_if_error(v)
@@ -379,9 +451,9 @@ class Gather(Strategy):
         if v.over:  # every rank sends what was over the capacity (or nothing), the same width everywhere
             tail = _bytes_of(buf)[cap:]
             tails = _transport.gather_equal(_sized(tail.cpu(), v.tail_width), c.group, c.driver)
-            if keep:
+            if keep:  # the tails arrive on the host: each whole payload goes back to the comm device
                 payloads = [
-                    torch.cat([p.cpu(), tails[r][: h.nbytes - cap]]) if r in v.over else p
+                    torch.cat([p.cpu(), tails[r][: h.nbytes - cap]]).to(p.device) if r in v.over else p
                     for r, (p, h) in enumerate(zip(payloads, headers))
                 ]
         shapes = _shapes(v, c.data, c.group, c.driver)

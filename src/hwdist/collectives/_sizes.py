@@ -377,7 +377,10 @@ class SizeHistory:
 
     def expected(self) -> Optional[int]:
         """The size the history expects for the next call (before bucketing), or None without history."""
-        s = list(self.sizes)
+        sizes = self.sizes
+        if len(sizes) > 1 and sizes[-1] == sizes[-2]:  # the steady state (period 1), without a copy
+            return sizes[-1]
+        s = list(sizes)
         if not s:
             return None
         for p in _PERIODS:
