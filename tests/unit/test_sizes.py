@@ -234,3 +234,22 @@ def test_reduction_slots_detect_any_difference(dtype, world):
         total = slots.sum(0)  # what a SUM all_reduce leaves on every rank
         same = len({_sizes.agreement_slots(f, bits)[0] for f in fps}) == 1
         assert _sizes.slots_agree(total[0].item(), total[1].item(), world) == same
+
+
+def test_object_slots_frame_and_parse_as_the_mechanism_does():
+    """The object path frames and parses its slots through numpy: byte for byte ``frame``/``unframe``."""
+    import numpy as np
+
+    from hwdist.collectives import _objslots
+
+    payloads = [np.arange(n, dtype=np.int64).astype(np.uint8) for n in (0, 5, 64, 200)]
+    cap = 128
+    heads = [Header(p.size, p.size, 0, 1, 0, p.size, (p.size,)) for p in payloads]
+    mine = np.stack([_objslots._slot(p, h, cap) for p, h in zip(payloads, heads)])
+    theirs = torch.stack([_sizes.frame(torch.from_numpy(p), h, cap) for p, h in zip(payloads, heads)])
+    assert mine.tobytes() == theirs.numpy().tobytes()
+    got_heads, views = _objslots._parse(mine)
+    want_heads, want_views = _sizes.unframe(theirs)
+    assert got_heads == want_heads == heads
+    assert [v.tobytes() for v in views] == [v.numpy().tobytes() for v in want_views]
+    assert [v.tobytes() for v in views] == [p[:cap].tobytes() for p in payloads]

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import numpy as np
-import torch
 
 from . import _sizes
 from ._objwire import Link
@@ -102,7 +101,14 @@ def predicted(hist: _sizes.SizeHistory, limit: int) -> tuple[Optional[int], int]
 
 
 def _slot(payload: np.ndarray, header: _sizes.Header, capacity: int) -> np.ndarray:
-    return _sizes.frame(torch.from_numpy(payload), header, capacity).numpy()
+    """``_sizes.frame`` through numpy (a few torch ops on a small tensor cost more than the bytes)."""
+    hb = _sizes.HEADER_BYTES
+    slot = np.empty(hb + capacity, dtype=np.uint8)
+    slot[:hb].view(np.int64)[:] = header.words()
+    n = min(payload.size, capacity)
+    slot[hb : hb + n] = payload[:n]
+    slot[hb + n :] = 0
+    return slot
 
 
 @dataclass
@@ -138,8 +144,12 @@ def _joined(frames: Sequence[Frame], n: int) -> np.ndarray:
 
 
 def _parse(rows: np.ndarray) -> tuple[list[_sizes.Header], list[np.ndarray]]:
-    headers, views = _sizes.unframe(torch.from_numpy(rows))
-    return headers, [v.numpy() for v in views]
+    """``_sizes.unframe`` through numpy: every rank's header and payload view (at most the capacity)."""
+    hb = _sizes.HEADER_BYTES
+    words = np.ascontiguousarray(rows[:, :hb]).view(np.int64).tolist()
+    headers = [_sizes.Header.from_words(w) for w in words]
+    cap = rows.shape[1] - hb
+    return headers, [row[hb : hb + min(h.nbytes, cap)] for row, h in zip(rows, headers)]
 
 
 def _fill_messages(link: Link, ex: Exchange, own: np.ndarray) -> None:

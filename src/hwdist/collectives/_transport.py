@@ -254,7 +254,11 @@ def gather_rows(
     n = data.size
     inp = _wire(data, carrier, dev)
     out = torch.empty(inp.numel() * world, dtype=carrier, device=dev)
-    work = issue(wire_call(group, "all_gather", send=inp, recv=list(out.chunk(world))), wait is not None)
+    if "all_gather" in driver.caps.flat_ops:  # one receive tensor: no list of views to make or copy out
+        call = wire_call(group, "all_gather_flat", send=inp, recv=out, driver=driver)
+    else:
+        call = wire_call(group, "all_gather", send=inp, recv=list(out.chunk(world)))
+    work = issue(call, wait is not None)
     _settle(work, wait, False)
     width = inp.numel() * itemsize(carrier)
     rows = _host(out, width * world).reshape(world, width)
