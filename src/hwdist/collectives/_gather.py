@@ -129,7 +129,7 @@ class _Site:
         if driver is not self.driver:
             self.carrier, self.dev = byte_carrier(driver, "all_gather"), driver.comm_device()
             self.flat = "all_gather" in driver.caps.flat_ops
-            self.driver, self.send = driver, None
+            self.driver, self.slot = driver, None  # a new carrier and comm device: a new slot
         return self.carrier
 
     def steady(self, head: Header, cap: int, ws: int, op: str) -> tuple[Any, ...]:
@@ -165,18 +165,23 @@ class _Site:
     def frame(self, buf: Tensor, nbytes: int, head: Header, cap: int) -> Tensor:
         """``_sizes.frame`` of ``buf``'s bytes into a slot reused from call to call; the slot as sent.
 
-        The slot lives on the host (its header is written through numpy); on a driver whose comm
-        device is not the host it is copied there each call.
+        The slot lives on the comm device: the payload is copied there once (no staging through
+        the host on a GPU), and the header is written only when it changes (through numpy on the
+        host, else as one small copy).
         """
         slot = self.slot
-        if slot is None or slot.numel() != HEADER_BYTES + cap:
-            slot = self.slot = torch.zeros(HEADER_BYTES + cap, dtype=torch.uint8)
-            self.words = slot[:HEADER_BYTES].numpy().view(np.int64)
+        if slot is None or slot.numel() != HEADER_BYTES + cap or slot.device != self.dev:
+            slot = self.slot = torch.zeros(HEADER_BYTES + cap, dtype=torch.uint8, device=self.dev)
+            self.words = slot[:HEADER_BYTES].numpy().view(np.int64) if slot.is_cpu else None
             body = slot[HEADER_BYTES:]
             self.body = (body, body.view(torch.int64))  # cap is a multiple of 64
-            self.framed = self.send = None
+            self.framed = None
+            self.send = slot.view(self.carrier)
         if self.framed is not head:
-            self.words[:] = head.words()
+            if self.words is not None:
+                self.words[:] = head.words()
+            else:
+                slot[:HEADER_BYTES].copy_(torch.tensor(head.words(), dtype=torch.int64).view(torch.uint8))
             self.framed = head
         body, words = self.body
         aligned = not nbytes % 8 and not buf.storage_offset() * buf.element_size() % 8
@@ -188,14 +193,7 @@ class _Site:
             copy_bytes(body[:n], src[:n])
             if n < cap:
                 body[n:].zero_()
-        send = self.send
-        if send is None:
-            dev = self.dev
-            send = slot.view(self.carrier) if slot.device == dev else None
-            self.send = send
-        if send is None:  # a comm device other than the host: the slot travels there each call
-            return slot.to(self.dev).view(self.carrier)
-        return send
+        return self.send  # type: ignore[return-value]
 
 
 def _site(group: Any, op: str, key: tuple[Any, ...]) -> _Site:
@@ -401,7 +399,8 @@ class Gather(Strategy):
         g, hist = c.view, site.hist
         if route == "in_band":
             # the headers are read on the host; the payloads stay where they arrived (the comm device)
-            host = (got if got.is_cpu else got.cpu()).numpy().reshape(ws, -1)
+            rows = got.view(ws, -1)
+            host = rows.numpy() if got.is_cpu else rows[:, :HEADER_BYTES].cpu().numpy()
             same = site.all_mine(host, extra, cap, ws, self.op)
             if same is not None and same.held:  # the steady state: every rank sent this rank's header
                 hist.record(same)
@@ -420,7 +419,6 @@ class Gather(Strategy):
                     )
                 body = got.view(ws, -1)[:, HEADER_BYTES : HEADER_BYTES + extra.nbytes]
                 return self._results(c, list(body.unbind(0)), [c.data.shape] * ws)
-            rows = got.view(ws, -1)
             headers = _headers(torch.from_numpy(host))
             end = [HEADER_BYTES + min(h.nbytes, cap) for h in headers]
             payloads = [row[HEADER_BYTES:e] for row, e in zip(rows, end)]
