@@ -88,9 +88,6 @@ __all__ = [
     "verdict",
     "history",
     "route",
-    "agreement_slots",
-    "slot_bits",
-    "slots_agree",
     "MatchFlag",
     "match_flag",
     "gather",
@@ -474,37 +471,6 @@ def route(capacity: Optional[int], in_band_max: int = IN_BAND_MAX_BYTES) -> str:
 # ---------------------------------------------------------------------------
 # reductions: a layout check that rides in the reduced buffer itself
 # ---------------------------------------------------------------------------
-_MANTISSA = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
-
-
-def slot_bits(dtype: torch.dtype, world: int) -> int:
-    """How many fingerprint bits two SUM slots of ``dtype`` hold exactly over ``world`` ranks."""
-    exact = _MANTISSA.get(dtype)
-    if exact is None:
-        exact = 8 * torch.empty((), dtype=dtype).element_size() - 1  # integers: the value bits
-    return max((exact - world.bit_length()) // 2, 0)
-
-
-def agreement_slots(fingerprint: int, bits: int) -> tuple[int, int]:
-    """``(f, f*f)`` with ``f`` in ``[1, 2**bits)`` from ``fingerprint``: append both to a SUM-reduced buffer.
-
-    After the sum, [`slots_agree`][hwdist.collectives._sizes.slots_agree] tells every rank (the same
-    bits everywhere) whether every rank had the same ``f``: ``(sum f)**2 == world * sum f*f`` holds
-    exactly when all ``f`` are equal (Cauchy-Schwarz). For MAX/MIN reductions append ``f`` and ``-f``
-    instead: they agree when ``max f == -max(-f)``.
-    """
-    if bits < 1:
-        return 1, 1
-    f = 1 + fingerprint % ((1 << bits) - 1)
-    return f, f * f
-
-
-def slots_agree(total_f: float, total_f2: float, world: int) -> bool:
-    """Whether the summed slots of [`agreement_slots`][hwdist.collectives._sizes.agreement_slots] agree."""
-    a, b = int(round(total_f)), int(round(total_f2))
-    return a * a == world * b
-
-
 class MatchFlag(NamedTuple):
     """A 0/1 "my data has the predicted layout" element under a reduce op: what a rank that matched
     sends, what one that did not sends, and ``ok(reduced value)``: every rank matched."""
