@@ -81,9 +81,19 @@ def bench_main(
     for world_size, fn in stages:
         with RankPool(world_size, "gloo", timeout=600, env=ENV) as pool:
             rows += pool.run(fn, args.quick, timeout=600)[0]
-    print(f"torch {torch.__version__}, gloo, ranks on one host; {time.perf_counter() - start:.0f}s\n")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    report(rows, f"gloo, ranks on one host; {time.perf_counter() - start:.0f}s", format_table, args.json)
     return 0
+
+
+def report(
+    rows: list[dict[str, Any]],
+    setting: str,
+    format_table: Callable[[list[dict[str, Any]]], str],
+    json_path: Optional[str] = None,
+) -> None:
+    """Print torch's version and ``setting``, then the table; write the rows as JSON if asked."""
+    print(f"torch {torch.__version__}, {setting}\n")
+    print(format_table(rows))
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(rows, fh, indent=1)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from typing import Any, Callable, Iterator
@@ -32,7 +31,7 @@ import torch.distributed as tdist
 import hwdist
 from hwdist.testing import RankPool
 
-from ._common import KiB, MiB, measure
+from ._common import KiB, MiB, measure, report
 from .bench_tensor import _row, _size, format_table
 
 
@@ -95,11 +94,8 @@ def main(argv: list[str]) -> int:
         rows = pool.run(bench_rank, args.quick, timeout=600)[0]
     name = torch.cuda.get_device_name(0)
     nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    print(f"torch {torch.__version__}, nccl {nccl}, 1 rank on {name}; {time.perf_counter() - start:.0f}s\n")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    setting = f"nccl {nccl}, 1 rank on {name}; {time.perf_counter() - start:.0f}s"
+    report(rows, setting, format_table, args.json)
     return 0
 
 

@@ -29,7 +29,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import shutil
@@ -46,7 +45,7 @@ import torch.distributed as tdist
 import hwdist
 from hwdist.testing import RankPool
 
-from ._common import ENV, MiB, fmt_us, measure, raw_all_gather_list
+from ._common import ENV, MiB, fmt_us, measure, raw_all_gather_list, report
 
 N_RESULTS = 20_000
 
@@ -266,11 +265,7 @@ def main(argv: list[str]) -> int:
         for ws in sizes:
             with RankPool(ws, "gloo", timeout=1800, env=env) as pool:
                 rows += pool.run(bench_rank, args.quick, timeout=1800)[0]
-    print(f"torch {torch.__version__}, gloo, ranks on one host; {time.perf_counter() - start:.0f}s\n")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    report(rows, f"gloo, ranks on one host; {time.perf_counter() - start:.0f}s", format_table, args.json)
     return 0
 
 

@@ -41,7 +41,6 @@ The quick mode (what ``python -m benchmarks.run --quick`` runs) takes 2 ranks an
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -55,7 +54,7 @@ import torch.distributed as tdist
 import hwdist
 from hwdist.testing import RankPool
 
-from ._common import ENV, KiB, MiB, fmt_us, measure, raw_all_gather_list
+from ._common import ENV, KiB, MiB, fmt_us, measure, raw_all_gather_list, report
 
 BASE = "list f32"
 
@@ -264,11 +263,7 @@ def main(argv: list[str]) -> int:
                 rows += pool.run(bench_gathers, sizes, args.samples, timeout=1800)[0]
             else:
                 rows += pool.run(bench_rank, args.quick, sizes, timeout=1800)[0]
-    print(f"torch {torch.__version__}, gloo, ranks on one host; {time.perf_counter() - start:.0f}s\n")
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    report(rows, f"gloo, ranks on one host; {time.perf_counter() - start:.0f}s", format_table, args.json)
     return 0
 
 
