@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _compat
 from ..drivers.base import ALL_OPS, Driver
 from ..registry import register_backend, registered
 
@@ -44,6 +45,8 @@ class EmulatedDriver(Driver):
     priority = -20  # never chosen by detection
     description = "emulated accelerator on gloo (hwdist.testing): accelerator limits, CPU tensors"
     native_ops = ALL_OPS - {"gather", "scatter", "reduce_scatter", "all_to_all"}
+    # the flat all_gather where the gloo group it wraps has one (not on torch 2.1), as the gloo driver
+    flat_ops = frozenset({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
     reduce_ops = frozenset({"sum", "product", "min", "max"})
     dtypes = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32})
     native_object_collectives = False
