@@ -67,6 +67,8 @@ def test_gloo_plans_follow_the_torch_version(gloo):
         "all_to_all" if version >= (2, 12) else "all_gather"
     )
     assert ("all_gather" in gloo.flat_ops) == (version >= (2, 2))
+    # the emulated accelerator wraps a gloo group: the same flat all_gather, or none
+    assert hwdist.get_driver("emu").flat_ops == gloo.flat_ops
     # gloo has no complex type: hwdist moves bytes and reduces real pairs on every version
     assert (
         gloo.plan("gather", torch.complex64).comm_dtype,
@@ -254,6 +256,7 @@ def test_capabilities_are_frozen_data_the_planner_alone_reads(gloo, emu):
     twin = Capabilities(
         backend="emu",
         native_ops=caps.native_ops,
+        flat_ops=caps.flat_ops,
         reduce_ops=caps.reduce_ops,
         dtypes=caps.dtypes,
         native_object_collectives=False,
