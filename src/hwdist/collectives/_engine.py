@@ -420,7 +420,7 @@ def _all_gather(c: Call, a: bool) -> Any:
 
 
 def _all_gather_flat(c: Call, a: bool) -> Any:
-    if "all_gather" in c.driver.flat_ops:
+    if "all_gather" in c.driver.caps.flat_ops:
         return _compat.all_gather_into_tensor(c.recv, c.send, c.group, a)  # type: ignore[misc]
     # no flat form on this backend and torch (gloo on torch 2.1)
     return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group, a)

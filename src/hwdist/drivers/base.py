@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
+from .. import _compat
 from ..errors import PlanError
 from ._planner import (
     ALL_OPS,
@@ -187,7 +188,7 @@ class Driver(abc.ABC):
             caps = self._caps = Capabilities(
                 backend=self.name,
                 native_ops=frozenset(self.native_ops),
-                flat_ops=frozenset(self.flat_ops),
+                flat_ops=self._flat_ops(),
                 reduce_ops=frozenset(self.reduce_ops),
                 dtypes=None if self.dtypes is None else frozenset(self.dtypes),
                 reduce_dtypes=None if self.reduce_dtypes is None else frozenset(self.reduce_dtypes),
@@ -196,6 +197,18 @@ class Driver(abc.ABC):
                 supports_async=bool(self.supports_async),
             )
         return caps
+
+    def _flat_ops(self) -> frozenset[str]:
+        """``flat_ops``, less the flat all_gather where the driver runs over torch's gloo and that has none
+        (torch 2.1): a driver over gloo (``torch_backend``, or a CPU driver without a factory) keeps the
+        default declaration, which the gloo group it gets cannot honour there."""
+        flat = frozenset(self.flat_ops)
+        over_gloo = self.torch_name == "gloo" or (
+            self.process_group_factory is None and self.device_type == "cpu"
+        )
+        if over_gloo and not _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR:
+            flat -= {"all_gather"}
+        return flat
 
     def plan(self, op: str, dtype: torch.dtype, reduce_op: Optional[str] = None) -> Plan:
         """The plan for ``op`` on ``dtype`` (and ``reduce_op``): the planner over ``caps``.
