@@ -96,8 +96,8 @@ class _Site:
     """One (group, op, root, async) call site: its size history and what this rank reuses per call."""
 
     __slots__ = (
-        "hist", "driver", "carrier", "dev", "flat", "slot", "words", "body", "send", "hsend", "framed",
-        "last", "same",
+        "hist", "driver", "carrier", "dev", "slot", "words", "body", "send", "hsend", "framed", "last",
+        "same",
     )  # fmt: skip
 
     def __init__(self, hist: _sizes.SizeHistory) -> None:
@@ -105,7 +105,6 @@ class _Site:
         self.driver: Any = None
         self.carrier = torch.uint8
         self.dev = torch.device("cpu")
-        self.flat = False  # the driver has the flat all_gather (one receive tensor, no list)
         self.slot: Optional[Tensor] = None  # the in-band send slot (sync calls only: free on return)
         self.words: Any = None  # its header words, as an int64 numpy view
         self.body: Any = None  # its payload bytes (uint8) and, when they fit, as int64 words
@@ -128,7 +127,6 @@ class _Site:
         """``byte_carrier(driver, 'all_gather')``, and ``self.dev`` its comm device, kept per driver."""
         if driver is not self.driver:
             self.carrier, self.dev = byte_carrier(driver, "all_gather"), driver.comm_device()
-            self.flat = "all_gather" in driver.caps.flat_ops
             self.driver, self.slot = driver, None  # a new carrier and comm device: a new slot
         return self.carrier
 
@@ -150,14 +148,12 @@ class _Site:
             sent = self.hsend = (same, packed.view(self.carrier))
         return sent[1]  # type: ignore[no-any-return]
 
-    def all_mine(self, rows: Any, head: Header, cap: int, ws: int, op: str) -> Optional[Verdict]:
+    def all_mine(self, rows: np.ndarray, head: Header, cap: int, ws: int, op: str) -> Optional[Verdict]:
         """The verdict when every rank's header bytes are this rank's (the steady state), else None.
 
-        ``rows``: the ``(world, >= HEADER_BYTES)`` received bytes, a numpy array (or a CPU tensor).
+        ``rows``: the ``(world, >= HEADER_BYTES)`` received bytes, a numpy array.
         """
         same = self.steady(head, cap, ws, op)
-        if not isinstance(rows, np.ndarray):
-            rows = rows.numpy()
         if rows[:, :HEADER_BYTES].tobytes() != same[4]:
             return None
         return same[3]  # type: ignore[no-any-return]
@@ -301,10 +297,8 @@ class Gather(Strategy):
             carrier = site.byte_carrier(c.driver)
             c.send = site.frame(buf, nbytes, head, cap)
             flat = torch.empty(ws * (HEADER_BYTES + cap), dtype=torch.uint8, device=site.dev)
-            if site.flat:  # one receive tensor: no list of views to make (and none for torch to copy out)
-                c.native, c.recv = "all_gather_flat", flat.view(carrier)
-            else:
-                c.native, c.recv = "all_gather", list(flat.view(carrier).chunk(ws))
+            # one receive tensor (the engine falls back to the list form where the driver has no flat one)
+            c.native, c.recv = "all_gather_flat", flat.view(carrier)
             c.state = ("in_band", site, cap, buf, flat, head, ws)
             return
         # beside: the header's small all_gather async, then the data's own collective
@@ -334,7 +328,7 @@ class Gather(Strategy):
             c.recv = None
             return None
         flat = torch.empty(ws * n, dtype=carrier, device=payload.device)
-        if native == "all_gather" and "all_gather" in c.driver.caps.flat_ops:
+        if native == "all_gather":  # one receive tensor (the engine falls back to the list)
             c.native, c.recv = "all_gather_flat", flat
         else:
             c.recv = list(flat.chunk(ws))

@@ -254,11 +254,8 @@ def gather_rows(
     n = data.size
     inp = _wire(data, carrier, dev)
     out = torch.empty(inp.numel() * world, dtype=carrier, device=dev)
-    if "all_gather" in driver.caps.flat_ops:  # one receive tensor: no list of views to make or copy out
-        call = wire_call(group, "all_gather_flat", send=inp, recv=out, driver=driver)
-    else:
-        call = wire_call(group, "all_gather", send=inp, recv=list(out.chunk(world)))
-    work = issue(call, wait is not None)
+    # one receive tensor (the engine falls back to the list form where the driver has no flat one)
+    work = issue(wire_call(group, "all_gather_flat", send=inp, recv=out, driver=driver), wait is not None)
     _settle(work, wait, False)
     width = inp.numel() * itemsize(carrier)
     rows = _host(out, width * world).reshape(world, width)
