@@ -92,6 +92,105 @@ def test_numpy_variants_and_stdlib_types():
             assert a == b and type(a) is type(b)
 
 
+_SMALL_1D_DTYPES = ["?", "i1", "u1", "<i2", ">i4", "<u8", "<f2", "<f4", ">f8", "<c8", ">c16"]
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+@pytest.mark.parametrize("dtype", _SMALL_1D_DTYPES)
+def test_small_1d_arrays_travel_as_frombuffer_and_come_back_exact_and_writable(dtype, restricted):
+    src = (np.arange(37) % 5).astype(dtype)
+    serializer = ser.RestrictedPickleSerializer() if restricted else ser.PickleSerializer()
+    back, frame, _ = _roundtrip({"pred": src}, serializer)
+    got = back["pred"]
+    assert b"frombuffer" in bytes(frame.stream)  # the fast form was used
+    assert got.dtype == src.dtype and got.shape == src.shape and np.array_equal(got, src)
+    assert got.flags.writeable and not np.shares_memory(got, src)
+    got[0] = got[1]  # writable and owned: the source does not change
+    assert np.array_equal(src, (np.arange(37) % 5).astype(dtype))
+
+
+@pytest.mark.parametrize("restricted", [False, True])
+def test_arrays_outside_the_fast_form_keep_numpys_forms(restricted):
+    ro = np.arange(5.0)
+    ro.setflags(write=False)
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    cases = {
+        "0-d": np.array(3.5),
+        "2-d": base,
+        "fortran": np.asfortranarray(base),
+        "strided": base[:, 1],
+        "read-only": ro,
+        "empty": np.zeros(0, dtype=np.int16),
+        "record": np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")]),
+        "datetime": np.array(["2024-01-02"], dtype="datetime64[D]"),
+    }
+    if restricted:
+        del cases["datetime"]  # not a plain dtype: the restricted loader refuses it in any form
+    serializer = ser.RestrictedPickleSerializer() if restricted else ser.PickleSerializer()
+    back, frame, _ = _roundtrip(cases, serializer)
+    assert b"frombuffer" not in bytes(frame.stream)
+    for name, a in cases.items():
+        got = back[name]
+        assert got.dtype == a.dtype and got.shape == a.shape and np.array_equal(got, a), name
+    assert back["2-d"].flags.writeable and back["fortran"].flags.f_contiguous
+
+
+class _Forged:
+    """A peer's stream calling numpy.frombuffer with arguments hwdist never sends."""
+
+    def __init__(self, *args) -> None:
+        self.args = args
+
+    def __reduce__(self):
+        return (np.frombuffer, self.args)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((b"abc", np.dtype("<f4")), "not a whole, non-empty number"),
+        ((b"", np.dtype("<f4")), "not a whole, non-empty number"),
+        ((b"\x00\x02", np.dtype("?")), "bool buffer"),
+        ((b"abcd", np.dtype([("a", "<i4")])), "plain numeric dtype"),
+        ((b"abcd", "f4"), "plain numeric dtype"),
+        (("abcd", np.dtype("<f4")), "expected a buffer"),
+        ((b"abcd", np.dtype("<f4"), 1), "numpy.frombuffer"),
+    ],
+)
+def test_restricted_frombuffer_refuses_what_hwdist_never_sends(args, match):
+    stream = pickle.dumps(_Forged(*args), protocol=5)
+    with pytest.raises(hwdist.UnpicklingRefused, match=match):
+        ser.RestrictedPickleSerializer().loads(memoryview(stream), [])
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_decoding_pauses_the_garbage_collector_and_restores_it(enabled):
+    import gc
+
+    seen = []
+
+    class Spy(ser.PickleSerializer):
+        def loads(self, stream, buffers):
+            seen.append(gc.isenabled())
+            return super().loads(stream, buffers)
+
+    frame = ser.encode([{"i": i} for i in range(10)]).to_numpy()
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        assert ser.decode(frame, 0, Spy())[3] == {"i": 3}
+        assert gc.isenabled() is enabled and seen == [False]
+        with pytest.raises(ValueError):  # a failing decode restores it too
+            ser.decode(frame[:100], 0, Spy())
+        bad = frame.copy()
+        bad[64:] = 0  # a frame whose pickle stream is garbage
+        with pytest.raises(Exception):
+            ser.decode(bad, 0, Spy())
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_map_location_and_shared_references():
     t = torch.ones(3)
     back, _, _ = _roundtrip([t, t], map_location="meta")

@@ -244,6 +244,21 @@ def _np_frombuffer(u: Loader, args: tuple) -> np.ndarray:
     return np.frombuffer(view, dtype=dt).reshape(shape, order=order)
 
 
+def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
+    """``numpy.frombuffer(buf, dtype)``: hwdist's form of a small 1-D array (serialization._reduce_ndarray)."""
+    _arity("numpy.frombuffer", args, 2, 2)
+    view = byte_view("numpy.frombuffer", args[0])
+    dt = args[1]
+    if not (isinstance(dt, np.dtype) and _plain_dtype(dt)):
+        raise refuse(f"numpy.frombuffer: dtype must be a plain numeric dtype, got {dt!r}")
+    if not view.nbytes or view.nbytes % dt.itemsize:
+        raise refuse(f"numpy.frombuffer: {view.nbytes} bytes is not a whole, non-empty number of {dt} items")
+    u.charge(view.nbytes)
+    if dt.kind == "b":
+        _check_bool_bytes("numpy.frombuffer", view)
+    return np.frombuffer(view, dtype=dt)
+
+
 def _np_scalar(u: Loader, args: tuple) -> Any:
     _arity("numpy scalar", args, 2, 2)
     dt = _array_dtype("numpy scalar", args[0])
@@ -528,6 +543,7 @@ _HANDLERS: dict[tuple[str, str], Callable[[Loader, tuple], Any]] = {
     ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
     (SERIALIZATION, "_rebuild_tensor"): _tensor,
 }
+_HANDLERS[("numpy", "frombuffer")] = _np_frombuffer_1d
 for _np_mod in ("numpy.core", "numpy._core"):
     _HANDLERS[(f"{_np_mod}.numeric", "_frombuffer")] = _np_frombuffer
     _HANDLERS[(f"{_np_mod}.multiarray", "_reconstruct")] = _np_reconstruct
