@@ -184,7 +184,7 @@ def test_decoding_pauses_the_garbage_collector_and_restores_it(enabled):
             ser.decode(frame[:100], 0, Spy())
         bad = frame.copy()
         bad[64:] = 0  # a frame whose pickle stream is garbage
-        with pytest.raises(Exception):
+        with pytest.raises(pickle.UnpicklingError):
             ser.decode(bad, 0, Spy())
         assert gc.isenabled() is enabled
     finally:

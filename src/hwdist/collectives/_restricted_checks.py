@@ -245,7 +245,7 @@ def _np_frombuffer(u: Loader, args: tuple) -> np.ndarray:
 
 
 def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
-    """``numpy.frombuffer(buf, dtype)``: hwdist's form of a small 1-D array (serialization._reduce_ndarray)."""
+    """``numpy.frombuffer(buf, dtype)``: a small 1-D array as hwdist sends it (``_reduce_ndarray``)."""
     _arity("numpy.frombuffer", args, 2, 2)
     view = byte_view("numpy.frombuffer", args[0])
     dt = args[1]

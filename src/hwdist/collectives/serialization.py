@@ -139,7 +139,7 @@ def _reduce_ndarray(a: np.ndarray) -> Any:
         # A small 1-D array of a plain dtype (a prediction, a score row): numpy.frombuffer over the bytes
         # (in band, a bytearray on load: writable). About half the time of numpy's own forms each way
         # (docs/objects.md, "Small numpy arrays"); stock pickle and the restricted loader both read it.
-        return np.frombuffer, (pickle.PickleBuffer(a), dt)
+        return np.frombuffer, (pickle.PickleBuffer(cast(Any, a)), dt)  # (cast: numpy's stubs, 3.9)
     return a.__reduce__()  # in band; loads faster than protocol 5's small buffers
 
 
