@@ -123,23 +123,24 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
 rebuild_tensor = _rebuild_tensor
 
 
+#: dtype -> whether numpy.frombuffer rebuilds it exactly (a plain one: bool, int, uint, float, complex)
+_PLAIN: dict[np.dtype, bool] = {}
+
+
 def _reduce_ndarray(a: np.ndarray) -> Any:
-    if a.nbytes >= OOB_THRESHOLD:
+    nbytes = a.nbytes
+    if nbytes >= OOB_THRESHOLD:
         return a.__reduce_ex__(5)  # numpy's own: the buffer out of band
-    dt = a.dtype
-    if (
-        a.ndim == 1
-        and a.size
-        and dt.kind in _PLAIN_KINDS
-        and dt.fields is None
-        and dt.metadata is None
-        and a.flags.c_contiguous
-        and a.flags.writeable
-    ):
-        # A small 1-D array of a plain dtype (a prediction, a score row): numpy.frombuffer over the bytes
-        # (in band, a bytearray on load: writable). About half the time of numpy's own forms each way
-        # (docs/objects.md, "Small numpy arrays"); stock pickle and the restricted loader both read it.
-        return np.frombuffer, (pickle.PickleBuffer(cast(Any, a)), dt)  # (cast: numpy's stubs, 3.9)
+    if nbytes and a.ndim == 1:
+        dt = a.dtype
+        plain = _PLAIN.get(dt)
+        if plain is None:
+            plain = _PLAIN[dt] = dt.kind in _PLAIN_KINDS and dt.fields is None and dt.metadata is None
+        if plain:
+            # A small 1-D array (a prediction, a score row, a column): numpy.frombuffer over a copy of
+            # its elements, a bytearray (writable and owned on load, as numpy's own form gives).
+            # Stock pickle and the restricted loader both read it; costs in docs/objects.md.
+            return np.frombuffer, (bytearray(cast(Any, a)), dt)
     return a.__reduce__()  # in band; loads faster than protocol 5's small buffers
 
 
