@@ -54,6 +54,31 @@ def test_tensors_roundtrip_every_dtype_and_layout(dtype):
         assert got.requires_grad == t.requires_grad and got.device.type == "cpu"
 
 
+@pytest.mark.parametrize("restricted", [False, True])
+def test_tensors_with_conj_or_neg_bits_and_small_ones_come_back_exact_and_owned(restricted):
+    c = torch.complex(torch.arange(6.0), torch.arange(6.0) + 10)
+    neg = c.conj().imag  # a view with the neg bit set
+    assert c.conj().is_conj() and neg.is_neg()
+    small = torch.arange(40, dtype=torch.int64).reshape(5, 8)
+    cases = {
+        "conj": c.conj(),
+        "neg": neg,
+        "0-d int": torch.tensor(5),
+        "column": small[:, 3],
+        "bf16 strided": small.to(torch.bfloat16)[:, ::3],
+        "grad": torch.ones(3, requires_grad=True),
+    }
+    serializer = ser.RestrictedPickleSerializer() if restricted else ser.PickleSerializer()
+    back, _, _ = _roundtrip(cases, serializer)
+    for name, t in cases.items():
+        got = back[name]
+        assert got.dtype == t.dtype and got.shape == t.shape, name
+        assert torch.equal(got.resolve_conj().resolve_neg(), t.detach().resolve_conj().resolve_neg()), name
+        assert not got.is_conj() and not got.is_neg() and got.requires_grad == t.requires_grad, name
+    back["column"][0] = -1  # the result owns its memory
+    assert small[0, 3] == 3
+
+
 def test_large_buffers_travel_out_of_band_and_alias_the_frame():
     arr = np.arange(100_000, dtype=np.float64)
     t = torch.arange(50_000, dtype=torch.float32)

@@ -86,18 +86,30 @@ def _aligned(n: int) -> int:
 # ---- tensors and arrays ----------------------------------------------------------
 
 
+#: dtype name (as streams carry it) -> torch dtype, filled as names are first seen
+_TORCH_DTYPES: dict[str, torch.dtype] = {}
+#: torch dtype -> (its name in streams, whether ``Tensor.numpy()`` takes it)
+_TENSOR_KINDS: dict[torch.dtype, tuple[str, bool]] = {}
+
+
 def _rebuild_tensor(buf: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
     """Rebuild a tensor from its bytes (no copy when the buffer is writable)."""
-    dt = getattr(torch, dtype, None)
-    if not isinstance(dt, torch.dtype):
-        raise pickle.UnpicklingError(f"tensor payload names an unknown dtype {dtype!r}")
-    view = memoryview(buf).cast("B")
-    if view.nbytes == 0:
+    dt = _TORCH_DTYPES.get(dtype)
+    if dt is None:
+        dt = getattr(torch, dtype, None)
+        if not isinstance(dt, torch.dtype):
+            raise pickle.UnpicklingError(f"tensor payload names an unknown dtype {dtype!r}")
+        _TORCH_DTYPES[dtype] = dt
+    if type(buf) is not bytearray:  # in band, the encoder sends a bytearray: writable, this tensor's own
+        buf = memoryview(buf).cast("B")
+        if buf.readonly and buf.nbytes:
+            buf = bytearray(buf)
+    if len(buf) == 0:
         out = torch.empty(shape, dtype=dt)
     else:
-        if view.readonly:
-            view = memoryview(bytearray(view))
-        out = torch.frombuffer(view, dtype=torch.uint8).view(dt).reshape(shape)
+        out = torch.frombuffer(buf, dtype=dt)
+        if len(shape) != 1 or out.shape[0] != shape[0]:
+            out = out.reshape(shape)
     loc = _MAP_LOCATION.get()
     if loc is not None and out.device != loc:
         out = out.to(loc)
@@ -106,16 +118,38 @@ def _rebuild_tensor(buf: Any, dtype: str, shape: tuple[int, ...], requires_grad:
     return out
 
 
+def _tensor_kind(dt: torch.dtype) -> tuple[str, bool]:
+    kind = _TENSOR_KINDS.get(dt)
+    if kind is None:
+        try:
+            torch.empty(0, dtype=dt).numpy()
+            numpy_ok = True
+        except (TypeError, RuntimeError):  # bfloat16, complex32, float8 kinds: no numpy dtype
+            numpy_ok = False
+        kind = _TENSOR_KINDS[dt] = (str(dt).replace("torch.", ""), numpy_ok)
+    return kind
+
+
 def _reduce_tensor(t: torch.Tensor) -> Any:
-    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta" or t.is_nested:
+    if t.layout != torch.strided or t.is_quantized or t.is_meta or t.is_nested:
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own format
-    d = t.detach()
-    if d.device.type != "cpu":
+    d = t.detach() if t.requires_grad else t
+    if not d.is_cpu:
         d = d.cpu()  # tensors land on CPU (or map_location) on the other side
-    d = d.resolve_conj().resolve_neg().contiguous()
-    data: Any = d.reshape(-1).view(torch.uint8).numpy()  # a buffer (numpy's stubs say otherwise on 3.9)
-    name = str(t.dtype).replace("torch.", "")
-    return _rebuild_tensor, (pickle.PickleBuffer(data), name, tuple(t.shape), bool(t.requires_grad))
+    if d.is_conj():
+        d = d.resolve_conj()
+    if d.is_neg():
+        d = d.resolve_neg()
+    name, numpy_ok = _tensor_kind(d.dtype)
+    shape = tuple(t.shape)
+    if numpy_ok and d.numel() * d.element_size() < OOB_THRESHOLD:
+        # small: a bytearray copy of the elements in C order (any strides; through a memoryview: a
+        # 0-d integer array would be taken as a length), in band; no per-tensor
+        # buffer callback, and the loader's tensor owns it (docs/objects.md, "Small numpy arrays")
+        small = bytearray(memoryview(cast(Any, d.numpy())))
+        return _rebuild_tensor, (small, name, shape, bool(t.requires_grad))
+    data: Any = d.contiguous().reshape(-1).view(torch.uint8).numpy()  # (Any: numpy's stubs on 3.9)
+    return _rebuild_tensor, (pickle.PickleBuffer(data), name, shape, bool(t.requires_grad))
 
 
 # The loader's name for it. Streams keep naming ``_rebuild_tensor`` (the pickled reducer and the
@@ -140,7 +174,7 @@ def _reduce_ndarray(a: np.ndarray) -> Any:
             # A small 1-D array (a prediction, a score row, a column): numpy.frombuffer over a copy of
             # its elements, a bytearray (writable and owned on load, as numpy's own form gives).
             # Stock pickle and the restricted loader both read it; costs in docs/objects.md.
-            return np.frombuffer, (bytearray(cast(Any, a)), dt)
+            return np.frombuffer, (bytearray(memoryview(cast(Any, a))), dt)
     return a.__reduce__()  # in band; loads faster than protocol 5's small buffers
 
 
