@@ -105,7 +105,7 @@ def _check_bool_bytes(name: str, view: memoryview) -> None:
 _PLAIN_KINDS = "biufc"
 
 
-def _plain_dtype(dt: Any) -> bool:
+def plain_dtype(dt: Any) -> bool:
     """A numpy dtype that any bytes are a valid value of: bool, ints, floats, complex, one element."""
     return (
         isinstance(dt, np.dtype)
@@ -117,10 +117,10 @@ def _plain_dtype(dt: Any) -> bool:
 
 
 def _array_dtype(name: str, dt: Any, allow_object: bool = False) -> np.dtype:
-    if _plain_dtype(dt):
+    if plain_dtype(dt):
         return dt
     if isinstance(dt, np.dtype) and dt.fields is not None and dt.kind == "V":
-        if all(_plain_dtype(f[0]) and f[0].kind != "b" and len(f) == 2 for f in dt.fields.values()):
+        if all(plain_dtype(f[0]) and f[0].kind != "b" and len(f) == 2 for f in dt.fields.values()):
             return dt
     if (
         allow_object
@@ -249,7 +249,7 @@ def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
     _arity("numpy.frombuffer", args, 2, 2)
     view = byte_view("numpy.frombuffer", args[0])
     dt = args[1]
-    if not (isinstance(dt, np.dtype) and _plain_dtype(dt)):
+    if not plain_dtype(dt):
         raise refuse(f"numpy.frombuffer: dtype must be a plain numeric dtype, got {dt!r}")
     if not view.nbytes or view.nbytes % dt.itemsize:
         raise refuse(f"numpy.frombuffer: {view.nbytes} bytes is not a whole, non-empty number of {dt} items")

@@ -41,6 +41,7 @@ from ._restricted import (
     restricted_loads,
     safe_globals,
 )
+from ._restricted_checks import plain_dtype
 
 
 __all__ = [
@@ -71,7 +72,6 @@ MAGIC = int.from_bytes(b"HWDOBJ01", "little")
 _FIXED = 4  # magic, total length, stream length, number of buffers
 #: Buffers at least this large travel out of band (not copied into the pickle stream).
 OOB_THRESHOLD = 64 * 1024
-_PLAIN_KINDS = "biufc"  # bool, int, uint, float, complex: what numpy.frombuffer rebuilds exactly
 
 MapLocation = Union[None, str, torch.device]
 _MAP_LOCATION: contextvars.ContextVar[Optional[torch.device]] = contextvars.ContextVar(
@@ -169,7 +169,7 @@ def _reduce_ndarray(a: np.ndarray) -> Any:
         dt = a.dtype
         plain = _PLAIN.get(dt)
         if plain is None:
-            plain = _PLAIN[dt] = dt.kind in _PLAIN_KINDS and dt.fields is None and dt.metadata is None
+            plain = _PLAIN[dt] = plain_dtype(dt)  # the restricted loader's own test of the dtype
         if plain:
             # A small 1-D array (a prediction, a score row, a column): numpy.frombuffer over a copy of
             # its elements, a bytearray (writable and owned on load, as numpy's own form gives).
