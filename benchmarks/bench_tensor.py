@@ -8,11 +8,12 @@ on a shared machine cancels) and the ratio of the minimums. Nothing here asserts
 
 Usage::
 
-    python -m benchmarks.bench_tensor [--quick] [--passthrough] [--json PATH]
+    python -m benchmarks.bench_tensor [--quick] [--passthrough | --dict] [--json PATH]
 
 ``--passthrough`` runs only the pass-through rows (the engine's fast path:
 ``all_reduce``, ``broadcast``, ``all_gather(same_shape=True)``, sync and async,
-each with the raw call timed against itself as the noise floor of that case).
+each with the raw call timed against itself as the noise floor of that case);
+``--dict`` only the ``all_reduce_dict`` rows.
 
 Cases: all_reduce 4 KiB / 1 MiB / 64 MiB, mean, all_gather (with and without
 the shape exchange), broadcast, all_reduce_dict of 20 metrics vs a
@@ -81,7 +82,6 @@ def _iters_for(nbytes: int, quick: bool) -> tuple[int, int]:
 def bench_rank(quick: bool) -> list[dict[str, Any]]:
     """Runs on every rank; returns the table rows (rank 0's timings)."""
     ws = tdist.get_world_size()
-    rank = tdist.get_rank()
     rows: list[dict[str, Any]] = []
 
     # ---- all_reduce sum / mean ---------------------------------------------------
@@ -137,37 +137,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
                 _row("control: raw broadcast 4 KiB with a 5 us busy-wait first", times, "raw_busy", "raw")
             )
 
-    # ---- all_reduce_dict of 20 metrics ------------------------------------------------
-    metrics = {f"metric_{i:02d}": torch.tensor(float(i + rank)) for i in range(20)}
-
-    def raw_dict() -> None:
-        keys = sorted(metrics)
-        flat = torch.stack([metrics[k] for k in keys])
-        tdist.all_reduce(flat)
-        for k, v in zip(keys, flat.unbind(0)):
-            metrics[k] = v
-
-    def raw_dict_again() -> None:  # the same code under another name: the noise floor of the ratio
-        raw_dict()
-
-    # many short samples: one small collective costs 0.1-1 ms here and its latency is bimodal
-    iters, samples = (10, 51) if quick else (10, 201)
-    times = measure(
-        {
-            "hw": lambda: hwdist.all_reduce_dict(metrics),
-            "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
-            "raw": raw_dict,
-            "raw_again": raw_dict_again,
-            "raw_busy": _busy_first(12e-6, raw_dict),
-        },
-        iters,
-        samples,
-    )
-    rows.append(_row("all_reduce_dict 20 metrics (verify=True)", times, "hw", "raw"))
-    rows.append(_row("all_reduce_dict 20 metrics (verify=False)", times, "hw_noverify", "raw"))
-    rows.append(_row("control: hand-flattened vs itself (noise floor)", times, "raw_again", "raw"))
-    rows.append(_row("control: hand-flattened with a 12 us busy-wait first", times, "raw_busy", "raw"))
-    rows.append(_dict_python_cost(metrics, raw_dict, ws, quick))
+    rows += bench_dict(quick)
 
     # ---- all_reduce_params on ResNet-50 shapes ----------------------------------------------
     params = [torch.ones(s) for s in resnet50_shapes()]
@@ -199,6 +169,44 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     row = _row("all_reduce 1 element, 2 ranks", times, "hw", "raw")
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     rows.append(row)
+    return rows
+
+
+def bench_dict(quick: bool) -> list[dict[str, Any]]:
+    """The all_reduce_dict rows (runs on every rank): hwdist vs the hand-flattened raw code, with controls."""
+    ws = tdist.get_world_size()
+    rank = tdist.get_rank()
+    rows: list[dict[str, Any]] = []
+    metrics = {f"metric_{i:02d}": torch.tensor(float(i + rank)) for i in range(20)}
+
+    def raw_dict() -> None:
+        keys = sorted(metrics)
+        flat = torch.stack([metrics[k] for k in keys])
+        tdist.all_reduce(flat)
+        for k, v in zip(keys, flat.unbind(0)):
+            metrics[k] = v
+
+    def raw_dict_again() -> None:  # the same code under another name: the noise floor of the ratio
+        raw_dict()
+
+    # many short samples: one small collective costs 0.1-1 ms here and its latency is bimodal
+    iters, samples = (10, 51) if quick else (10, 201)
+    times = measure(
+        {
+            "hw": lambda: hwdist.all_reduce_dict(metrics),
+            "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
+            "raw": raw_dict,
+            "raw_again": raw_dict_again,
+            "raw_busy": _busy_first(12e-6, raw_dict),
+        },
+        iters,
+        samples,
+    )
+    rows.append(_row("all_reduce_dict 20 metrics (verify=True)", times, "hw", "raw"))
+    rows.append(_row("all_reduce_dict 20 metrics (verify=False)", times, "hw_noverify", "raw"))
+    rows.append(_row("control: hand-flattened vs itself (noise floor)", times, "raw_again", "raw"))
+    rows.append(_row("control: hand-flattened with a 12 us busy-wait first", times, "raw_busy", "raw"))
+    rows.append(_dict_python_cost(metrics, raw_dict, ws, quick))
     return rows
 
 
@@ -349,6 +357,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     """Run the benchmark and print the table (and write JSON if asked)."""
+    if "--dict" in argv:
+        argv = [a for a in argv if a != "--dict"]
+        return bench_main(argv, __doc__.splitlines()[0], [(2, bench_dict)], format_table)
     if "--passthrough" in argv:
         argv = [a for a in argv if a != "--passthrough"]
         stages = [(2, bench_passthrough), (1, bench_passthrough_solo)]
