@@ -100,7 +100,7 @@ class DictLayout:
 
     __slots__ = (
         "sig", "driver", "device_type", "ws", "parts", "stack", "flag", "words", "_rows", "cdev", "cpu",
-        "keys", "dtypes", "shapes", "held", "explicit", "fp", "_scratch",
+        "keys", "dtypes", "shapes", "held", "explicit", "fp", "_reducers",
     )  # fmt: skip
 
     def __init__(
@@ -153,7 +153,9 @@ class DictLayout:
         self.words = fingerprint(op, describe(keys, shapes, dtypes))
         self.fp = (self.words[0] << 31) | self.words[1]
         self._rows: dict[tuple[Optional[torch.device], int], Tensor] = {}
-        self._scratch: list[Tensor] = []
+        #: (part, stacked) -> its reducer, made by the first such call (kept: its route, rows and wire call);
+        #: a stacked layout's rows and its packed zeros (``pack(None, ...)``) are buffers of two shapes
+        self._reducers: dict[tuple[int, bool], _transport.FlatReducer] = {}
         # the verdicts this layout's calls record (the same on every rank: built from agreed facts only)
         nbytes = sum(p.layout.total * torch.empty((), dtype=p.pack_dtype).element_size() for p in parts)
         head = (_sizes.Header.of_bytes(nbytes, self.fp),)
@@ -244,12 +246,14 @@ class DictLayout:
 
     def reduce(self, bufs: Buffers, group: Any) -> None:
         """Reduce every buffer across the ranks, in place."""
-        scratch = self._scratch
+        reducers, stacked = self._reducers, bufs[1]
         for i, (part, (_, wire)) in enumerate(zip(self.parts, bufs[0])):
-            if i >= len(scratch):  # the local reduction's gathered rows: one buffer per part, reused
-                scratch.append(torch.empty(self.ws * wire.numel(), dtype=wire.dtype, device=wire.device))
-            rop = part.plan.reduce_op or "sum"
-            _transport.reduce_buffer(wire, rop, group, self.ws, self.driver, scratch[i])
+            reducer = reducers.get((i, stacked))
+            if reducer is None or not reducer.current():
+                rop = part.plan.reduce_op or "sum"
+                reducer = _transport.FlatReducer(wire, rop, group, self.ws, self.driver)
+                reducers[(i, stacked)] = reducer
+            reducer(wire)
 
     def unpack(
         self, bufs: Buffers, keys: Sequence[Any], values: Sequence[Tensor], data: Any, flagged: bool = False

@@ -29,6 +29,7 @@ import torch
 from .. import registry
 from ..drivers.base import byte_carrier
 from ..errors import PlanError
+from ..drivers import tuning as _tuning
 from ..drivers.tuning import tuning
 from ._engine import issue, view, wire_call
 from ._wire import itemsize
@@ -56,24 +57,65 @@ _LOCAL: dict[str, Callable[[Tensor, Tensor], Any]] = {
     "bxor": _bitwise(torch.bitwise_xor),
 }
 
-def reduce_buffer(
-    buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any, scratch: Optional[Tensor] = None
-) -> None:
+class FlatReducer:
+    """Reduces buffers of one shape, dtype and device across a group in place, call after call.
+
+    The route (one all_gather plus a local reduction, or one all_reduce: ``reduce_by_gather_max_bytes``),
+    the gathered rows' buffer and the wire call are chosen and made once; each call then issues one
+    collective (and the local reduction). What ``all_reduce_dict`` keeps per layout; a one-off reduction
+    is [`reduce_buffer`][hwdist.collectives._transport.reduce_buffer]. A keeper checks ``current()``
+    before each call: False once ``set_tuning`` has changed the table the route was chosen from.
+
+    Args:
+        like: a buffer of the shape, dtype and device every call's buffer has (contiguous).
+        reduce_op: an issued op name ('sum', 'max', ...).
+        group: the process group.
+        world_size: the group's size.
+        driver: the group's driver.
+    """
+
+    __slots__ = ("call", "gathered", "flat", "generation")
+
+    def __init__(self, like: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
+        #: the tuning table's generation the route was chosen under (a keeper remakes the reducer when
+        #: ``set_tuning`` has run since: the route then follows the new table on every rank alike)
+        self.generation = _tuning.generation
+        limit = tuning(driver).reduce_by_gather_max_bytes
+        local = _LOCAL.get(reduce_op) if limit else None
+        #: the buffer is 1-D (it goes as it is; else as a flat view of it)
+        self.flat = like.dim() == 1
+        #: the gather route's rows (viewed world_size x shape) and local reduction; None: all_reduce
+        self.gathered: Optional[tuple[Tensor, Callable[[Tensor, Tensor], Any]]] = None
+        if local is not None and like.numel() * like.element_size() * world_size <= limit:
+            rows = torch.empty(world_size * like.numel(), dtype=like.dtype, device=like.device)
+            self.call = wire_call(group, "all_gather_flat", recv=rows, driver=driver)
+            self.gathered = (rows.view(world_size, *like.shape), local)
+        else:
+            self.call = wire_call(group, "all_reduce", reduce_op=reduce_op)
+
+    def current(self) -> bool:
+        """Whether the tuning table is still the one this reducer's route was chosen from."""
+        return self.generation == _tuning.generation
+
+    def __call__(self, buf: Tensor) -> None:
+        """Reduce ``buf`` (the shape, dtype and device of ``like``, contiguous) in place."""
+        c = self.call
+        gathered = self.gathered
+        c.send = buf if (gathered is None or self.flat) else buf.reshape(-1)
+        try:
+            issue(c)
+        finally:
+            c.send = None  # the caller's buffer is not kept
+        if gathered is not None:
+            gathered[1](gathered[0], buf)
+
+
+def reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
     """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...).
 
-    ``scratch``: a caller's buffer of ``world_size * buf.numel()`` elements of ``buf``'s dtype and
-    device for the gathered rows (reused across calls; None: a new one when needed).
+    One call's [`FlatReducer`][hwdist.collectives._transport.FlatReducer] (made and dropped).
     """
-    limit = tuning(driver).reduce_by_gather_max_bytes
-    local = _LOCAL.get(reduce_op) if limit else None
-    if local is not None and buf.numel() * buf.element_size() * world_size <= limit:
-        gathered = scratch
-        if gathered is None or gathered.numel() != world_size * buf.numel() or gathered.dtype != buf.dtype:
-            gathered = torch.empty(world_size * buf.numel(), dtype=buf.dtype, device=buf.device)
-        issue(wire_call(group, "all_gather_flat", send=buf.reshape(-1), recv=gathered, driver=driver))
-        local(gathered.view(world_size, *buf.shape), buf)
-    else:
-        issue(wire_call(group, "all_reduce", send=buf, reduce_op=reduce_op))
+    FlatReducer(buf, reduce_op, group, world_size, driver)(buf)
 
 
 _MAX_PLANS: dict[Any, Any] = {}

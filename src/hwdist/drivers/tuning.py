@@ -65,6 +65,10 @@ TUNING: dict[str, Tuning] = {
 """Backend name -> its tuning (the measurements behind each entry: docs/benchmarks.md)."""
 
 
+#: Bumped by every ``set_tuning``: what keeps a choice made from the table (a ``FlatReducer``'s route)
+#: compares it to the one it was made under.
+generation = 0
+
 _FLOOR: list[int] = []  # the smallest gather_by_broadcast_min_bytes of any backend (cached)
 
 
@@ -93,4 +97,6 @@ def set_tuning(name: str, value: Tuning) -> Tuning:
     old = TUNING.get(name.lower(), DEFAULT)
     TUNING[name.lower()] = value
     _FLOOR.clear()
+    global generation
+    generation += 1
     return old
