@@ -45,6 +45,8 @@ from . import _sizes, _transport
 from ._wire import divide
 from .flat import FlatLayout
 
+_STRIDED = torch.strided
+
 Tensor = torch.Tensor
 #: (op, sorted keys, shapes, dtypes): everything of a call that decides the wire format.
 Signature = tuple[str, tuple[Any, ...], tuple[torch.Size, ...], tuple[torch.dtype, ...]]
@@ -100,7 +102,7 @@ class DictLayout:
 
     __slots__ = (
         "sig", "driver", "device_type", "ws", "parts", "stack", "flag", "words", "_rows", "cdev", "cpu",
-        "keys", "dtypes", "shapes", "held", "explicit", "fp", "_reducers",
+        "keys", "dtypes", "shapes", "held", "explicit", "fp", "_reducers", "stacked", "scalar", "divide",
     )  # fmt: skip
 
     def __init__(
@@ -146,6 +148,11 @@ class DictLayout:
         )
         if self.stack:
             parts[0].extra = parts[0].layout.numels[0]
+        #: what the stacked path compares and reads per call, worked out once: the stacked buffer's
+        #: shape (the values and the flag row), scalar rows, and whether mean divides afterwards
+        self.stacked = torch.Size((len(keys) + 1, *shapes[0])) if self.stack else None
+        self.scalar = bool(self.stack and len(shapes[0]) == 0)
+        self.divide = bool(parts and parts[0].plan.post is Post.DIVIDE)
         self.parts = parts
         first = parts[0].plan if parts else None
         self.flag = _sizes.match_flag(first.reduce_op or "sum", first.comm_dtype, ws) if first else None
@@ -227,11 +234,13 @@ class DictLayout:
             if [v.dtype for v in values] != self.dtypes:
                 return None  # (torch.stack would promote a stray int silently)
             first = values[0]
-            if not (first.is_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
+            on_cpu = first.is_cpu
+            if not (on_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
                 return None
             if self.stack:
-                flat = torch.stack([*values, self._row(first, flag)])
-                if flat.shape[1:] != self.shapes[0] or flat.layout is not torch.strided or flat.is_meta:
+                row = self._rows.get((None, flag)) if on_cpu else None  # the CPU row, made by _row once
+                flat = torch.stack([*values, self._row(first, flag) if row is None else row])
+                if flat.shape != self.stacked or flat.layout is not _STRIDED or flat.is_meta:
                     return None
                 if flat.requires_grad:
                     flat = flat.detach()
@@ -269,9 +278,9 @@ class DictLayout:
             if flagged:
                 last = rows[-1]
                 assert self.flag is not None
-                if not self.flag.ok((last if last.dim() == 0 else last.reshape(-1)[0]).item()):
+                if not self.flag.ok((last if self.scalar else last.reshape(-1)[0]).item()):
                     return False
-            if self.parts[0].plan.post is Post.DIVIDE:
+            if self.divide:
                 divide(flat, self.ws)
             if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
                 rows = flat.to(values[0].device).unbind(0)
