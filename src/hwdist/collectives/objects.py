@@ -88,7 +88,8 @@ from ._records import (
     parse_record,
     raise_failures,
 )
-from .serialization import (
+from . import serialization as _serialization
+from .serialization import (  # noqa: F401  (re-exported: in __all__ through _serialization.__all__)
     Frame,
     MapLocation,
     PickleSerializer,
@@ -108,17 +109,14 @@ from .serialization import (
     use_serializer,
 )
 
-# Re-lists serialization's public names on purpose: objects is where users import them from.
+# serialization's public names are re-exported: objects is where users import them from
+# (the wire's Frame and encode/decode stay serialization's own)
 __all__ = [
     "all_gather_object",
     "gather_object",
     "broadcast_object_list",
     "broadcast_object",
     "scatter_object_list",
-    "object_to_tensor",
-    "tensor_to_object",
-    "obj2tensor",
-    "tensor2obj",
     "ObjectCollectiveError",
     "SerializationError",
     "CollectiveArgumentError",
@@ -126,17 +124,7 @@ __all__ = [
     "set_object_path",
     "get_object_path",
     "object_path",
-    "Serializer",
-    "PickleSerializer",
-    "RestrictedPickleSerializer",
-    "RestrictedUnpickler",
-    "UnpicklingRefused",
-    "get_serializer",
-    "set_serializer",
-    "use_serializer",
-    "register_safe_class",
-    "safe_globals",
-    "restricted_loads",
+    *(n for n in _serialization.__all__ if n not in ("Frame", "encode", "decode")),
 ]
 
 #: Above this many bytes in all, an all_gather moves each rank's payload by broadcast
