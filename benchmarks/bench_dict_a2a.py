@@ -6,10 +6,8 @@ its raw torch equivalent in one process group (``measure``: sample A, B, B, A,
 floor ("control"). Rank 0's times; ratios are paired medians and the ratio of
 the minimums.
 
-- ``all_reduce_dict`` of 20 scalar metrics vs the hand-flattened ``stack`` +
-  ``all_reduce`` + ``unbind`` of ``bench_tensor.py``; then the CPU time per call
-  of both with the collective replaced by a local stand-in (one process, no
-  communication: the deterministic part).
+- ``all_reduce_dict``: ``bench_tensor.bench_dict``'s rows (``python -m benchmarks.bench_tensor
+  --dict`` runs them alone).
 - ``all_to_all`` with uneven splits (piece ``j -> r`` of ``base * (1 + (j + r) % 2)``
   float32 elements) that repeat every call, vs the same list all_to_all written by
   hand over torch's flat form (``cat`` + ``all_to_all_single`` + copies: gloo's
@@ -32,67 +30,12 @@ import torch.distributed as tdist
 import hwdist
 
 from ._common import KiB, bench_main, measure
-from .bench_tensor import _row, format_table, measure_local
+from .bench_tensor import _row, bench_dict, format_table
 
 
 def _dict_rows(quick: bool) -> list[dict[str, Any]]:
-    rank = tdist.get_rank()
-    ws = tdist.get_world_size()
-    metrics = {f"metric_{i:02d}": torch.tensor(float(i + rank)) for i in range(20)}
-
-    def raw_dict() -> None:
-        keys = sorted(metrics)
-        flat = torch.stack([metrics[k] for k in keys])
-        tdist.all_reduce(flat)
-        for k, v in zip(keys, flat.unbind(0)):
-            metrics[k] = v
-
-    def raw_again() -> None:
-        raw_dict()
-
-    iters, samples = (10, 51) if quick else (10, 201)
-    times = measure(
-        {
-            "hw": lambda: hwdist.all_reduce_dict(metrics),
-            "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
-            "raw": raw_dict,
-            "raw_again": raw_again,
-        },
-        iters,
-        samples,
-    )
-    rows = [
-        _row("all_reduce_dict 20 metrics (verify=True)", times, "hw", "raw"),
-        _row("all_reduce_dict 20 metrics (verify=False)", times, "hw_noverify", "raw"),
-        _row("control: hand-flattened vs itself", times, "raw_again", "raw"),
-    ]
-    # CPU time without the collective: all_reduce -> mul_(ws), the flat all_gather -> copies
-    from hwdist import _compat
-
-    real = tdist.all_reduce, _compat.all_gather_into_tensor
-
-    def gather_same(out: torch.Tensor, inp: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        out.view(ws, -1).copy_(inp.reshape(1, -1))
-
-    tdist.all_reduce = lambda t, *args, **kwargs: t.mul_(ws)  # type: ignore[assignment]
-    _compat.all_gather_into_tensor = gather_same
-    try:
-        local = measure_local(
-            {
-                "hw": lambda: hwdist.all_reduce_dict(metrics),
-                "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
-                "raw": raw_dict,
-            },
-            2000 if quick else 5000,
-            7,
-        )
-    finally:
-        tdist.all_reduce, _compat.all_gather_into_tensor = real
-    for name, label in (("hw", "verify=True"), ("hw_noverify", "verify=False")):
-        row = _row(f"all_reduce_dict 20 metrics ({label}), CPU time without the collective", local, name,
-                   "raw")
-        row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
-        rows.append(row)
+    """The all_reduce_dict rows: ``bench_tensor``'s own (one definition of the case and its controls)."""
+    rows = bench_dict(quick)
     tdist.barrier()
     return rows
 
