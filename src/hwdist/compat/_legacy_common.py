@@ -23,6 +23,7 @@ __all__ = [
     "fingerprint",
     "layout_digest",
     "agree_or_raise",
+    "agree_on_layout",
 ]
 
 
@@ -110,3 +111,12 @@ def agree_or_raise(
         )
 
 
+def agree_on_layout(fn: str, grp: Any, problem: Optional[BaseException], layout: str, mismatch: str) -> None:
+    """Every rank raises together when one rank's arguments are bad or the ranks' ``layout`` texts differ.
+
+    The agreement of the mirrored ``all_reduce_dict`` (vis4d) and ``pack_allreduce_split`` (MegEngine):
+    one small collective of the layout's digest; ``mismatch`` is the error's text after ``fn: ``.
+    """
+    got = agree(fn, grp, problem=problem, words=[layout_digest(layout)])
+    if not got.same:
+        raise CollectiveArgumentError(f"{fn}: {mismatch}")

@@ -28,9 +28,8 @@ from torch import Tensor
 
 import hwdist
 
-from ..collectives._agree import agree
-from ..errors import ArgumentAssertionError, CollectiveArgumentError
-from ._legacy_common import layout_digest
+from ..errors import ArgumentAssertionError
+from ._legacy_common import agree_on_layout
 
 # MegEngine's API shape, mirrored on purpose (like info's and vis4d's): a drop-in must match its original.
 __all__ = [
@@ -187,14 +186,11 @@ def pack_allreduce_split(
         problem = exc
     if hwdist.is_distributed() and hwdist.get_world_size(group) > 1:
         layout = f"{offsets_val[-1] if offsets_val else 0}:{packed.dtype}"
-        # Same layout-digest agreement as vis4d's all_reduce_dict on purpose: each mirrors its original.
-        digest = layout_digest(layout)
-        got = agree("pack_allreduce_split", group, problem=problem, words=[digest])
-        if not got.same:
-            raise CollectiveArgumentError(
-                "pack_allreduce_split: the ranks' packed buffers differ in size or dtype; every rank must"
-                " pass tensors of the same shapes and dtype"
-            )
+        agree_on_layout(
+            "pack_allreduce_split", group, problem, layout,
+            "the ranks' packed buffers differ in size or dtype; every rank must pass tensors of the same"
+            " shapes and dtype",
+        )
     elif problem is not None:
         raise problem
     hwdist.all_reduce(packed, "sum", group)

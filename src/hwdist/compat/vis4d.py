@@ -34,7 +34,7 @@ from ..collectives._agree import agree
 from ..drivers.nccl import NcclDriver
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
 from ..launch.resolvers import env_int
-from ._legacy_common import layout_digest
+from ._legacy_common import agree_on_layout
 
 __all__ = [
     "all_gather_object_cpu",
@@ -420,13 +420,11 @@ def all_reduce_dict(
             f"all_reduce_dict: py_dict[{bad!r}] must be a tensor, got {type(py_dict[bad]).__name__}"
         )
     layout = "" if problem else repr([(k, tuple(py_dict[k].shape), py_dict[k].dtype) for k in keys])
-    digest = layout_digest(layout)
-    got = agree("all_reduce_dict", None, problem=problem, words=[digest])
-    if not got.same:
-        raise CollectiveArgumentError(
-            "all_reduce_dict: the ranks' values differ in shape or dtype; every rank must hold the same"
-            " keys with values of the same shape"
-        )
+    agree_on_layout(
+        "all_reduce_dict", None, problem, layout,
+        "the ranks' values differ in shape or dtype; every rank must hold the same keys with values of the"
+        " same shape",
+    )
     shapes = [py_dict[k].shape for k in keys]
     numels = [py_dict[k].numel() for k in keys]
     parts = [py_dict[k].flatten().float() if to_float else py_dict[k].flatten() for k in keys]
