@@ -234,12 +234,10 @@ class DictLayout:
             if [v.dtype for v in values] != self.dtypes:
                 return None  # (torch.stack would promote a stray int silently)
             first = values[0]
-            on_cpu = first.is_cpu
-            if not (on_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
+            if not (first.is_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
                 return None
             if self.stack:
-                row = self._rows.get((None, flag)) if on_cpu else None  # the CPU row, made by _row once
-                flat = torch.stack([*values, self._row(first, flag) if row is None else row])
+                flat = torch.stack([*values, self._row(first, flag)])
                 if flat.shape != self.stacked or flat.layout is not _STRIDED or flat.is_meta:
                     return None
                 if flat.requires_grad:
