@@ -98,9 +98,9 @@ class FlatReducer:
         #: the gather route's local reduction of the gathered rows into a buffer; None: all_reduce
         self.gathered: Optional[Callable[[Tensor], Any]] = None
         if local is not None and like.numel() * like.element_size() * world_size <= limit:
-            flat = torch.empty(world_size * like.numel(), dtype=like.dtype, device=like.device)
-            self.call = wire_call(group, "all_gather_flat", recv=flat, driver=driver)
-            rows = flat.view(world_size, *like.shape)
+            recv = torch.empty(world_size * like.numel(), dtype=like.dtype, device=like.device)
+            self.call = wire_call(group, "all_gather_flat", recv=recv, driver=driver)
+            rows = recv.view(world_size, *like.shape)
             pair = _PAIR.get(reduce_op) if world_size == 2 else None
             if pair is not None:  # views of the two rows, made once (the buffer is reused)
                 first, second = rows.unbind(0)
