@@ -125,6 +125,11 @@ class _Counter:
 
 
 def _gathers_rank(patterns: list[str]) -> dict:
+    from hwdist import _state
+
+    # the pooled ranks may hold size histories from an earlier test (a back-off in progress); the counts
+    # below are those of a fresh history, so every rank forgets its group state first, together
+    _state.clear()
     rank, ws = hwdist.get_rank(), hwdist.get_world_size()
     out: dict = {}
     counter = _Counter()
