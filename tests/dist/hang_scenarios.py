@@ -85,6 +85,23 @@ SCENARIOS = {
 }
 
 
+def _act_late(seconds: float) -> None:
+    """Delay this rank's watchdog between its report and its action, as a loaded host's scheduler can.
+
+    The other ranks then act first (raise, exit), and this rank's blocked call fails with the
+    backend's lost-peer error before its own watchdog acts: the race the raise action must survive.
+    """
+    from hwdist.flight import watchdog
+
+    act = watchdog.Watchdog._act
+
+    def late(self: watchdog.Watchdog, overdue: object) -> None:
+        time.sleep(seconds)
+        act(self, overdue)  # type: ignore[arg-type]
+
+    watchdog.Watchdog._act = late  # type: ignore[method-assign]
+
+
 def main() -> None:
     if os.environ.get("HANG_DEBUG"):
         import faulthandler
@@ -105,6 +122,9 @@ def main() -> None:
             backend, rank=rank, world_size=ws, local_rank=rank, init_method=f"file://{store}", timeout=120
         )
     rank, ws = hwdist.get_rank(), hwdist.get_world_size()
+    late = os.environ.get("HANG_LATE_ACT")  # "RANK:SECONDS": that rank's watchdog acts late
+    if late and int(late.split(":")[0]) == rank:
+        _act_late(float(late.split(":")[1]))
     t = torch.ones(1)
     hwdist.all_reduce(t)  # SITE-first
     hwdist.all_reduce(t)

@@ -290,6 +290,22 @@ def test_raise_action_raises_on_every_rank(backend, tmp_path):
     _assert_fast(run)
 
 
+@pytest.mark.parametrize("backend", ["gloo", "emu"])
+def test_raise_action_when_the_other_rank_acts_first(backend, tmp_path):
+    # rank 0's watchdog acts 3 s late (a loaded host): rank 1 raises and exits first, so rank 0's blocked
+    # all_reduce fails with gloo's lost-peer error before rank 0 acts; it must still raise HangDetected
+    run = _run("sleep", backend, 2, "raise", tmp_path, HANG_LATE_ACT="0:3")
+    want = (
+        f"rank 1 never called all_reduce #3 ({_site('stuck-sleep')});"
+        f" it is in evaluate() at {_site('evaluate')}"
+    )
+    for r in range(2):
+        assert f"rank {r}: RAISED HangDetected: {want}" in run.logs[r], run
+        assert run.codes[r] == 3, run
+    assert "HangDetected" not in run.logs[0].split("RAISED HangDetected")[1], run  # raised once, not twice
+    _assert_fast(run)
+
+
 def test_report_action_changes_nothing(tmp_path):
     run = _run("sleep", "gloo", 2, "report", tmp_path, HANG_SLEEP="6")
     for r in range(2):

@@ -21,7 +21,10 @@ decorator does two things, and nothing else:
    ``broadcast_object_list``, ...) is seen once, as the outer call. Observers
    must never raise; one that does is removed and a warning printed. The flight
    recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives._calls.set_recorder]), called
-   first without the generic loop; verification mode is an observer.
+   first without the generic loop; verification mode is an observer. The slot's ``end`` may
+   return an exception for a call that raised: the call raises that one instead (chained to its
+   own). The hang doctor's ``raise`` action uses it so that a call failing because the hang's
+   other ranks already acted raises [`HangDetected`][hwdist.flight.watchdog.HangDetected] too.
 3. **The verification hook.** A collective decorated with a ``describe``
    function hands the hook in the hook slot ([`set_hook`][hwdist.collectives._calls.set_hook],
    filled by ``hwdist.verify`` while the mode is on) each call's
@@ -57,8 +60,12 @@ class Observer(Protocol):
     def begin(self, op: str, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Called before the outermost public call runs; returns a token handed to ``end``."""
 
-    def end(self, token: Any, error: Optional[BaseException]) -> None:
-        """Called after the call returned (``error`` None) or raised."""
+    def end(self, token: Any, error: Optional[BaseException]) -> Optional[BaseException]:
+        """Called after the call returned (``error`` None) or raised; returns None.
+
+        The recorder slot's observer alone may return an exception for a call that raised: the call
+        raises it instead (chained to ``error``).
+        """
 
 
 #: The registered observers, in registration order (a tuple: replaced, never mutated, so reads need no lock).
@@ -140,9 +147,10 @@ def _observed(
         result = fn(*args, **kwargs)
     except BaseException as exc:
         _local.depth = 0
-        if rec is not None:
-            rec.end(token, exc)
+        instead = rec.end(token, exc) if rec is not None else None
         _end(tokens, exc)
+        if instead is not None:
+            raise instead from exc
         raise
     _local.depth = 0
     if rec is not None:
@@ -223,7 +231,9 @@ def collective(
                     try:
                         result = body(*args, **kwargs)
                     except BaseException as exc:
-                        rec.end(token, exc)
+                        instead = rec.end(token, exc)
+                        if instead is not None:  # the hang doctor's raise action: HangDetected
+                            raise instead from exc
                         raise
                     rec.end(token, None)
                     return result

@@ -130,7 +130,9 @@ class Recorder:
         self.world_info: Optional[GroupInfo] = None  # the default group's info (group=None), cached
         self._world_ref: Any = None
         self.on_first_call: Any = None  # called once, on the first recorded call (starts the watchdog)
-        self.on_failure: Any = None  # called with the entry of a call that raised (the watchdog's report)
+        #: called with the entry of a call that raised (the watchdog's report); may return the exception
+        #: the call raises instead (the raise action's HangDetected)
+        self.on_failure: Any = None
 
     def begin(self, op: str, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record the start of a call (the observer protocol); returns the entry (the token). Never raises."""
@@ -179,10 +181,10 @@ class Recorder:
         if ref is self._world_ref:
             self.world_info = None
 
-    def end(self, token: Any, error: Optional[BaseException]) -> None:
-        """Complete the entry (the observer protocol)."""
+    def end(self, token: Any, error: Optional[BaseException]) -> Optional[BaseException]:
+        """Complete the entry (the observer protocol); for a failed call, what ``on_failure`` returns."""
         if token is None:
-            return
+            return None
         token[END] = _now()
         arg = token[ARGS]
         if type(arg) is _Tensor or isinstance(arg, _Tensor):  # kept weakly once the call is over
@@ -196,9 +198,11 @@ class Recorder:
             token[ERROR] = error
             if self.on_failure is not None:
                 try:
-                    self.on_failure(token)
+                    instead = self.on_failure(token)
                 except Exception:
-                    pass  # never into the caller
+                    return None  # never into the caller
+                return instead if isinstance(instead, BaseException) else None
+        return None
 
     def entries(self) -> list[list[Any]]:
         """The entries in the buffer, oldest first (a snapshot)."""

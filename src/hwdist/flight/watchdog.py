@@ -184,6 +184,10 @@ class Watchdog:
         self.failed: list[list[Any]] = []  # entries of calls that failed for a lost peer, not reported yet
         self.last_report = ""
         self.lock = threading.Lock()  # one episode at a time (the thread, or a failed call's own thread)
+        #: the last episode whose HangDetected was handed to the main thread (raise action), and its guard:
+        #: the watchdog's act and a failing call race to deliver it, and only one may
+        self.delivered = 0
+        self.deliver_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="hwdist-hang-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -208,16 +212,40 @@ class Watchdog:
                 if not self.failed:
                     self.idle.set()
 
-    def on_failure(self, entry: list[Any]) -> None:
+    def on_failure(self, entry: list[Any]) -> Optional[BaseException]:
         """A collective failed in the backend (a lost peer): the thread reports at once.
 
         The error reaches the caller without delay; if it ends the process, the exit
-        waits (bounded, at exit) for the report. The ``raise`` action adds nothing here.
+        waits (bounded, at exit) for the report.
+
+        Returns:
+            Under the ``raise`` action, for a call of the main thread that a hang report already
+            covered: the [`HangDetected`][hwdist.flight.watchdog.HangDetected] the call raises
+            instead of the backend's error. That is the call that fails because the other ranks
+            acted on the same hang first (raised and exited: gloo says "connection closed") before
+            this rank's watchdog delivered its own. Else None.
         """
-        if _backend_failure(entry[_rec.ERROR]):
-            self.idle.clear()
-            self.failed.append(entry)
-            self.wake.set()
+        if not _backend_failure(entry[_rec.ERROR]):
+            return None
+        if (
+            self.action == "raise"
+            and id(entry) in self.reported
+            and entry[_rec.THREAD] == threading.main_thread().ident
+            and self._claim_delivery()
+        ):
+            return HangDetected()
+        self.idle.clear()
+        self.failed.append(entry)
+        self.wake.set()
+        return None
+
+    def _claim_delivery(self) -> bool:
+        """Whether the caller delivers this episode's HangDetected (True once per episode)."""
+        with self.deliver_lock:
+            if self.delivered >= self.handled:
+                return False
+            self.delivered = self.handled
+            return True
 
     def wait_idle(self) -> None:
         """At interpreter exit: let a report in progress finish (at most the record-exchange time + 2 s)."""
@@ -356,7 +384,10 @@ class Watchdog:
             _exit("abort")
         if self.action == "report" or (overdue is not None and overdue[_rec.STATE] == _rec.FAILED):
             return  # a failed call raises anyway
-        # raise: an exception in the main thread, delivered when it next runs Python code
+        # raise: an exception in the main thread, delivered when it next runs Python code (unless its
+        # blocked call already failed and raised this episode's HangDetected itself: on_failure)
+        if not self._claim_delivery():
+            return
         main = threading.main_thread().ident
         if main is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(HangDetected))
