@@ -370,7 +370,16 @@ def _record_rank() -> dict:
     import hwdist
     from hwdist import flight
 
-    before = len(flight.snapshot())
+    from hwdist.collectives import _calls
+
+    # the ring full first (as on pooled ranks after earlier tests): it keeps recording, the oldest entries
+    # go; so the new entries are picked by start time, not by position (a full ring's length does not grow)
+    ring = _calls.recorder().size  # type: ignore[union-attr]
+    one = torch.zeros(1)
+    for _ in range(ring):
+        hwdist.all_reduce(one)
+    full = len(flight.snapshot()) == ring
+    since = time.time()
     t = torch.ones(3, 2)
     hwdist.all_reduce(t)  # SITE-rec-a
     hwdist.all_reduce_dict({"a": torch.tensor(1.0)})  # SITE-rec-b
@@ -384,14 +393,16 @@ def _record_rank() -> dict:
     was = flight.enable(False)
     hwdist.all_reduce(t)  # not recorded
     flight.enable(was)
-    entries = flight.snapshot()[before:]
-    return {"entries": entries, "failed": failed, "running": flight.watchdog_running()}
+    entries = [e for e in flight.snapshot() if e["start"] >= since]
+    return {"entries": entries, "failed": failed, "running": flight.watchdog_running(), "full": full,
+            "still_full": len(flight.snapshot()) == ring}
 
 
 @pytest.mark.parametrize("backend", ["gloo", "emu"])
 @pytest.mark.parametrize("ws", [1, 2, 3])
 def test_recorder_entries(dist, ws, backend):
     for res in dist(_record_rank, ws, backend):
+        assert res["full"] and res["still_full"], res
         es = res["entries"]
         assert [e["op"] for e in es] == [
             "all_reduce",
