@@ -123,8 +123,10 @@ def main() -> None:
         )
     rank, ws = hwdist.get_rank(), hwdist.get_world_size()
     late = os.environ.get("HANG_LATE_ACT")  # "RANK:SECONDS": that rank's watchdog acts late
-    if late and int(late.split(":")[0]) == rank:
-        _act_late(float(late.split(":")[1]))
+    if late:
+        who, seconds = late.split(":")
+        if int(who) == rank:
+            _act_late(float(seconds))
     t = torch.ones(1)
     hwdist.all_reduce(t)  # SITE-first
     hwdist.all_reduce(t)
