@@ -231,3 +231,89 @@ def store_check(store: Any, keys: list[str]) -> bool:
     except RuntimeError:  # a timeout: some key is not set yet
         return False
     return True
+
+
+# ---------------------------------------------------------------------------
+# A pass-through issued on the process group object itself
+# ---------------------------------------------------------------------------
+# torch.distributed's all_reduce, broadcast and all_gather are Python wrappers around the ProcessGroup's
+# own methods. For a plain tensor of a plain dtype on the default group, outside a coalescing block, they
+# check the arguments, build an options object and call the method: 3-4 us of the 17-19 us of CPU a small
+# gloo call takes (docs/benchmarks.md, "Issuing on the process group"), for checks hwdist's pass-through has
+# already made. The engine issues such a call on the process group itself where, per call:
+# - the tensor has no __torch_function__ override and no torch function mode is on (tensor subclasses,
+#   non-strict export): torch's wrapper hands those to handle_torch_function;
+# - the default group is not inside torch's coalescing manager, which defers the call instead of issuing
+#   it. Its state (_world.pg_coalesce_state) is private: where it is missing, PG_DIRECT is False and the
+#   wrapper is always used;
+# - nothing is being traced by torch.compile / torch.export: dynamo maps torch's wrappers into the graph
+#   and refuses a process group's own methods (UnsafeScriptObjectError on torch 2.13);
+# and, per dtype (pg_direct_dtype): neither complex nor float8, which the wrappers re-view before issuing.
+# Not a version fallback: it stays while these probes hold. tests/dist/test_pg_direct.py runs both paths
+# on every torch CI runs and compares them.
+_COALESCING: Optional[dict[Any, Any]] = None
+_OPTS_ASYNC = False
+_OPTION_TYPES: dict[str, Any] = {}
+if DIST_AVAILABLE:
+    from torch.distributed import distributed_c10d as _c10d
+
+    _state = getattr(getattr(_c10d, "_world", None), "pg_coalesce_state", None)
+    _OPTION_TYPES = {
+        kind: getattr(torch._C._distributed_c10d, f"{kind.capitalize()}Options", None)
+        for kind in ("allreduce", "broadcast", "allgather")
+    }
+    if (
+        isinstance(_state, dict)
+        and all(_OPTION_TYPES.values())
+        and all(hasattr(_dist.ProcessGroup, kind) for kind in _OPTION_TYPES)
+    ):
+        _COALESCING = _state
+        #: the options carry asyncOp from torch 2.7 (torch's wrappers set it; NCCL then picks the stream by
+        #: it). Drop the check when torch>=2.7 is the floor.
+        _OPTS_ASYNC = hasattr(_OPTION_TYPES["allreduce"](), "asyncOp")
+
+# Whether torch.compile / torch.export is tracing: torch.compiler.is_compiling from torch 2.3, before it
+# torch._utils.is_compiling (dynamo reads both as True while tracing). Drop the fallback when torch>=2.3 is
+# the floor.
+_compiling: Optional[Callable[[], bool]] = getattr(torch.compiler, "is_compiling", None) or getattr(
+    torch._utils, "is_compiling", None
+)
+if _compiling is None:
+    _COALESCING = None
+
+#: Whether the engine may issue a pass-through on the process group itself (see above).
+PG_DIRECT: bool = _COALESCING is not None
+_has_tf: Callable[[Any], bool] = torch._C._has_torch_function_unary
+_OPTIONS: dict[tuple[str, Any, bool], Any] = {}
+
+
+def pg_direct_dtype(dtype: torch.dtype) -> bool:
+    """Whether torch's wrappers issue ``dtype`` as it is (not complex, not float8): a per-dtype answer."""
+    if not PG_DIRECT or dtype.is_complex:
+        return False
+    return not (dtype.is_floating_point and torch.finfo(dtype).bits == 8)
+
+
+def pg_direct(pg: Any, tensor: torch.Tensor) -> bool:
+    """Whether a pass-through on ``tensor`` may be issued on ``pg`` itself now (the per-call answer)."""
+    return pg not in _COALESCING and not _has_tf(tensor) and not _compiling()  # type: ignore[operator,misc]
+
+
+def pg_options(kind: str, value: Any, async_op: bool) -> Any:
+    """The options object torch's wrapper would build: ``kind`` 'allreduce' (``value``: the torch reduce
+    op), 'broadcast' (``value``: the root's group rank) or 'allgather' (``value`` None).
+
+    Built once per ``(kind, value, async_op)`` and never changed after, so calls share it.
+    """
+    key = (kind, value, async_op)
+    opts = _OPTIONS.get(key)
+    if opts is None:
+        opts = _OPTION_TYPES[kind]()
+        if kind == "allreduce":
+            opts.reduceOp = value
+        elif kind == "broadcast":
+            opts.rootRank, opts.rootTensor = value, 0
+        if _OPTS_ASYNC:
+            opts.asyncOp = async_op
+        _OPTIONS[key] = opts
+    return opts

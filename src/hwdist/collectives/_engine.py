@@ -50,6 +50,7 @@ __all__ = [
 Tensor = torch.Tensor
 
 _NO_POST = Post.NONE
+_pg_direct, _pg_options = _compat.pg_direct, _compat.pg_options
 _hook = _calls.hook
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
 
@@ -190,12 +191,13 @@ class GroupView:
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
         self.drivers: Optional[dict[Optional[torch.device], tuple[Driver, Optional[torch.device]]]] = None
-        #: (strategy, dtype, reduce op, device) -> (op, plan, issue async, index source) of a pass-through:
-        #: ``_direct``'s arguments, the default group's view only. Index source None: the comm device is
-        #: fixed (no index); else the driver's ``comm_index_source()``, asked on each hit whether the
-        #: bound device is still the tensor's (``set_device`` may have moved it)
+        #: (strategy, dtype, reduce op, device) -> (op, plan, issue async, index source, on the process
+        #: group) of a pass-through: ``_direct``'s arguments, the default group's view only. Index source
+        #: None: the comm device is fixed (no index); else the driver's ``comm_index_source()``, asked on
+        #: each hit whether the bound device is still the tensor's (``set_device`` may have moved it). On
+        #: the process group: the dtype may be issued without torch's wrapper (``_compat.pg_direct_dtype``)
         self.passthrough: Optional[
-            dict[tuple[Any, ...], tuple[str, Plan, bool, Optional[Callable[[], int]]]]
+            dict[tuple[Any, ...], tuple[str, Plan, bool, Optional[Callable[[], int]], bool]]
         ] = None
         self.generation = 0
         if world is not None:
@@ -272,21 +274,43 @@ class GroupView:
         return value
 
     def _direct(
-        self, op: str, data: Tensor, plan: Plan, root: Optional[int], use_async: bool, async_op: bool
+        self,
+        op: str,
+        data: Tensor,
+        plan: Plan,
+        root: Optional[int],
+        use_async: bool,
+        async_op: bool,
+        pg: Any = None,
     ) -> Any:
-        """A pure pass-through, issued on the caller's tensor (no ``Call``, no copy): the fast path."""
+        """A pure pass-through, issued on the caller's tensor (no ``Call``, no copy): the fast path.
+
+        ``pg``: the default group's process group, to issue on it without torch's wrapper (``_compat``'s
+        ``pg_direct`` said it may); None: through torch.distributed's function.
+        """
         result: Any = None
         if op == "all_reduce":
             torch_op = TORCH_OPS[plan.reduce_op]  # type: ignore[index]
-            work = torch_dist.all_reduce(data, torch_op, self.group, use_async)
+            if pg is None:
+                work = torch_dist.all_reduce(data, torch_op, self.group, use_async)
+            else:
+                work = pg.allreduce([data], _pg_options("allreduce", torch_op, use_async))
         elif op == "broadcast":
-            work = torch_dist.broadcast(data, root, self.group, use_async)
+            if pg is None:
+                work = torch_dist.broadcast(data, root, self.group, use_async)
+            else:  # the default group: root is the global rank and the group rank
+                work = pg.broadcast([data], _pg_options("broadcast", root, use_async))
         else:  # all_gather with same_shape=True
             ws = self.size
             if ws == 1:  # nothing to communicate
                 return CollectiveHandle(result=[data]) if async_op else [data]
             result = [torch.empty_like(data) for _ in range(ws)]
-            work = torch_dist.all_gather(result, data, self.group, use_async)
+            if pg is None:
+                work = torch_dist.all_gather(result, data, self.group, use_async)
+            else:
+                work = pg.allgather([result], [data], _pg_options("allgather", None, use_async))
+        if pg is not None and not use_async and work is not None:  # what torch's wrapper does when sync
+            work.wait()
         if not async_op:
             return result
         return CollectiveHandle(work, result=result) if use_async else CollectiveHandle(result=result)
@@ -308,7 +332,10 @@ class GroupView:
             if hit is not None and data.is_contiguous():
                 bound = hit[3]
                 if bound is None or bound() == data.device.index:
-                    return self._direct(hit[0], data, hit[1], root, async_op and hit[2], async_op)
+                    pg = self.world() if hit[4] else None
+                    if pg is not None and not _pg_direct(pg, data):
+                        pg = None
+                    return self._direct(hit[0], data, hit[1], root, async_op and hit[2], async_op, pg)
         group = self.group
         driver, cdev = self.target(data)
         if data is None:  # barrier
@@ -317,12 +344,13 @@ class GroupView:
             plan = driver.plan(strategy.op, data.dtype, rop)
             if cdev is None and plan.passthrough and data.is_contiguous():
                 if known is not None:
+                    on_pg = _compat.pg_direct_dtype(data.dtype)
                     if fixed_comm_device(driver):
-                        known[key] = (plan.op, plan, driver.supports_async, None)
+                        known[key] = (plan.op, plan, driver.supports_async, None, on_pg)
                     else:
                         bound = comm_index_source(driver)
                         if bound is not None:
-                            known[key] = (plan.op, plan, driver.supports_async, bound)
+                            known[key] = (plan.op, plan, driver.supports_async, bound, on_pg)
                 return self._direct(plan.op, data, plan, root, async_op and driver.supports_async, async_op)
         else:
             plan = strategy.plan(driver, data, rop)
