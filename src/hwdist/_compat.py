@@ -249,17 +249,23 @@ def store_check(store: Any, keys: list[str]) -> bool:
 # - nothing is being traced by torch.compile / torch.export: dynamo maps torch's wrappers into the graph
 #   and refuses a process group's own methods (UnsafeScriptObjectError on torch 2.13);
 # and, per dtype (pg_direct_dtype): neither complex nor float8, which the wrappers re-view before issuing.
-# Not a version fallback: it stays while these probes hold. tests/dist/test_pg_direct.py runs both paths
-# on every torch CI runs and compares them.
+# Not a version fallback: it stays while these probes hold. tests/dist/test_pg_direct.py checks, on every
+# torch CI runs, the values, which path a kept call took, and each case above against raw torch.
 _COALESCING: Optional[dict[Any, Any]] = None
 _OPTS_ASYNC = False
 _OPTION_TYPES: dict[str, Any] = {}
-if DIST_AVAILABLE:
+# Whether torch.compile / torch.export is tracing (dynamo reads it as True then): public from torch 2.3.
+# Before 2.3 hwdist always issues through torch's functions. Drop the check when torch>=2.3 is the floor.
+_compiling: Optional[Callable[[], bool]] = getattr(torch.compiler, "is_compiling", None)
+if DIST_AVAILABLE and _compiling is not None:
     from torch.distributed import distributed_c10d as _c10d
 
-    _state = getattr(getattr(_c10d, "_world", None), "pg_coalesce_state", None)
+    try:
+        _state = _c10d._world.pg_coalesce_state
+    except AttributeError:
+        _state = None
     _OPTION_TYPES = {
-        kind: getattr(torch._C._distributed_c10d, f"{kind.capitalize()}Options", None)
+        kind: getattr(_c10d, f"{kind.capitalize()}Options", None)
         for kind in ("allreduce", "broadcast", "allgather")
     }
     if (
@@ -272,18 +278,9 @@ if DIST_AVAILABLE:
         #: it). Drop the check when torch>=2.7 is the floor.
         _OPTS_ASYNC = hasattr(_OPTION_TYPES["allreduce"](), "asyncOp")
 
-# Whether torch.compile / torch.export is tracing: torch.compiler.is_compiling from torch 2.3, before it
-# torch._utils.is_compiling (dynamo reads both as True while tracing). Drop the fallback when torch>=2.3 is
-# the floor.
-_compiling: Optional[Callable[[], bool]] = getattr(torch.compiler, "is_compiling", None) or getattr(
-    torch._utils, "is_compiling", None
-)
-if _compiling is None:
-    _COALESCING = None
-
 #: Whether the engine may issue a pass-through on the process group itself (see above).
 PG_DIRECT: bool = _COALESCING is not None
-_has_tf: Callable[[Any], bool] = torch._C._has_torch_function_unary
+_has_tf: Callable[[Any], bool] = torch.overrides.has_torch_function_unary
 _OPTIONS: dict[tuple[str, Any, bool], Any] = {}
 
 
