@@ -260,6 +260,7 @@ _compiling: Optional[Callable[[], bool]] = getattr(torch.compiler, "is_compiling
 if DIST_AVAILABLE and _compiling is not None:
     from torch.distributed import distributed_c10d as _c10d
 
+    _state: Any
     try:
         _state = _c10d._world.pg_coalesce_state
     except AttributeError:
