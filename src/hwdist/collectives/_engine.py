@@ -19,7 +19,9 @@ One call goes through the same steps whatever the op (docs/architecture.md):
    [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle].
 
 A pure pass-through (the plan changes nothing, the tensor is contiguous and on
-the comm device) issues torch's call on the caller's tensor directly.
+the comm device) issues torch's call on the caller's tensor directly; once the
+default group's view keeps its verdict, on the process group's own method where
+torch's function would only issue (``_compat.pg_direct``; docs/architecture.md).
 
 Verification mode is a hook: a public collective's entry
 (``@collective(..., describe=...)``, hwdist/collectives/_calls.py) hands the
