@@ -5,7 +5,9 @@ each pass-through case (``all_reduce``, ``broadcast``, ``all_gather(same_shape=T
 on a 4 KiB tensor) is timed interleaved against the raw torch.distributed call,
 in four modes: torch's call as it is ("real") or replaced by a no-op ("stub":
 what is left is pure Python, hwdist's and the raw call's own argument
-handling), each with the flight recorder on (the default) and off. The rows give
+handling; hwdist's kept pass-through, which normally calls the process group
+itself, is routed through the stub too: ``through_torch_functions``), each
+with the flight recorder on (the default) and off. The rows give
 the medians and minimums per call and the overhead (hwdist - raw) in
 microseconds.
 

@@ -238,7 +238,7 @@ def store_check(store: Any, keys: list[str]) -> bool:
 # ---------------------------------------------------------------------------
 # torch.distributed's all_reduce, broadcast and all_gather are Python wrappers around the ProcessGroup's
 # own methods. For a plain tensor of a plain dtype on the default group, outside a coalescing block, they
-# check the arguments, build an options object and call the method: 3-4 us of the 17-19 us of CPU a small
+# check the arguments, build an options object and call the method: 2-4 us of the 17-19 us of CPU a small
 # gloo call takes (docs/benchmarks.md, "Issuing on the process group"), for checks hwdist's pass-through has
 # already made. The engine issues such a call on the process group itself where, per call:
 # - the tensor has no __torch_function__ override and no torch function mode is on (tensor subclasses,
