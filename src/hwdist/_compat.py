@@ -256,7 +256,7 @@ _OPTS_ASYNC = False
 _OPTION_TYPES: dict[str, Any] = {}
 # Whether torch.compile / torch.export is tracing (dynamo reads it as True then): public from torch 2.3.
 # Before 2.3 hwdist always issues through torch's functions. Drop the check when torch>=2.3 is the floor.
-_compiling: Optional[Callable[[], bool]] = getattr(torch.compiler, "is_compiling", None)
+_compiling: Optional[Callable[[], bool]] = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 if DIST_AVAILABLE and _compiling is not None:
     from torch.distributed import distributed_c10d as _c10d
 
