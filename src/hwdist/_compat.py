@@ -245,7 +245,8 @@ def store_check(store: Any, keys: list[str]) -> bool:
 #   non-strict export): torch's wrapper hands those to handle_torch_function;
 # - the default group is not inside torch's coalescing manager, which defers the call instead of issuing
 #   it. Its state (_world.pg_coalesce_state) is private: where it is missing, PG_DIRECT is False and the
-#   wrapper is always used;
+#   wrapper is always used. The dict is read once; torch's multi-threaded test group replaces _world, but
+#   its ranks are threads sharing one default group, which hwdist's one-thread guard refuses anyway;
 # - nothing is being traced by torch.compile / torch.export: dynamo maps torch's wrappers into the graph
 #   and refuses a process group's own methods (UnsafeScriptObjectError on torch 2.13);
 # and, per dtype (pg_direct_dtype): neither complex nor float8, which the wrappers re-view before issuing.
