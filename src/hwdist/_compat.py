@@ -276,8 +276,9 @@ if DIST_AVAILABLE and _compiling is not None:
         and all(hasattr(_dist.ProcessGroup, kind) for kind in _OPTION_TYPES)
     ):
         _COALESCING = _state
-        #: the options carry asyncOp from torch 2.7 (torch's wrappers set it; NCCL then picks the stream by
-        #: it). Drop the check when torch>=2.7 is the floor.
+        #: newer options carry asyncOp (2.13 and 2.15 do; the first version with it was not looked up):
+        #: torch's wrappers set it where it exists and NCCL picks the stream by it. Drop the check when
+        #: every supported torch has it.
         _OPTS_ASYNC = hasattr(_OPTION_TYPES["allreduce"](), "asyncOp")
 
 #: Whether the engine may issue a pass-through on the process group itself (see above).
