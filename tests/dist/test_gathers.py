@@ -26,10 +26,9 @@ import torch
 import hwdist
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
+from ._counting import Counter
+
 CALLS = 8
-_COUNTED = ("all_gather", "all_gather_into_tensor", "gather", "broadcast", "all_reduce")
-
-
 def _shape(pattern: str, call: int, rank: int) -> tuple[int, ...]:
     if pattern == "equal":
         return (64, 16)  # 4 KiB of float32: in band
@@ -90,40 +89,6 @@ def _as_list(t: torch.Tensor) -> Any:
     return [t.double().tolist(), str(t.dtype), list(t.shape)]
 
 
-class _Counter:
-    """Counts the torch.distributed collectives issued, around the real functions."""
-
-    def __init__(self) -> None:
-        import torch.distributed as tdist
-
-        from hwdist import _compat
-
-        self.n = 0
-        self.real = {name: getattr(tdist, name) for name in _COUNTED if hasattr(tdist, name)}
-        for name, fn in self.real.items():
-            setattr(tdist, name, self._wrap(fn))
-        # the flat all_gather torch offers on this version, picked once when hwdist is imported
-        self.compat_real = _compat.all_gather_into_tensor
-        if self.compat_real is not None:
-            _compat.all_gather_into_tensor = self._wrap(self.compat_real)
-
-    def _wrap(self, fn: Any) -> Any:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.n += 1
-            return fn(*args, **kwargs)
-
-        return counted
-
-    def close(self) -> None:
-        import torch.distributed as tdist
-
-        from hwdist import _compat
-
-        for name, fn in self.real.items():
-            setattr(tdist, name, fn)
-        _compat.all_gather_into_tensor = self.compat_real
-
-
 def _gathers_rank(patterns: list[str]) -> dict:
     from hwdist import _state
 
@@ -132,7 +97,7 @@ def _gathers_rank(patterns: list[str]) -> dict:
     _state.clear()
     rank, ws = hwdist.get_rank(), hwdist.get_world_size()
     out: dict = {}
-    counter = _Counter()
+    counter = Counter()
     try:
         for pattern in patterns:
             got, counts = [], []

@@ -16,42 +16,13 @@ The default group's kept pass-through (``_engine.GroupView.run``'s hit path) cal
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
 import hwdist
 from hwdist.testing.pytest_plugin import world_sizes
 
-_WRAPPED = ("all_reduce", "broadcast", "all_gather")
-
-
-class _WrapperCalls:
-    """Counts calls of torch.distributed's wrappers (each still runs the real function)."""
-
-    def __init__(self) -> None:
-        import torch.distributed as tdist
-
-        self.n = 0
-        self.real = {name: getattr(tdist, name) for name in _WRAPPED}
-        for name, fn in self.real.items():
-            setattr(tdist, name, self._wrap(fn))
-
-    def _wrap(self, fn: Any) -> Any:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.n += 1
-            return fn(*args, **kwargs)
-
-        counted.__wrapped__ = fn  # type: ignore[attr-defined]
-        return counted
-
-    def close(self) -> None:
-        import torch.distributed as tdist
-
-        for name, fn in self.real.items():
-            setattr(tdist, name, fn)
-
+from ._counting import Counter
 
 def _values_rank() -> dict:
     from hwdist import _compat
@@ -64,7 +35,7 @@ def _values_rank() -> dict:
     hwdist.all_reduce(torch.zeros(4, dtype=torch.int64))
     hwdist.broadcast(torch.zeros(4), src=0)
     hwdist.all_gather(torch.zeros(4), same_shape=True)
-    counter = _WrapperCalls()
+    counter = Counter()
     try:
         t = torch.arange(4.0) + r
         hwdist.all_reduce(t)
