@@ -44,6 +44,12 @@ def scenario_sleep(rank: int, last: int, t: torch.Tensor) -> None:
     hwdist.all_reduce(t)  # SITE-stuck-sleep
 
 
+def scenario_csleep(rank: int, last: int, t: torch.Tensor) -> None:
+    if rank == last:  # one long C call: an exception sent to this thread waits until it returns
+        time.sleep(float(os.environ.get("HANG_SLEEP", "60")))  # SITE-csleep
+    hwdist.all_reduce(t)  # SITE-stuck-csleep
+
+
 def scenario_skip(rank: int, last: int, t: torch.Tensor) -> None:
     if rank != last:
         hwdist.all_reduce(t)  # SITE-skipped
@@ -78,6 +84,7 @@ def scenario_kill(rank: int, last: int, t: torch.Tensor) -> None:
 
 SCENARIOS = {
     "sleep": scenario_sleep,
+    "csleep": scenario_csleep,
     "skip": scenario_skip,
     "different": scenario_different,
     "barrier": scenario_barrier,
@@ -137,6 +144,7 @@ def main() -> None:
         print(f"rank {rank}: RAISED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         if name == "kill":
             raise  # an uncaught error ends the process the usual way (the exit awaits the report)
+        time.sleep(float(os.environ.get("HANG_LINGER", "0")))  # alive after raising (a handler's clean-up)
         os._exit(3)
     print(f"rank {rank}: scenario returned", file=sys.stderr, flush=True)
     os._exit(0)

@@ -287,11 +287,31 @@ def test_raise_action_raises_on_every_rank(backend, late, tmp_path):
         f" it is in evaluate() at {_site('evaluate')}"
     )
     for r in range(ws):
-        # rank 0 was blocked inside gloo (released by aborting the group), rank 1 was running Python
+        # rank 1 was running Python: it raises at once, then exits; rank 0, blocked inside gloo, is released
+        # by that exit (gloo's lost-peer error, which the covered call turns into HangDetected)
         assert f"rank {r}: RAISED HangDetected: {want}" in run.logs[r], run
         assert run.codes[r] == 3, run  # the scenario's own exit status after catching the exception
     assert "HangDetected" not in run.logs[0].split("RAISED HangDetected")[1], run  # raised once, not twice
     _assert_fast(run)
+
+
+def test_raise_action_with_a_live_peer_in_a_long_c_call(tmp_path):
+    """The late rank is in one long C call and stays alive after raising: nothing releases rank 0 early.
+
+    gloo's ``abort()`` returns without releasing a call blocked on a live peer (torch 2.13; see
+    docs/debugging-hangs.md), so rank 0 must end by the fallback: status 75 and the reason, 10 s after
+    acting, never a hang. A torch whose abort does release the call makes rank 0 raise instead.
+    """
+    run = _run("csleep", "gloo", 2, "raise", tmp_path, HANG_SLEEP="5", HANG_LINGER="15")
+    want = f"rank 1 never called all_reduce #3 ({_site('stuck-csleep')}); it is in scenario_csleep() at"
+    assert want in run.diagnosis(0), run
+    assert "rank 1: RAISED HangDetected: " in run.logs[1] and run.codes[1] == 3, run  # when its sleep returned
+    if run.codes[0] == HANG_EXIT_CODE:
+        assert "HWDIST_HANG_ACTION=raise (the main thread stayed blocked in the backend)" in run.logs[0], run
+        assert "RAISED" not in run.logs[0], run
+    else:  # the group's abort released the blocked call
+        assert "rank 0: RAISED HangDetected: " in run.logs[0] and run.codes[0] == 3, run
+    assert run.ended - run.started < 5 + 15 + SLACK, run  # rank 1 lingers 15 s after its 5 s sleep
 
 
 def test_report_action_changes_nothing(tmp_path):

@@ -415,7 +415,11 @@ def _backend_failure(error: Any) -> bool:
 
 
 def _abort_groups() -> None:
-    """Abort the default process group where the backend supports it (the blocked call then raises)."""
+    """Abort the default process group where torch has ``abort()``.
+
+    A backend whose abort cancels the call in flight makes the blocked call raise; one whose abort does
+    not (docs/debugging-hangs.md) leaves it blocked, and ``_act``'s fallback ends the process.
+    """
     pg = _compat.default_group()
     abort = getattr(pg, "abort", None)
     if abort is None:
