@@ -148,12 +148,12 @@ def _fmt_ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
-CHECK_HEADER = f"{'CHECK':<22} {'DTYPE':<9} {'RESULT':<6} {'TIME':>10}  DETAIL"
+CHECK_HEADER = f"{'CHECK':<22} {'DTYPE':<10} {'RESULT':<6} {'TIME':>10}  DETAIL"
 
 
 def render_row(row: Any) -> str:
     """One check row as a table line (the one place a row's status is rendered)."""
-    return f"{row.name:<22} {row.dtype:<9} {row.status:<6} {_fmt_ms(row.seconds):>10}  {row.detail}"
+    return f"{row.name:<22} {row.dtype:<10} {row.status:<6} {_fmt_ms(row.seconds):>10}  {row.detail}"
 
 
 def _check_epilog() -> str:

@@ -65,7 +65,8 @@ def load_records(path: str) -> tuple[dict[int, Optional[dict[str, Any]]], int, l
         records[rank] = header
         world = max(world, int(header.get("world_size", 1)), rank + 1)
     if not records:
-        raise FileNotFoundError(f"no flight record (flight-rank<R>.jsonl) in {path!r}")
+        unread = f" ({'; '.join(problems)})" if problems else ""
+        raise FileNotFoundError(f"no readable flight record (flight-rank<R>.jsonl) in {path!r}{unread}")
     for r in range(world):
         records.setdefault(r, None)
     return records, world, problems

@@ -127,9 +127,13 @@ def test_trace_merges_dumps_and_prints_the_diagnosis(tmp_path, capsys):
 
 def test_trace_without_records_is_a_usage_error(tmp_path, capsys):
     assert cli_main(["trace", str(tmp_path)]) == 2
-    assert "no flight record (flight-rank<R>.jsonl)" in capsys.readouterr()[1]
+    assert "no readable flight record (flight-rank<R>.jsonl)" in capsys.readouterr()[1]
     assert cli_main(["trace", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr()[1]
+    (tmp_path / "flight-rank0.jsonl").write_text("not json\n")  # the only file: the error says why
+    assert cli_main(["trace", str(tmp_path)]) == 2
+    err = capsys.readouterr()[1]
+    assert "no readable flight record" in err and "flight-rank0.jsonl: not a flight record (" in err, err
 
 
 def test_bad_settings_warn_and_turn_the_watchdog_off(monkeypatch):

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .. import settings
 from ._context import INJECT_ENV, Context
-from ._data import ALL, FLOAT, MOVABLE, NUMERIC, REDUCIBLE
+from ._data import FLOAT, MOVABLE, NUMERIC, REDUCIBLE
 from ._movers import (
     check_all_gather,
     check_all_to_all,
@@ -86,7 +86,7 @@ CHECKS: tuple[tuple[str, tuple[Optional[str], ...], Body], ...] = (
     ("scatter", MOVABLE, check_scatter),
     ("reduce_scatter", NUMERIC, check_reduce_scatter),
     ("all_to_all", MOVABLE, check_all_to_all),
-    ("send_recv", ALL, check_send_recv),
+    ("send_recv", MOVABLE, check_send_recv),
     ("sync_random_seed", (None,), check_sync_random_seed),
     ("reduce_mean", FLOAT, check_reduce_mean),
     ("all_reduce_dict", NUMERIC, check_all_reduce_dict),
