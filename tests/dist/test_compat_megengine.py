@@ -221,24 +221,34 @@ def rank_pack_mismatch(case: str) -> tuple:
     last = r == ws - 1
     if case == "bad_offsets":  # the last rank's tensor does not fit its shape: it raises, the others too
         args = ([torch.ones(3 if last else 2)], [(2,)], None, "sum")
+    elif case == "not_a_tensor":  # the last rank packs a string
+        args = (["x" if last else torch.ones(2)], [(2,)], None, "sum")
+    elif case == "bad_method":  # MegEngine would sum silently
+        args = ([torch.ones(2)], [(2,)], None, "max" if last else "sum")
+    elif case == "different_method":  # both valid, but the ranks would divide differently
+        args = ([torch.ones(2)], [(2,)], None, "mean" if last else "sum")
     else:  # the ranks pack different sizes: an all-reduce of them would not match
         args = ([torch.ones(3 if last else 2)], [(3,) if last else (2,)], None, "sum")
     start = time.monotonic()
     try:
         helper.pack_allreduce_split(*args)
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         return type(exc).__name__, str(exc), time.monotonic() - start
     return None, "", 0.0
 
 
-@pytest.mark.parametrize("case", ["bad_offsets", "different_sizes"])
+@pytest.mark.parametrize("case", ["bad_offsets", "not_a_tensor", "bad_method", "different_method", "different_sizes"])
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
 def test_pack_allreduce_split_bad_input_raises_on_every_rank(dist, world_size, backend, case):
+    wanted = {
+        "bad_offsets": "input 0 has 3 elements but its range [0, 2) holds 2",
+        "not_a_tensor": "pack_list[0] must be a torch.Tensor, got str",
+        "bad_method": "reduce_method must be 'sum' or 'mean', got 'max'",
+        "different_method": "or their reduce_method differs",
+        "different_sizes": "packed buffers differ in size or dtype",
+    }
     for r, (name, text, took) in enumerate(dist(rank_pack_mismatch, world_size, backend, case)):
         assert name is not None, f"rank {r} did not raise"
         assert took < 10
-        if case == "bad_offsets":
-            assert "input 0 has 3 elements but its range [0, 2) holds 2" in text, (r, text)
-        else:
-            assert "packed buffers differ in size or dtype" in text, (r, text)
+        assert wanted[case] in text, (r, text)

@@ -301,6 +301,10 @@ def check_accumulate_and_misuse() -> dict:
         hwdist.GradientSynchronizer, [torch.nn.Parameter(torch.ones(2 if r == 0 else 3))]
     )
     out["grad_op_bad"] = _catch(hwdist.sync_grad, model.parameters(), "min")
+    before = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    out["grad_op_mismatch"] = _catch(hwdist.sync_grad, model.parameters(), "sum" if r == ws - 1 else "mean")
+    after = [p.grad for p in model.parameters() if p.grad is not None]
+    out["grads_untouched"] = len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))
     # healthy afterwards
     model.zero_grad(set_to_none=True)
     x, y = _batch(r, 2)
@@ -344,14 +348,18 @@ def test_accumulation_and_misuse(dist, combo):
             res["bad_src"][0] == "ValueError"
             and f"broadcast_from must be a rank in 0..{ws - 1}" in res["bad_src"][1]
         )
+        assert res["grads_untouched"]
         if ws > 1:
+            kind, msg = res["grad_op_mismatch"]
+            assert kind == "ValueError" and "sync_grad: every rank must pass the same op" in msg, msg
+            assert f"rank {r}: op={'sum' if r == ws - 1 else 'mean'!r}" in msg, msg
             kind, msg = res["mismatch"]
             assert kind == "ValueError" and "every rank must pass the same number of tensors" in msg
             assert f"rank {r} passed {4 + (r == ws - 1)}" in msg and "between 4 and 5" in msg
             kind, msg = res["shape_mismatch"]
             assert kind == "ValueError" and "same shapes and dtypes" in msg
         else:  # one rank: nothing to compare against
-            assert res["mismatch"] is None and res["shape_mismatch"] is None
+            assert res["mismatch"] is None and res["shape_mismatch"] is None and res["grad_op_mismatch"] is None
         assert res["healthy"] == (4 if ws > 1 else 0)
 
 
@@ -395,6 +403,9 @@ def check_broadcasts(backend: str) -> dict:
     out["bad_item"] = _catch(hwdist.bcast_list_, [torch.ones(1), 3] if r == ws - 1 else [torch.ones(1)] * 2)
     out["bad_src"] = _catch(hwdist.broadcast_tensors, [torch.ones(1)], src=ws)
     out["not_list"] = _catch(hwdist.bcast_list_, torch.ones(2))
+    # the ranks name different sources, or one averages while the others broadcast: every rank raises
+    out["src_mismatch"] = _catch(hwdist.bcast_list_, [torch.ones(1)], src=ws - 1 if r == 0 else 0)
+    out["average_mismatch"] = _catch(hwdist.sync_buffer, [torch.ones(1)], average=r == 0)
     ok = [torch.tensor([float(r)])]
     hwdist.broadcast_tensors(ok, src=src)
     out["healthy"] = ok[0].item()
@@ -449,11 +460,18 @@ def test_broadcast_tensors_bcast_list_and_sync_buffer(dist, combo):
                 assert "tensors[1] must be a torch.Tensor, got int" in msg
             kind, msg = res["buffer_mismatch"]
             assert kind == "ValueError" and "sync_buffer: every rank must pass the same number" in msg
+            kind, msg = res["src_mismatch"]
+            assert kind == "ValueError" and "bcast_list_: every rank must pass the same src" in msg, msg
+            assert f"rank {r}: src={ws - 1 if r == 0 else 0}" in msg, msg
+            kind, msg = res["average_mismatch"]
+            assert kind == "ValueError" and "sync_buffer: every rank must pass the same average" in msg, msg
         else:
             assert (
                 res["count_mismatch"] is None
                 and res["shape_mismatch"] is None
                 and res["buffer_mismatch"] is None
+                and res["src_mismatch"] is None
+                and res["average_mismatch"] is None
             )
         kind, msg = res["bad_src"]
         assert kind == "ValueError" and f"broadcast_tensors: src must be a rank in 0..{ws - 1}" in msg

@@ -170,26 +170,38 @@ def pack_allreduce_split(
         The reduced tensors, one per shape (new tensors).
 
     Raises:
-        ValueError: the tensors do not fit ``shapes``, or the ranks' buffers differ (every rank, before
-            any rank waits in the all-reduce).
+        TypeError: an item of ``pack_list`` is not a tensor, or the dtypes differ (every rank).
+        ValueError: the tensors do not fit ``shapes``, ``reduce_method`` is neither ``'sum'`` nor
+            ``'mean'`` (MegEngine sums for any other value; hwdist refuses it), or the ranks' buffers or
+            ``reduce_method`` differ (every rank, before any rank waits in the all-reduce).
 
     Examples:
         >>> helper.pack_allreduce_split([torch.tensor([rank + 1.0])], [(1,)], None, "mean")
         # rank 0: [tensor([1.5000])]   rank 1: [tensor([1.5000])]
     """
-    offsets_val = get_offsets(shapes)
     problem: Optional[Exception] = None
     packed = torch.zeros(0)
+    offsets_val: list[int] = []
     try:
+        offsets_val = get_offsets(shapes)
+        if reduce_method not in ("sum", "mean"):
+            raise ValueError(
+                f"pack_allreduce_split: reduce_method must be 'sum' or 'mean', got {reduce_method!r}"
+            )
+        for i, t in enumerate(pack_list):
+            if not isinstance(t, Tensor):
+                raise TypeError(
+                    f"pack_allreduce_split: pack_list[{i}] must be a torch.Tensor, got {type(t).__name__}"
+                )
         packed = param_pack_concat(pack_list, torch.tensor(offsets_val), offsets_val)
     except (TypeError, ValueError) as exc:
         problem = exc
     if hwdist.is_distributed() and hwdist.get_world_size(group) > 1:
-        layout = f"{offsets_val[-1] if offsets_val else 0}:{packed.dtype}"
+        layout = f"{offsets_val[-1] if offsets_val else 0}:{packed.dtype}:{reduce_method}"
         agree_on_layout(
             "pack_allreduce_split", group, problem, layout,
-            "the ranks' packed buffers differ in size or dtype; every rank must pass tensors of the same"
-            " shapes and dtype",
+            "the ranks' packed buffers differ in size or dtype, or their reduce_method differs; every rank"
+            " must pass tensors of the same shapes and dtype, and the same reduce_method",
         )
     elif problem is not None:
         raise problem

@@ -50,19 +50,25 @@ def broadcast_flat(tensors: Sequence[Tensor], src: int, group: Any) -> None:
 
 
 def _broadcast_list(
-    fn: str, tensors: list[Tensor], src: Any, group: Any, problem: Optional[Exception]
+    fn: str,
+    tensors: list[Tensor],
+    src: Any,
+    group: Any,
+    problem: Optional[Exception],
+    config: Optional[dict[str, Any]] = None,
 ) -> None:
+    """Check (the tensors, ``src`` and ``config`` agree across ranks) and broadcast from ``src``."""
     ws = distributed_size(group)
     if problem is None and is_distributed():
         try:
-            check_rank(src, "src", fn, group)
+            src = check_rank(src, "src", fn, group)
         except (TypeError, ValueError) as exc:
             problem = exc
     if ws <= 1:
         if problem is not None:
             raise problem
         return
-    check_same_tensors(fn, tensors, group, problem=problem)
+    check_same_tensors(fn, tensors, group, problem=problem, config={**(config or {}), "src": src})
     broadcast_flat(tensors, src, group)
 
 
@@ -75,7 +81,8 @@ def bcast_list_(tensors: Iterable[Tensor], src: int = 0, group: Optional[Any] = 
     ``pack_max_bytes`` go as they are), sent asynchronously and copied back.
     Parameters that require grad work (their ``.data`` changes). One tiny
     check collective first: when the ranks hold different numbers, shapes
-    or dtypes of tensors, every rank raises instead of waiting. Non-distributed: does nothing.
+    or dtypes of tensors, or name different ``src``, every rank raises instead of waiting.
+    Non-distributed: does nothing.
 
     Args:
         tensors: a list or generator of tensors (e.g. ``model.parameters()``).
@@ -84,7 +91,7 @@ def bcast_list_(tensors: Iterable[Tensor], src: int = 0, group: Optional[Any] = 
 
     Raises:
         TypeError: an item is not a tensor (on every rank).
-        ValueError: bad ``src``, or the ranks' lists differ (on every rank).
+        ValueError: bad ``src``, or the ranks' lists or ``src`` differ (on every rank).
 
     Examples:
         >>> ts = [torch.full((2,), rank + 1.0), torch.tensor([rank])]
@@ -103,9 +110,9 @@ def broadcast_tensors(tensors: Iterable[Tensor], src: int = 0, group: Optional[A
     demucs' ``broadcast_tensors`` (e.g. ``broadcast_tensors(model.parameters())``
     before training): integer and bool tensors are skipped. Before any data
     moves, one tiny collective checks that every rank holds the same number
-    of such tensors (and their shapes and dtypes), so a mismatch raises on
-    every rank instead of deadlocking. Same transport as [`bcast_list_`][hwdist.training.bcast_list_].
-    Non-distributed: does nothing.
+    of such tensors (and their shapes and dtypes) and names the same ``src``,
+    so a mismatch raises on every rank instead of deadlocking. Same transport
+    as [`bcast_list_`][hwdist.training.bcast_list_]. Non-distributed: does nothing.
 
     Args:
         tensors: a list or generator of tensors.
@@ -114,7 +121,7 @@ def broadcast_tensors(tensors: Iterable[Tensor], src: int = 0, group: Optional[A
 
     Raises:
         TypeError: an item is not a tensor (on every rank).
-        ValueError: bad ``src``, or the ranks' lists differ (on every rank).
+        ValueError: bad ``src``, or the ranks' lists or ``src`` differ (on every rank).
 
     Examples:
         >>> ts = [torch.tensor([rank + 0.5]), torch.tensor([rank])]
@@ -135,8 +142,8 @@ def sync_buffer(
     over the ranks (divided by the world size's *value*; the seed divided by
     the function ``world_size``); ``average=False`` broadcasts them from
     ``src``. Integer buffers (``num_batches_tracked``) are left alone. One
-    tiny check collective first (same buffers on every rank, else every
-    rank raises). Non-distributed or a one-rank group: does nothing.
+    tiny check collective first (same buffers, ``average`` and, to broadcast,
+    ``src`` on every rank, else every rank raises). Non-distributed or a one-rank group: does nothing.
 
     Args:
         buffers: a list or generator of tensors (e.g. ``model.buffers()``).
@@ -146,7 +153,7 @@ def sync_buffer(
 
     Raises:
         TypeError: an item is not a tensor (on every rank).
-        ValueError: bad ``src``, or the ranks' buffers differ (on every rank).
+        ValueError: bad ``src``, or the ranks' buffers, ``average`` or ``src`` differ (on every rank).
 
     Examples:
         >>> bufs = [torch.tensor([1.0 + rank])]
@@ -162,13 +169,13 @@ def sync_buffer(
     except TypeError as exc:
         problem = exc
     if not average:
-        _broadcast_list(fn, items, src, group, problem)
+        _broadcast_list(fn, items, src, group, problem, config={"average": False})
         return
     if distributed_size(group) <= 1:
         if problem is not None:
             raise problem
         return
-    check_same_tensors(fn, items, group, problem=problem)
+    check_same_tensors(fn, items, group, problem=problem, config={"average": True})  # src: unused
     all_reduce_params(items, op="mean", group=group)
 
 

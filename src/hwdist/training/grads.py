@@ -22,8 +22,8 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
 
     demucs' ``sync_grad``, called after ``loss.backward()``: every
     ``.grad`` of ``params`` gets the mean (or sum) over the ranks. One tiny
-    check collective comes first (same parameters on every rank, and whether
-    any rank lacks a gradient); unused parameters follow
+    check collective comes first (same parameters and ``op`` on every rank, and
+    whether any rank lacks a gradient); unused parameters follow
     [`GradientSynchronizer`][hwdist.training.GradientSynchronizer]'s rule (zeros where missing; still None
     where no rank has a gradient). For many small parameters
     [`GradientSynchronizer`][hwdist.training.GradientSynchronizer] is faster (buckets, overlap with backward).
@@ -37,7 +37,7 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
 
     Raises:
         TypeError: an item of ``params`` is not a tensor (on every rank).
-        ValueError: bad ``op``, or the ranks passed different parameters (on every rank).
+        ValueError: bad ``op``, or the ranks passed different parameters or ops (on every rank).
 
     Examples:
         >>> w = torch.nn.Parameter(torch.zeros(2)); w.grad = torch.full((2,), rank + 1.0)
@@ -67,7 +67,9 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
             raise problem
         return
     has = [p.grad is not None for p in plist]
-    any_missing = check_same_tensors(fn, plist, group, problem=problem, flag=int(not all(has)))
+    any_missing = check_same_tensors(
+        fn, plist, group, problem=problem, flag=int(not all(has)), config={"op": rop}
+    )
     used = has
     if any_missing:  # someone lacks a gradient: learn which parameters any rank has
         driver = registry.resolve(group, plist[0].device)
