@@ -7,6 +7,7 @@ rank i % W at position i // W), independently of hwdist.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -168,7 +169,17 @@ def _tmpdir(tmp_base: str) -> list:
         err = "not shared with rank 0" in str(exc)
     else:
         err = False
-    return [made, given, ok, err]
+    bad = []  # a tmpdir that is not a path on one rank (rank 1, then rank 0): every rank raises, fast
+    for who in (1, 0):
+        arg = 5 if rank == who else os.path.join(tmp_base, "given")
+        start = time.monotonic()
+        try:
+            hwdist.create_tmpdir(rank, arg)
+        except (TypeError, ValueError) as exc:
+            bad.append((type(exc).__name__, str(exc), time.monotonic() - start))
+        else:
+            bad.append(None)
+    return [made, given, ok, err, bad]
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -178,6 +189,12 @@ def test_create_tmpdir_is_shared(dist, backend, tmp_path):
     assert res[0][0] == res[1][0]
     assert res[0][1] == res[1][1] == str(tmp_path / "given")
     assert all(r[2] and r[3] for r in res)
+    for r, out in enumerate(res):
+        for who, got in zip((1, 0), out[4]):
+            assert got is not None, (r, who)
+            name, text, took = got
+            assert "tmpdir must be a path (str), got int" in text and f"rank {who}" in text, (r, who, got)
+            assert name == "CollectiveArgumentError" and took < 10, (r, who, got)
 
 
 def test_non_distributed():

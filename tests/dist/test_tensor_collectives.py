@@ -93,6 +93,8 @@ def check_bad_inputs() -> dict[str, Any]:
     src = ws - 1  # a scatter list of the wrong shape, on the source rank only
     bad = [torch.zeros(3, dtype=torch.int64)] * ws if r == src else None
     cases["scatter_bad"] = _catch(hwdist.scatter, torch.zeros(2, dtype=torch.int64), bad, src)
+    items = [torch.zeros(2, dtype=torch.int64)] * (ws - 1) + ["x"]  # a non-tensor item, on the source only
+    cases["scatter_item"] = _catch(hwdist.scatter, torch.zeros(2, dtype=torch.int64), items if r == src else None, src)
     if ws > 1:  # a dtype mismatch is found by the shape exchange and raised on every rank
         mixed = torch.ones(2, dtype=torch.float64 if r == 1 else torch.float32)
         cases["dtype_mismatch"] = _catch(hwdist.all_gather, mixed)
@@ -110,6 +112,11 @@ def test_bad_input_raises_on_every_rank(dist, combo):
         assert kind == "ValueError"
         want = "scatter_list[0] has shape (3,)" if r == src else f"src rank {src} was invalid"
         assert want in msg, msg
+        kind, msg = got["scatter_item"]  # src keeps its TypeError; the others learn only that it was bad
+        if r == src:
+            assert (kind, msg) == ("TypeError", f"scatter: scatter_list[{ws - 1}] must be a torch.Tensor, got str: 'x'")
+        else:
+            assert kind == "ValueError" and f"src rank {src} was invalid" in msg, msg
         if ws > 1:
             kind, msg = got["dtype_mismatch"]
             assert kind == "TypeError" and "rank 1: float64" in msg and "rank 0: float32" in msg

@@ -85,7 +85,7 @@ class Scatter(Strategy):
         device = cdev if cdev is not None else data.device
         n = comm_numel(data.shape, plan)
         h = itemsize(plan.dtype) // itemsize(plan.comm_dtype) if plan.view else 1
-        error: Optional[str] = None
+        error: Optional[Exception] = None  # src's own, raised there with its type once the others know
         rows: Optional[Tensor] = None
         if g.rank == c.root:
             items: list[Tensor] = []
@@ -93,7 +93,7 @@ class Scatter(Strategy):
                 items = _args.check_tensor_list(c.extra, "scatter_list", "scatter", ws, data)
                 _args.check_shapes(items, data, "scatter_list", "scatter")
             except (TypeError, ValueError) as exc:
-                error = str(exc)
+                error = exc
             rows = torch.zeros((ws, h + n), dtype=plan.comm_dtype, device=device)
             if error is None:
                 for i, t in enumerate(items):
@@ -114,7 +114,7 @@ class Scatter(Strategy):
     def finish(self, c: Call) -> None:
         error, h = c.state
         if error is not None:
-            raise ValueError(error)
+            raise error
         if bool(c.recv[0].item()):
             raise ValueError(
                 f"scatter: the scatter_list given on src rank {c.root} was invalid"

@@ -501,6 +501,9 @@ def create_tmpdir(
 
     Raises:
         ObjectCollectiveError: some rank cannot see the directory (raised on every rank).
+        TypeError: ``tmpdir`` is not a path (on every rank: a
+            [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] where the
+            group has more than one rank).
 
     Examples:
         >>> hwdist.create_tmpdir()
@@ -509,6 +512,8 @@ def create_tmpdir(
     """
     del rank
     if world_size(group) == 1:
+        if tmpdir is not None and not isinstance(tmpdir, (str, os.PathLike)):
+            raise TypeError(f"create_tmpdir: tmpdir must be a path (str), got {type(tmpdir).__name__}")
         if tmpdir is None:
             return tempfile.mkdtemp(prefix="hwdist-")
         os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
@@ -519,8 +524,15 @@ def create_tmpdir(
     what = "create_tmpdir"
     probe: Optional[str] = None
     try:
-        path = "" if tmpdir is None else os.fspath(tmpdir)
-        if comm.rank == 0:
+        path = ""
+        bad: Optional[LocalFailure] = None
+        if tmpdir is not None and not isinstance(tmpdir, (str, os.PathLike)):
+            bad = LocalFailure(ARGUMENT, f"tmpdir must be a path (str), got {type(tmpdir).__name__}")
+        elif tmpdir is not None:
+            path = os.fspath(tmpdir)
+        if bad is not None:  # in the exchange, so that every rank raises
+            rec = failure_record(op, bad, root=0)
+        elif comm.rank == 0:
             token = secrets.randbits(62) | 1
             try:
                 if tmpdir is None:

@@ -362,8 +362,10 @@ def scatter(
 
     Raises:
         ValueError: bad ``src`` (every rank); bad ``scatter_list`` on
-            ``src`` (every rank, after the collective).
-        TypeError: non-tensor ``data`` or ``scatter_list`` items (every rank).
+            ``src`` (every rank, after the collective; ranks other than
+            ``src`` raise ValueError naming ``src`` whatever its error was).
+        TypeError: non-tensor ``data``; non-tensor ``scatter_list`` items
+            (on ``src``).
 
     Examples:
         >>> data = torch.zeros(2)
