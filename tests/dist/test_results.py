@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import hwdist
+from hwdist.testing import run_distributed
 from hwdist.collectives import results as resmod
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
@@ -152,6 +153,39 @@ def test_bad_inputs_raise_on_every_rank(dist, backend):
         assert "results must be a list, got str" in msgs[1] and "rank 0" in msgs[1]
         assert "device must be 'cpu' or 'gpu', got 'tpu'" in msgs[2]
         assert "tmpdir must be None when device='gpu'" in msgs[3]
+
+
+def _tmpdir_on_one_rank(tmp_base: str) -> list:
+    """collect_results with tmpdir on one rank only (each rank in turn): every rank raises, naming the cause."""
+    rank, out = hwdist.get_rank(), []
+    for who in (1, 0):
+        start = time.monotonic()
+        try:
+            hwdist.collect_results([rank], 2, tmpdir=os.path.join(tmp_base, f"one{who}") if rank == who else None)
+        except (TypeError, ValueError) as exc:
+            out.append((type(exc).__name__, str(exc), time.monotonic() - start))
+        else:
+            out.append(None)
+    out.append(hwdist.collect_results([rank], 2))  # usable afterwards
+    return out
+
+
+@pytest.mark.parametrize("backend", backends())
+@needs_shared_tmp_path
+def test_tmpdir_on_one_rank_only_raises_on_every_rank(backend, tmp_path):
+    # fresh ranks: after earlier object collectives the slot exchange's predicted size differs from a
+    # record's, and gloo aborts the process on all_gathers of different sizes (docs/objects.md)
+    for r, out in enumerate(run_distributed(_tmpdir_on_one_rank, 2, backend, str(tmp_path), timeout=60)):
+        assert out[2] == ([0, 1] if r == 0 else None), out  # results on rank 0 only
+        for who, got in zip((1, 0), out[:2]):
+            assert got is not None and got[2] < 10, (r, who, got)
+            name, text = got[0], got[1]
+            if r == who:  # its record exchange met the other rank's size header
+                assert name == "CollectiveArgumentError", (r, who, got)
+                assert "ranks called different object collectives" in text, (r, who, got)
+                assert f"rank {1 - who}: another collective" in text and "collect_results(tmpdir)" in text
+            else:  # its size exchange met a record
+                assert "the rank that sent it is in a different collective" in text, (r, who, got)
 
 
 def _tmpdir(tmp_base: str) -> list:

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import _sizes
 from ._objwire import Link
-from ._records import INLINE_BYTES, OK, LocalFailure, Record, raise_failures
+from ._records import INLINE_BYTES, OK, RECORD_MAGIC, LocalFailure, Record, raise_failures
 from .serialization import Frame
 
 __all__ = [
@@ -77,7 +77,7 @@ def _header(nbytes: int, opcode: int, status: int, root: int, token: int, nchunk
 def _record(rank: int, h: _sizes.Header, data: Optional[np.ndarray]) -> Record:
     w = h.layout
     opcode, status, token, root = w & 0xFF, (w >> 8) & 0xFF, (w >> 16) & 0xFF, (w >> 24) - 1
-    return Record(rank, (0, status, h.nbytes, h.numel, root, opcode, token), data)
+    return Record(rank, (RECORD_MAGIC, status, h.nbytes, h.numel, root, opcode, token), data)
 
 
 def message_bytes(failure: LocalFailure) -> np.ndarray:

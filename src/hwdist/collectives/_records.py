@@ -45,6 +45,7 @@ __all__ = [
     "make_record",
     "failure_record",
     "payload_record",
+    "RECORD_MAGIC",
     "parse_record",
     "parse_rows",
     "raise_failures",
@@ -84,7 +85,8 @@ RECORD_BYTES = 1024
 _HEAD = 8  # int64 fields: magic, status, total, nchunks, root, opcode, token, inline_len
 #: The largest payload a record carries inline.
 INLINE_BYTES = RECORD_BYTES - 8 * _HEAD
-_MAGIC = int.from_bytes(b"HWDREC01", "little")
+#: The first word of every record (a row that lacks it came from another collective).
+RECORD_MAGIC = _MAGIC = int.from_bytes(b"HWDREC01", "little")
 
 #: The opcode of each collective that exchanges records (records of different calls never match).
 OPS = {
@@ -102,11 +104,13 @@ OP_NAMES = {v: k for k, v in OPS.items()}
 class Record:
     """One rank's entry of the record exchange."""
 
-    __slots__ = ("rank", "status", "total", "nchunks", "root", "opcode", "token", "inline")
+    __slots__ = ("rank", "framed", "status", "total", "nchunks", "root", "opcode", "token", "inline")
 
     def __init__(self, rank: int, head: Sequence[int], inline: Optional[np.ndarray]) -> None:
         self.rank = rank
         fields = [int(x) for x in head]
+        #: False: the rank sent something else (it is in another collective, e.g. a size exchange)
+        self.framed = fields[0] == _MAGIC
         self.status, self.total, self.nchunks, self.root, self.opcode, self.token = fields[1:7]
         self.inline = inline
 
@@ -180,6 +184,12 @@ def raise_failures(records: Sequence[Record], what: str, opcode: int, root: int)
         ObjectCollectiveError: of the failed record's kind, naming every failed rank and its message.
         CollectiveArgumentError: the ranks called different collectives or gave different roots.
     """
+    if not all(rec.framed for rec in records):  # its fields are not a record's: name no status or opcode
+        calls = ", ".join(
+            f"rank {rec.rank}: {OP_NAMES.get(rec.opcode, rec.opcode) if rec.framed else 'another collective'}"
+            for rec in records
+        )
+        raise CollectiveArgumentError(f"{what}: ranks called different object collectives ({calls})")
     failed = [rec for rec in records if rec.status != OK]
     if failed:
         detail = "; ".join(f"rank {rec.rank}: {rec.message}" for rec in failed)

@@ -187,7 +187,10 @@ class Header:
         """Parse :meth:`words`' output; raises ``ValueError`` if the slot was not framed by this protocol."""
         w = [int(x) for x in words]
         if len(w) < HEADER_WORDS or w[0] != _MAGIC:
-            raise ValueError(f"not a size header (magic {w[0] if w else None:#x}, expected {_MAGIC:#x})")
+            raise ValueError(
+                f"not a size header (magic {w[0] if w else None:#x}, expected {_MAGIC:#x}): the rank that"
+                " sent it is in a different collective"
+            )
         ndim = w[4]
         dims = tuple(w[7 : 7 + min(max(ndim, 0), HEADER_DIMS)])
         return cls(w[1], w[2], w[3], ndim, w[5], w[6], dims)
