@@ -181,6 +181,17 @@ def rank_legacy_errors(case: str) -> dict:
         ),
         "scatter_list_missing_on_root": lambda: dist.scatter(t, src=0),
         "all_gather_short_list": lambda: dist.all_gather([torch.zeros(1)] * (ws - (r == ws - 1)), t),
+        # the last rank's tensor is float64: its shape and dtype are named, not their digests
+        "all_gather_dtype": lambda: dist.all_gather(
+            [torch.zeros(1, dtype=torch.float64 if r == ws - 1 else torch.float32)] * ws,
+            torch.zeros(1, dtype=torch.float64 if r == ws - 1 else torch.float32),
+        ),
+        # tensors that do not combine, on the last rank only
+        "multigpu_list_shapes": lambda: dist.all_reduce_multigpu(
+            [torch.ones(2), torch.ones(3)] if r == ws - 1 else [torch.ones(2)]
+        ),
+        # each list is fine, but the ranks' results differ in shape
+        "multigpu_result_shape": lambda: dist.all_reduce_multigpu([torch.ones(3 if r == ws - 1 else 2)]),
     }
     err = _err(calls[case])
     return {"err": err}
@@ -194,6 +205,9 @@ ERROR_CASES = {
     "scatter_list_on_non_root": "non-empty scatter_list can be given only to scatter source",
     "scatter_list_missing_on_root": "scatter_list is a required argument in scatter source",
     "all_gather_short_list": "tensor_list must hold",
+    "all_gather_dtype": "the ranks disagree on the tensor's shape and dtype (rank",
+    "multigpu_list_shapes": "the tensors of tensor_list differ in shape",
+    "multigpu_result_shape": "the ranks disagree on len(tensor_list) or the result's shape and dtype (rank",
 }
 
 

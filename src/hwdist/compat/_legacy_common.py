@@ -21,6 +21,7 @@ __all__ = [
     "group_of",
     "require_pg",
     "fingerprint",
+    "shown",
     "layout_digest",
     "agree_or_raise",
     "agree_on_layout",
@@ -86,8 +87,12 @@ def require_pg(fn: str) -> None:
 
 def fingerprint(tensor: Any) -> int:
     """A 31-bit digest of a tensor's shape and dtype (every rank must give the same one)."""
-    text = f"{tuple(tensor.shape)}:{tensor.dtype}" if isinstance(tensor, torch.Tensor) else "?"
-    return layout_digest(text)
+    return layout_digest(shown(tensor))
+
+
+def shown(tensor: Any) -> str:
+    """A tensor's shape and dtype as messages show them (``(2, 3):torch.float32``); ``?``: not a tensor."""
+    return f"{tuple(tensor.shape)}:{tensor.dtype}" if isinstance(tensor, torch.Tensor) else "?"
 
 
 def layout_digest(text: str) -> int:
@@ -96,18 +101,29 @@ def layout_digest(text: str) -> int:
 
 
 def agree_or_raise(
-    fn: str, grp: Any, problem: Optional[BaseException], words: Sequence[int], what: str
+    fn: str,
+    grp: Any,
+    problem: Optional[BaseException],
+    words: Sequence[int],
+    what: str,
+    mine: Optional[str] = None,
 ) -> None:
-    """Every rank raises together when one rank's arguments are bad or the ranks' ``words`` differ."""
+    """Every rank raises together when one rank's arguments are bad or the ranks' ``words`` differ.
+
+    ``mine``: this rank's value as the message shows it, where ``words`` are digests (else the words).
+    """
     if hwdist.get_world_size(grp) == 1:
         if problem is not None:
             raise problem
         return
     got = agree(fn, grp, problem=problem, words=words)
     if not got.same:
+        given = (
+            f"rank {hwdist.get_rank()} gave {mine}" if mine is not None
+            else f"one rank gave {list(got.lowest)}, another {list(got.highest)}"
+        )
         raise CollectiveArgumentError(
-            f"{fn}: the ranks disagree on {what} (one rank gave {list(got.lowest)}, another"
-            f" {list(got.highest)}); every rank must pass the same"
+            f"{fn}: the ranks disagree on {what} ({given}); every rank must pass the same"
         )
 
 

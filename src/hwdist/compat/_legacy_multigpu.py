@@ -10,7 +10,7 @@ import hwdist
 
 from ..collectives.tensor import normalize_reduce_op
 from ..errors import CollectiveArgumentError
-from ._legacy_common import agree_or_raise, fingerprint, group, group_of, reduce_op, require_pg
+from ._legacy_common import agree_or_raise, fingerprint, group, group_of, reduce_op, require_pg, shown
 
 __all__ = ["broadcast_multigpu", "all_reduce_multigpu", "reduce_multigpu", "all_gather_multigpu"]
 
@@ -79,7 +79,11 @@ def _agreed_local_reduce(fn: str, tensor_list: list[torch.Tensor], op: Any, grp:
             acc = _local_reduce(fn, tensor_list, op)
         except (TypeError, ValueError) as exc:
             problem = exc
-    agree_or_raise(fn, grp, problem, [len(tensor_list)], "len(tensor_list)")
+        except RuntimeError as exc:  # torch's own words for tensors that do not combine
+            problem = CollectiveArgumentError(f"{fn}: the tensors of tensor_list differ in shape ({exc})")
+    words = [len(tensor_list), fingerprint(acc)]
+    what = "len(tensor_list) or the result's shape and dtype"
+    agree_or_raise(fn, grp, problem, words, what, f"{len(tensor_list)} tensors, {shown(acc)}")
     assert acc is not None
     return acc
 
@@ -162,7 +166,10 @@ def all_gather_multigpu(
         except (RuntimeError, TypeError) as exc:
             problem = CollectiveArgumentError(f"{fn}: the inputs differ in shape or dtype ({exc})")
     fp = fingerprint(stacked) if stacked is not None else 0
-    agree_or_raise(fn, grp, problem, [fp], "len(input_tensor_list) and the inputs' shape and dtype")
+    agree_or_raise(
+        fn, grp, problem, [fp], "len(input_tensor_list) and the inputs' shape and dtype",
+        f"{len(input_tensor_list)} x {shown(input_tensor_list[0])}" if problem is None else None,
+    )
     assert stacked is not None
     parts = [row for got in hwdist.all_gather(stacked, grp, same_shape=True) for row in got]
     for outs in output_tensor_lists:

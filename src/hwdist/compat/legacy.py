@@ -32,6 +32,7 @@ from ._legacy_common import (
     agree_or_raise,
     dist_backend,
     fingerprint,
+    shown,
     group,
     group_of,
     reduce_op,
@@ -285,7 +286,9 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
     grp = group_of(group)
     world = hwdist.get_world_size(grp)
     problem = _list_problem("all_gather", "tensor_list", tensor_list, tensor, world)
-    agree_or_raise("all_gather", grp, problem, [fingerprint(tensor)], "the tensor's shape and dtype")
+    agree_or_raise(
+        "all_gather", grp, problem, [fingerprint(tensor)], "the tensor's shape and dtype", shown(tensor)
+    )
     for out, got in zip(tensor_list, hwdist.all_gather(tensor, grp, same_shape=True)):
         out.copy_(got)
 
@@ -350,7 +353,8 @@ def _checked_root_and_list(
             )
     words = [root if problem is None else 0, fingerprint(tensor)]
     agree_or_raise(
-        fn, grp, problem, words, f"{root_key} or the tensor's shape and dtype ([{root_key}, shape digest])"
+        fn, grp, problem, words, f"{root_key} or the tensor's shape and dtype",
+        f"{root_key}={words[0]}, {shown(tensor)}",
     )
     return root, items, grp, me
 
