@@ -192,6 +192,12 @@ def default_group() -> Any:
     return _dist.GroupMember.WORLD
 
 
+#: What a ``group`` argument may be besides None: a process group (none exist without distributed support).
+GROUP_TYPES: tuple[type, ...] = (_dist.ProcessGroup,) if DIST_AVAILABLE else ()
+#: torch's sentinel for a group this rank is not a member of (``new_group`` returns it there).
+NON_GROUP_MEMBER: Any = _dist.GroupMember.NON_GROUP_MEMBER if DIST_AVAILABLE else None
+
+
 def group_store(group: Any) -> Optional[Any]:
     """The store ``group`` (None: the default group) was created with, or None where torch hides it.
 

@@ -323,6 +323,14 @@ def check_unclear_errors() -> dict:
     }
     out["ndarray"] = _timed(hwdist.all_reduce_dict, {"a": np.ones(2)})
     out["bucket"] = _catch(hwdist.all_reduce_params, [torch.ones(1)], bucket_size_mb="x")
+    # a group that is not one (torch's name for the world, a rank list): a TypeError naming `group`, raised
+    # before anything else (on every rank here, since every rank passes it)
+    out["group"] = {
+        "all_reduce": _catch(hwdist.all_reduce, torch.ones(1), group="world"),
+        "all_reduce_dict": _catch(hwdist.all_reduce_dict, {"a": torch.ones(1)}, group=[0, 1]),
+        "broadcast_object_list": _catch(hwdist.broadcast_object_list, [1], 0, group="world"),
+        "collect_results": _catch(hwdist.collect_results, [1], 1, group="world"),
+    }
     out["healthy"] = _healthy()
     return out
 
@@ -345,6 +353,10 @@ def test_complex_gather_and_clear_errors(dist, combo):
             assert err == ("ValueError", "all_reduce_dict: data['a'] must be a torch.Tensor, got ndarray"), err
             assert elapsed < FAST
         assert res["bucket"] == ("TypeError", "all_reduce_params: bucket_size_mb must be a number of MiB, got 'x'")
+        for fn, err in res["group"].items():
+            given = "list: [0, 1]" if fn == "all_reduce_dict" else "str: 'world'"
+            want = f"{fn}: group must be a torch.distributed.ProcessGroup or None (the default group), got {given}"
+            assert err == ("TypeError", want), (fn, err)
         assert res["healthy"] == ws
 
 

@@ -44,6 +44,7 @@ import threading
 import warnings
 from typing import Any, Callable, Optional, Protocol, TypeVar
 
+from .. import _compat
 from ..errors import ConcurrentGroupUse
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -125,6 +126,19 @@ def _refuse(fn: str, holder: int) -> None:
         " the ranks pair calls by their order, so results would be silently wrong. Issue a group's"
         " collectives from one thread (as torch.distributed requires), or give each thread its own"
         " group (torch.distributed.new_group)"
+    )
+
+
+_GROUP_TYPES, _NON_MEMBER = _compat.GROUP_TYPES, _compat.NON_GROUP_MEMBER
+
+
+def _not_a_group(fn: str, group: Any) -> None:
+    if group is _NON_MEMBER:  # torch's own sentinel: the call decides what a non-member does
+        return
+    text = repr(group)
+    raise TypeError(
+        f"{fn}: group must be a torch.distributed.ProcessGroup or None (the default group), got"
+        f" {type(group).__name__}: {text[:60] + '...' if len(text) > 60 else text}"
     )
 
 
@@ -214,7 +228,12 @@ def collective(
         def guarded(*args: Any, **kwargs: Any) -> Any:
             body = fn if _hook is None else checked
             group = args[group_index] if len(args) > group_index else kwargs.get("group")
-            key = 0 if group is None else id(group)
+            if group is None:
+                key = 0
+            else:
+                key = id(group)
+                if not isinstance(group, _GROUP_TYPES):
+                    _not_a_group(op, group)
             me = _get_ident()
             holder = _in_flight.get(key)
             if holder is None:
