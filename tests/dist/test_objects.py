@@ -203,6 +203,8 @@ def _bad_arguments() -> list:
         lambda: hwdist.scatter_object_list([None], [1] if rank == 0 else None, src=0),  # wrong length on src
         lambda: hwdist.scatter_object_list([] if rank == 1 else [None], [1] * world if rank == 0 else None),
         lambda: (hwdist.all_gather_object(1) if rank == 0 else hwdist.gather_object(1)),  # different calls
+        # a serializer that is not one, on rank 1 only: named as such, not blamed on the object
+        lambda: hwdist.all_gather_object({"t": torch.ones(1)}, serializer="pickle" if rank == 1 else None),
     ]
     for case in cases:
         try:
@@ -227,6 +229,7 @@ def test_bad_arguments_raise_on_every_rank(dist, backend):
         assert "scatter_object_input_list must be a list of 2 objects" in msgs[3]
         assert "scatter_object_output_list must be a non-empty list" in msgs[4]
         assert "different object collectives" in msgs[5]
+        assert "failed on rank(s) 1: rank 1: serializer must be a hwdist Serializer or None, got str" in msgs[6]
 
 
 def _restricted_refuses(marker: str) -> list:

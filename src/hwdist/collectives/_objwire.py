@@ -208,7 +208,12 @@ def describe(exc: BaseException, obj: Any, serializer: Optional[Serializer], nam
 
 
 def serialize(obj: Any, serializer: Optional[Serializer], name: str = "its object") -> Frame:
-    """``obj``'s frame; raises a ``SERIALIZE`` ``LocalFailure`` describing the failing part."""
+    """``obj``'s frame; raises a ``SERIALIZE`` ``LocalFailure`` describing the failing part.
+
+    A ``serializer`` that is not one is an ``ARGUMENT`` failure (no part of ``obj`` is to blame).
+    """
+    if serializer is not None and not isinstance(serializer, Serializer):
+        raise arg_error(f"serializer must be a hwdist Serializer or None, got {type(serializer).__name__}")
     try:
         return _ser.encode(obj, serializer)
     except Exception as exc:

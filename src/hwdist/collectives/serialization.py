@@ -418,6 +418,15 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
     return int(head[1])
 
 
+def _device(map_location: Any) -> torch.device:
+    try:
+        return torch.device(map_location)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"map_location must be a device (such as 'cpu' or 'cuda:0') or None, got {map_location!r}"
+        ) from exc
+
+
 def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
     """Serialize ``obj`` once into a [`Frame`][hwdist.collectives.serialization.Frame]."""
     stream, buffers = _gc_paused((serializer or get_serializer()).dumps, obj)
@@ -466,7 +475,7 @@ def decode(
         sections.append(view[pos : pos + ln])
         pos = _aligned(pos + ln)
     stream, buffers = sections[0], sections[1:]
-    token = _MAP_LOCATION.set(None if map_location is None else torch.device(map_location))
+    token = _MAP_LOCATION.set(None if map_location is None else _device(map_location))
     try:
         return _gc_paused((serializer or get_serializer()).loads, stream, buffers)
     finally:
