@@ -291,7 +291,7 @@ BAD_ARGS: list[tuple[str, Callable[[int], Any], type, str]] = [
     ("reduce non-tensor", lambda ws: hwdist.reduce(np.ones(2)), TypeError, "reduce: data must be a torch.Tensor, got ndarray"),
     ("scatter non-tensor", lambda ws: hwdist.scatter(None), TypeError, "scatter: data must be a torch.Tensor, got NoneType"),
     ("gather dst not an int", lambda ws: hwdist.gather(_T, dst=0.0), TypeError, "gather: dst must be an int rank, got float"),
-    ("reduce_scatter unknown op", lambda ws: hwdist.reduce_scatter(_T.clone(), [_T] * ws, op="median"), ValueError, "op must be one of"),
+    ("reduce_scatter unknown op", lambda ws: hwdist.reduce_scatter(_T.clone(), [_T] * ws, op="median"), ValueError, "reduce_scatter: op must be one of"),
     ("reduce_scatter non-tensor output", lambda ws: hwdist.reduce_scatter("out", [_T] * ws), TypeError, "reduce_scatter: output must be a torch.Tensor, got str"),
     ("all_to_all empty list", lambda ws: hwdist.all_to_all([], []), TypeError, "all_to_all: input_list must be a list of {ws} tensors, got list"),
     ("all_to_all non-tensor item", lambda ws: hwdist.all_to_all([_T] * ws, [_T] + ["x"] * (ws - 1)), TypeError, "all_to_all: input_list[1] must be a torch.Tensor, got str"),
@@ -301,7 +301,7 @@ BAD_ARGS: list[tuple[str, Callable[[int], Any], type, str]] = [
     ("pad_to_largest_tensor non-tensor", lambda ws: hwdist.pad_to_largest_tensor([1]), TypeError, "pad_to_largest_tensor: tensor must be a torch.Tensor, got list"),
     ("reduce_mean non-tensor", lambda ws: hwdist.reduce_mean(1.0), TypeError, "reduce_mean: tensor must be a torch.Tensor, got float"),
     ("all_reduce_dict non-tensor value, verify=False", lambda ws: hwdist.all_reduce_dict({"a": 1.5}, verify=False), TypeError, "all_reduce_dict: data['a'] must be a torch.Tensor, got float"),
-    ("all_reduce_params unknown op", lambda ws: hwdist.all_reduce_params([_T.clone()], op="avg"), ValueError, "op must be one of"),
+    ("all_reduce_params unknown op", lambda ws: hwdist.all_reduce_params([_T.clone()], op="avg"), ValueError, "all_reduce_params: op must be one of"),
     ("scatter_object_list src out of range", lambda ws: hwdist.scatter_object_list([None], [1] * ws, src=ws), hwdist.CollectiveArgumentError, "src={ws} is not a rank of the group"),
     ("broadcast_object_list src not an int", lambda ws: hwdist.broadcast_object_list([1], src="0"), hwdist.CollectiveArgumentError, "src must be an int rank, got str"),
 ]

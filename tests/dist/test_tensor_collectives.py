@@ -120,7 +120,7 @@ def test_bad_input_raises_on_every_rank(dist, combo):
         if ws > 1:
             kind, msg = got["dtype_mismatch"]
             assert kind == "TypeError" and "rank 1: float64" in msg and "rank 0: float32" in msg
-        assert got["op"][0] == "ValueError" and "op must be one of 'sum', 'mean'" in got["op"][1]
+        assert got["op"][0] == "ValueError" and "all_reduce: op must be one of 'sum', 'mean'" in got["op"][1]
         assert "'average'" in got["op"][1]
         assert got["op_obj"][0] == "ValueError" and "3.5" in got["op_obj"][1]
         assert got["dict_op"][0] == "ValueError"

@@ -42,8 +42,10 @@ if torch_dist.is_available():
     _TORCH_OP_TYPES = (_R, type(_R.SUM))
 
 
-def normalize_reduce_op(op: ReduceOpLike, argname: str = "op") -> str:
+def normalize_reduce_op(op: ReduceOpLike, argname: str = "op", fn: str = "") -> str:
     """The hwdist name ('sum', 'mean', ...) of a reduce op given by name or ``ReduceOp``.
+
+    ``fn``: the public function whose argument it is (starts the message).
 
     Raises:
         ValueError: an unknown name or an unsupported ``ReduceOp`` value.
@@ -64,7 +66,7 @@ def normalize_reduce_op(op: ReduceOpLike, argname: str = "op") -> str:
         if name is not None:
             return name
     raise ValueError(
-        f"{argname} must be one of {', '.join(repr(n) for n in REDUCE_OP_NAMES)}"
+        f"{fn + ': ' if fn else ''}{argname} must be one of {', '.join(repr(n) for n in REDUCE_OP_NAMES)}"
         f" (case-insensitive) or a torch.distributed.ReduceOp with one of those meanings;"
         f" got {op!r}"
         + (" (a plain number is not a ReduceOp: pass the name or the torch.distributed.ReduceOp member)"

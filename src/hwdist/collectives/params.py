@@ -193,7 +193,7 @@ def all_reduce_dict(
     problem: Optional[Exception] = None  # a bad op or data: raised here, or on every rank by the check
     alone: Optional[Exception] = None  # the same, as this rank raises it when no other rank is told
     try:
-        rop = _t.normalize_reduce_op(op)
+        rop = _t.normalize_reduce_op(op, "op", "all_reduce_dict")
     except ValueError as exc:
         problem = alone = exc
         rop = "sum"
@@ -294,7 +294,7 @@ def all_reduce_params(
             },
         ),
     )
-    rop = _t.normalize_reduce_op(op)
+    rop = _t.normalize_reduce_op(op, "op", "all_reduce_params")
     bucket_bytes = mib_bytes(bucket_size_mb, "bucket_size_mb", "all_reduce_params")
     tensors: list[Tensor] = []
     for i, p in enumerate(items):

@@ -123,7 +123,7 @@ def all_reduce(
         >>> dist.all_reduce(data, op="mean")
         >>> # rank 0: tensor([2, 3])   rank 1: tensor([2, 3])
     """
-    rop = normalize_reduce_op(op)
+    rop = normalize_reduce_op(op, "op", "all_reduce")
     _check_tensor(data, "data", "all_reduce")
     return view(group).run(ALL_REDUCE, data, async_op, rop)
 
@@ -161,7 +161,7 @@ def reduce(
         >>> dist.reduce(data, dst=0)
         >>> # rank 0: tensor([3.])   rank 1: (unspecified)
     """
-    rop = normalize_reduce_op(op)
+    rop = normalize_reduce_op(op, "op", "reduce")
     _check_tensor(data, "data", "reduce")
     g = view(group)
     dst = g.check_rank(dst, "dst", "reduce")
@@ -411,7 +411,7 @@ def reduce_scatter(
         >>> dist.reduce_scatter(out, inp)
         >>> # rank 0: tensor([3.])   rank 1: tensor([30.])
     """
-    rop = normalize_reduce_op(op)
+    rop = normalize_reduce_op(op, "op", "reduce_scatter")
     _check_tensor(output, "output", "reduce_scatter")
     g = view(group)
     items = _args.split_input(input_list, output, g.size, "reduce_scatter")

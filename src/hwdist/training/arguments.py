@@ -90,7 +90,7 @@ def tensor_list(values: Any, fn: str, argname: str) -> list[Tensor]:
 
 def grad_op(op: Any, fn: str) -> str:
     """``op`` as 'mean' or 'sum'; ValueError for any other reduce op."""
-    rop = _t.normalize_reduce_op(op)
+    rop = _t.normalize_reduce_op(op, "op", fn)
     if rop not in ("sum", "mean"):
         raise ValueError(f"{fn}: op must be 'mean' or 'sum' for gradients, got {op!r}")
     return rop
