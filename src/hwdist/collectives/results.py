@@ -289,7 +289,7 @@ def _collect_files(
         try:
             part = _check_args(result_part, size)
             if not isinstance(tmpdir, (str, os.PathLike)):
-                raise LocalFailure(ARGUMENT, f"tmpdir must be a path (str), got {type(tmpdir).__name__}")
+                raise LocalFailure(ARGUMENT, _not_a_path(tmpdir))
             tmpdir = os.fspath(tmpdir)
             token = 0
             if me != 0:
@@ -484,6 +484,10 @@ def collect_results_gpu(
     )
 
 
+def _not_a_path(tmpdir: Any) -> str:
+    return f"tmpdir must be a path (str), got {type(tmpdir).__name__}"
+
+
 @collective(2)
 def create_tmpdir(
     rank: Optional[int] = None, tmpdir: Optional[str] = None, *, group: Optional[Any] = None
@@ -513,7 +517,7 @@ def create_tmpdir(
     del rank
     if world_size(group) == 1:
         if tmpdir is not None and not isinstance(tmpdir, (str, os.PathLike)):
-            raise TypeError(f"create_tmpdir: tmpdir must be a path (str), got {type(tmpdir).__name__}")
+            raise TypeError(f"create_tmpdir: {_not_a_path(tmpdir)}")
         if tmpdir is None:
             return tempfile.mkdtemp(prefix="hwdist-")
         os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
@@ -527,7 +531,7 @@ def create_tmpdir(
         path = ""
         bad: Optional[LocalFailure] = None
         if tmpdir is not None and not isinstance(tmpdir, (str, os.PathLike)):
-            bad = LocalFailure(ARGUMENT, f"tmpdir must be a path (str), got {type(tmpdir).__name__}")
+            bad = LocalFailure(ARGUMENT, _not_a_path(tmpdir))
         elif tmpdir is not None:
             path = os.fspath(tmpdir)
         if bad is not None:  # in the exchange, so that every rank raises
