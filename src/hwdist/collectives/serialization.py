@@ -423,7 +423,7 @@ def _device(map_location: Any) -> torch.device:
         return torch.device(map_location)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(
-            f"map_location must be a device (such as 'cpu' or 'cuda:0') or None, got {map_location!r}"
+            f"map_location must be a torch.device, a device string or None, got {map_location!r}"
         ) from exc
 
 
