@@ -86,7 +86,7 @@ _HEAD = 8  # int64 fields: magic, status, total, nchunks, root, opcode, token, i
 #: The largest payload a record carries inline.
 INLINE_BYTES = RECORD_BYTES - 8 * _HEAD
 #: The first word of every record (a row that lacks it came from another collective).
-RECORD_MAGIC = _MAGIC = int.from_bytes(b"HWDREC01", "little")
+RECORD_MAGIC = int.from_bytes(b"HWDREC01", "little")
 
 #: The opcode of each collective that exchanges records (records of different calls never match).
 OPS = {
@@ -110,7 +110,7 @@ class Record:
         self.rank = rank
         fields = [int(x) for x in head]
         #: False: the rank sent something else (it is in another collective, e.g. a size exchange)
-        self.framed = fields[0] == _MAGIC
+        self.framed = fields[0] == RECORD_MAGIC
         self.status, self.total, self.nchunks, self.root, self.opcode, self.token = fields[1:7]
         self.inline = inline
 
@@ -136,7 +136,7 @@ def make_record(
     if status != OK:
         inline = np.frombuffer(message.encode("utf-8", "replace")[:INLINE_BYTES], dtype=np.uint8)
     n = 0 if inline is None else int(inline.size)
-    head = np.array([_MAGIC, status, total, nchunks, root, opcode, token, n], dtype="<i8")
+    head = np.array([RECORD_MAGIC, status, total, nchunks, root, opcode, token, n], dtype="<i8")
     rec[: 8 * _HEAD] = head.view(np.uint8)
     if inline is not None and n:
         rec[8 * _HEAD : 8 * _HEAD + n] = inline
