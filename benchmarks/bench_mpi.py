@@ -80,7 +80,7 @@ def main(argv: "list[str] | None" = None) -> int:
         return 0
     env = {**os.environ, CHILD: "1"}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.path.join(here, "src") + os.pathsep + here + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [mpiexec, "-n", str(args.nprocs), sys.executable, os.path.abspath(__file__), *sys.argv[1:]]
     return subprocess.run(cmd, env=env, timeout=600).returncode
 

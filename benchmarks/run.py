@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         return 1
     root = HERE.parent
     env = dict(os.environ)
-    paths = [str(root / "src"), str(root), env.get("PYTHONPATH", "")]  # the package (src/) and benchmarks
+    paths = [str(root), env.get("PYTHONPATH", "")]  # the package and the benchmarks
     env["PYTHONPATH"] = os.pathsep.join(paths).rstrip(os.pathsep)
     failed = 0
     for mod in modules:

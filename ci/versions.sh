@@ -71,7 +71,7 @@ for combo in $COMBOS; do
     echo "    installed: Python/torch $got"
     if [ -n "${HWDIST_VERSIONS_INSTALL_ONLY:-}" ]; then row "installed ($got)" "-"; continue; fi
     # hwdist from this checkout (not installed into the venv).
-    export PYTHONPATH="$REPO/src:$REPO"
+    export PYTHONPATH="$REPO"
     timeout "$LIMIT" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/dist \
         --ignore=tests/unit/test_docs.py --ignore=tests/unit/test_lint.py >>"$log" 2>&1
     trc=$?

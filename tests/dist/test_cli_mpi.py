@@ -38,7 +38,7 @@ def _needs_mpi() -> None:
 
 def run(cmd: list[str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HWDIST_", "PMI_", "PMIX_", "OMPI_COMM_WORLD_", "SLURM_"))}
-    env.update({"PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT), "MPIEXEC_TIMEOUT": "200", **MPI_AS_ROOT, **(extra_env or {})})
+    env.update({"PYTHONPATH": str(ROOT), "MPIEXEC_TIMEOUT": "200", **MPI_AS_ROOT, **(extra_env or {})})
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
 
 
@@ -47,7 +47,7 @@ def test_check_under_mpiexec_runs_each_process_as_a_rank(tmp_path):
     proc = run(
         ["mpiexec", "-n", "2", sys.executable, "-m", "hwdist", "check", "--backend", "mpi",
          "--only", "dist_info,all_reduce,all_gather_object", "--json"],
-        {"PYTHONPATH": f"{tmp_path}:{ROOT}/src:{ROOT}", "HWDIST_TEST_NOISE": "1"},
+        {"PYTHONPATH": f"{tmp_path}:{ROOT}", "HWDIST_TEST_NOISE": "1"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rep = json.loads(proc.stdout)  # one report (rank 0's), nothing else

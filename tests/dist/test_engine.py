@@ -233,15 +233,15 @@ def test_switching_verification_restarts_the_call_numbers():
 # the engine is the one module of the tensor collectives and the transport that calls torch.distributed
 # ---------------------------------------------------------------------------
 _ENGINE_USERS = [
-    "src/hwdist/collectives/tensor.py",
-    "src/hwdist/collectives/_strategies.py",
-    "src/hwdist/collectives/_alltoall.py",
-    "src/hwdist/collectives/_transport.py",
-    "src/hwdist/collectives/_wire.py",
-    "src/hwdist/collectives/_args.py",
-    "src/hwdist/collectives/_handle.py",
-    "src/hwdist/collectives/_fingerprints.py",
-    "src/hwdist/verify.py",
+    "hwdist/collectives/tensor.py",
+    "hwdist/collectives/_strategies.py",
+    "hwdist/collectives/_alltoall.py",
+    "hwdist/collectives/_transport.py",
+    "hwdist/collectives/_wire.py",
+    "hwdist/collectives/_args.py",
+    "hwdist/collectives/_handle.py",
+    "hwdist/collectives/_fingerprints.py",
+    "hwdist/verify.py",
 ]
 _COLLECTIVES = {
     "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
@@ -345,7 +345,7 @@ def test_default_view_is_made_anew_after_destroy_and_reinit():
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)]))
     done = subprocess.run(
         [sys.executable, "-c", _REINIT], env=env, capture_output=True, text=True, timeout=120
     )

@@ -98,7 +98,7 @@ def test_check_marks_table_refusals_and_passes_the_rest(plugin_dir, world_size):
 
 def test_check_command_exits_0_when_only_refusals_remain(plugin_dir):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(plugin_dir), str(ROOT / "src"), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([str(plugin_dir), str(ROOT)])
     cmd = [sys.executable, "-m", "hwdist", "check", "--backend", "epfloat", "-n", "2", "--json",
            "--only", "all_reduce,all_gather_object,broadcast_object_list,collect_results"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -90,7 +90,7 @@ def _run(scenario: str, backend: str, ws: int, action: str, tmp_path: Path, **en
     logs.mkdir()
     full = dict(os.environ)
     full.update(
-        PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT) + os.pathsep + full.get("PYTHONPATH", ""),
+        PYTHONPATH=str(ROOT) + os.pathsep + full.get("PYTHONPATH", ""),
         HWDIST_HANG_TIMEOUT=str(DEADLINE),
         HWDIST_HANG_ACTION=action,
         HWDIST_FLIGHT_DIR=str(tmp_path / "flight"),
@@ -204,7 +204,7 @@ def test_late_rank(backend, ws, tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr
     assert f"diagnosis: {want}" in out.stdout, out.stdout
@@ -333,7 +333,7 @@ def test_sigusr1_dumps_while_blocked_in_a_collective(tmp_path):
     logs.mkdir()
     env = dict(
         os.environ,
-        PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT),
+        PYTHONPATH=str(ROOT),
         HWDIST_HANG_TIMEOUT="60",
         HWDIST_FLIGHT_DIR=str(tmp_path / "f"),
         HANG_LOGS=str(logs),

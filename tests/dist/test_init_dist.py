@@ -197,7 +197,7 @@ def _check_script_results(out_dir: Path, world: int, per_node: int, launcher: st
 
 def _run(cmd: list[str], timeout: float = 120) -> None:
     env = {k: v for k, v in os.environ.items() if k not in TORCH_VARS and not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + str(ROOT)
+    env["PYTHONPATH"] = str(ROOT)
     env["HWDIST_DEVICE"] = "cpu"  # CPU ranks on any machine (a GPU host would infer nccl, one rank per GPU)
     env.update(MPI_AS_ROOT)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -248,7 +248,7 @@ def test_mpiexec_suite(nprocs):
     why = _mpi_missing()
     if why:
         pytest.skip(why)
-    env = {**os.environ, "MPIEXEC_TIMEOUT": "240", "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT), **MPI_AS_ROOT}
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "240", "PYTHONPATH": str(ROOT), **MPI_AS_ROOT}
     env.pop("HWDIST_TEST_BACKENDS", None)
     proc = subprocess.run(
         ["mpiexec", "-n", str(nprocs), sys.executable, "-m", "hwdist.testing.mpi_suite", "tests/dist", "-q", "-x"],
@@ -321,7 +321,7 @@ def test_watchdog_aborts_the_job_when_a_rank_leaves(tmp_path, mode, timeout, mes
 
     script = tmp_path / "fault.py"
     script.write_text(_FAULT_SCRIPT)
-    env = {**os.environ, "MPIEXEC_TIMEOUT": "100", "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT), **MPI_AS_ROOT}
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "100", "PYTHONPATH": str(ROOT), **MPI_AS_ROOT}
     proc = subprocess.run(
         ["mpiexec", "-n", "3", sys.executable, str(script), mode, str(timeout)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,

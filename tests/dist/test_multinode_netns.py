@@ -77,7 +77,7 @@ def test_two_nodes_in_network_namespaces(two_nodes, tmp_path):
         base_env.pop(var, None)
     procs = []
     for node, (ns, dev, _) in enumerate(two_nodes):
-        env = {**base_env, "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT), "GLOO_SOCKET_IFNAME": dev}
+        env = {**base_env, "PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": dev}
         cmd = [
             "ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run",
             "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),

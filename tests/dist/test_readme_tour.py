@@ -49,7 +49,7 @@ def _as_detected_here(text: str) -> str:
 def _env() -> dict[str, str]:
     """The tour's environment: no launcher variables, no HWDIST_* overrides, the checkout importable."""
     env = {k: v for k, v in os.environ.items() if k not in TORCH_VARS and not k.startswith("HWDIST_")}
-    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 

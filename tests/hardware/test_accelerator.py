@@ -52,7 +52,7 @@ def test_hwdist_check_passes_on_the_accelerator(nproc):
     backend, count = _accelerator()
     if nproc > count:
         pytest.skip(f"{nproc} ranks need {nproc} devices; {count} visible")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "hwdist", "check", "-n", str(nproc), "--backend", backend],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,

@@ -20,8 +20,8 @@ import hwdist
 from hwdist import cli, cli_bench
 
 ROOT = Path(__file__).resolve().parents[2]
-#: What a subprocess needs on PYTHONPATH: the package (src/) and the repository (tests, benchmarks).
-SRC_PATH = str(ROOT / "src") + os.pathsep + str(ROOT)
+#: What a subprocess needs on PYTHONPATH: the repository (the package, tests, benchmarks) (tests, benchmarks).
+SRC_PATH = str(ROOT)
 
 
 def run_cli(

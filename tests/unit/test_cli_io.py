@@ -69,7 +69,7 @@ if _rank and os.environ.get("HWDIST_TEST_SLOW_RANKS"):
 def site(tmp_path: Path) -> str:
     """A PYTHONPATH with the noisy/slow ``sitecustomize`` first, then this worktree."""
     (tmp_path / "sitecustomize.py").write_text(SITE)
-    return f"{tmp_path}:{ROOT}/src:{ROOT}"
+    return f"{tmp_path}:{ROOT}"
 
 
 def no_traceback(stderr: str) -> None:

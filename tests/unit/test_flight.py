@@ -21,8 +21,8 @@ from hwdist.cli import main as cli_main
 from hwdist.flight import recorder, report, watchdog
 
 ROOT = Path(__file__).resolve().parents[2]
-#: What a subprocess needs on PYTHONPATH: the package (src/) and the repository (tests, benchmarks).
-SRC_PATH = str(ROOT / "src") + os.pathsep + str(ROOT)
+#: What a subprocess needs on PYTHONPATH: the repository (the package, tests, benchmarks) (tests, benchmarks).
+SRC_PATH = str(ROOT)
 
 
 def _entry(seq: int, op: str, site: str, state: str = "completed", group: str = "default") -> dict:

@@ -17,7 +17,7 @@ def test_ruff_finds_nothing():
         [sys.executable, "-m", "ruff", "--version"], capture_output=True
     ).returncode != 0:
         pytest.skip("ruff is not installed (it comes with the 'test' extra)")
-    cmd = [sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks"]
+    cmd = [sys.executable, "-m", "ruff", "check", "hwdist", "tests", "benchmarks"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -27,7 +27,7 @@ def test_mypy_finds_nothing_in_hwdist():
         import mypy  # noqa: F401
     except ImportError:
         pytest.skip("mypy is not installed (it comes with the 'test' extra)")
-    cmd = [sys.executable, "-m", "mypy", "src/hwdist"]
+    cmd = [sys.executable, "-m", "mypy", "hwdist"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Success: no issues found" in proc.stdout, proc.stdout + proc.stderr

@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "src" / "hwdist"
+PACKAGE = ROOT / "hwdist"
 
 #: ``module._name`` of a third-party or standard-library module, with the reason it cannot be avoided.
 THIRD_PARTY_ALLOWED = {
