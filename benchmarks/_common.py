@@ -68,14 +68,14 @@ def through_torch_functions() -> Any:
     hit path issues on the process group itself (docs/architecture.md), which such a stand-in would not
     see. Inside this block the stand-in sees every call, as it did before that path existed.
     """
-    from hwdist.collectives import _engine
+    from hwdist.collectives import engine
 
-    real = _engine._pg_direct
-    _engine._pg_direct = lambda pg, tensor: False
+    real = engine._pg_direct
+    engine._pg_direct = lambda pg, tensor: False
     try:
         yield
     finally:
-        _engine._pg_direct = real
+        engine._pg_direct = real
 
 
 def fmt_us(us: float) -> str:

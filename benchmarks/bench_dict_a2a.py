@@ -1,4 +1,4 @@
-"""all_reduce_dict and all_to_all with uneven splits vs raw torch.distributed (issue 17, phase 2).
+"""all_reduce_dict and all_to_all with uneven splits vs raw torch.distributed.
 
 Two gloo ranks (and three for all_to_all). Every case is timed interleaved with
 its raw torch equivalent in one process group (``measure``: sample A, B, B, A,

@@ -39,7 +39,7 @@ import torch.distributed as tdist
 
 import hwdist
 from hwdist import registry
-from hwdist.collectives import _calls
+from hwdist.collectives import call_entry
 
 from ._common import bench_main, fmt_us, through_torch_functions
 
@@ -73,7 +73,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     }
     patched = ("all_reduce", "broadcast", "all_gather", "get_world_size")
     real = {name: getattr(tdist, name) for name in patched}
-    recorder = _calls.recorder()
+    recorder = call_entry.recorder()
     rows = []
     for stub in (False, True):
         for flight in (True, False):
@@ -82,7 +82,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
                     setattr(tdist, name, lambda *a, **k: None)
                 tdist.get_world_size = lambda group=None: 2  # type: ignore[assignment]
                 ws = 2
-            _calls.set_recorder(recorder if flight else None)
+            call_entry.set_recorder(recorder if flight else None)
             try:
                 if stub:  # a new registry generation: a fresh default-group view, whose cached size reads 2
                     registry.clear_cache()
@@ -102,7 +102,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
                         "overhead_min_us": (min(a) - min(b)) * 1e6,
                     })
             finally:
-                _calls.set_recorder(recorder)
+                call_entry.set_recorder(recorder)
     for name, fn in real.items():
         setattr(tdist, name, fn)
     registry.clear_cache()
@@ -135,15 +135,15 @@ def bench_cold(quick: bool) -> list[dict[str, Any]]:
     """The real one-rank calls with cold caches: hwdist (recorder on and off) against raw, paired."""
     t = torch.ones(1024)
     iters, samples = (100, 7) if quick else (200, 31)
-    recorder = _calls.recorder()
+    recorder = call_entry.recorder()
 
     def recorder_off(fn: Callable[[], Any]) -> Callable[[], Any]:
         def call() -> Any:
-            _calls.set_recorder(None)
+            call_entry.set_recorder(None)
             try:
                 return fn()
             finally:
-                _calls.set_recorder(recorder)
+                call_entry.set_recorder(recorder)
 
         return call
 

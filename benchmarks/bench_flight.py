@@ -12,6 +12,10 @@ paired ratio in this run). Rows:
 Nothing here asserts a speed. Usage::
 
     python -m benchmarks.bench_flight [--quick] [--json PATH]
+    python -m benchmarks.bench_flight --ddp [--rounds 7] [--steps 30]   # torch's hooks on a DDP step
+
+``--ddp`` runs ``bench_flight_ddp``: the recorder attached through torch's hooks (torch >= 2.14) against
+raw torch, on a DDP step.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch.distributed as tdist
 
 import hwdist
 from hwdist import flight
-from hwdist.collectives._calls import collective
+from hwdist.collectives.call_entry import collective
 
 from ._common import bench_main, fmt_us, measure
 
@@ -103,6 +107,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if "--ddp" in argv:
+        from . import bench_flight_ddp
+
+        return bench_flight_ddp.main([a for a in argv if a != "--ddp"])
     """Run the benchmark and print the table (and write JSON if asked)."""
     return bench_main(argv, (__doc__ or "").splitlines()[0], [(1, bench_rank), (2, bench_rank)], format_table)
 

@@ -1,6 +1,6 @@
 """hwdist vs raw torch.distributed on one CUDA GPU over NCCL (one rank), measured in the same run.
 
-A lent GPU machine has one GPU and NCCL runs one rank per GPU, so this bench
+NCCL runs one rank per GPU, so on a machine with one GPU this bench
 measures what one rank can show: hwdist's own cost around each NCCL call on
 real hardware (a fast host CPU, a real CUDA stream). Every call is followed by
 ``torch.cuda.synchronize()`` in both columns, so a row is the latency of one

@@ -1,4 +1,4 @@
-"""Object collectives with sizes agreed by prediction (issue 17): hwdist vs torch's own, paired.
+"""Object collectives with sizes agreed by prediction: hwdist vs torch's own, paired.
 
 Every case is timed interleaved with its baseline and a control in one process
 group (``_common.measure``: a barrier, then ``iters`` calls; the order
@@ -94,15 +94,15 @@ class _Counter:
     """Counts the collectives hwdist's transport issues (wraps its ``issue`` in this process)."""
 
     def __init__(self) -> None:
-        from hwdist.collectives import _transport
+        from hwdist.collectives import transport
 
-        self.mod, self.orig, self.n = _transport, _transport.issue, 0
+        self.mod, self.orig, self.n = transport, transport.issue, 0
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.n += 1
             return self.orig(*args, **kwargs)
 
-        _transport.issue = counted  # type: ignore[assignment]
+        transport.issue = counted  # type: ignore[assignment]
 
     def per_call(self, fn: Callable[[], Any], calls: int = 5) -> float:
         fn()

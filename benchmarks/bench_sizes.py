@@ -1,4 +1,4 @@
-"""Why a large tensor all_gather is slower than hwdist's object path on gloo (issue 17, phase 1).
+"""Why a large tensor all_gather is slower than hwdist's object path on gloo.
 
 Every case moves the same bytes per rank and is timed interleaved with the
 others in one process group (``_common.measure``: a barrier, then ``iters``
@@ -21,7 +21,7 @@ Cases:
 - ``hwdist all_gather_object`` of the same bytes as a numpy array (large sizes only);
 - ``control``: the baseline against itself under another name (the noise floor of a ratio here).
 
-``--gathers`` (issue 17, phase 2) times only the tensor gathers against the same baseline:
+``--gathers`` times only the tensor gathers against the same baseline:
 
 - ``hwdist all_gather equal`` (default, every rank the same shape) and ``same_shape=True``;
 - ``hwdist all_gather uneven``: rank ``r`` holds ``size * (1 + r / (world - 1)) / 2`` bytes, so the
@@ -167,7 +167,7 @@ def _gather_cases(nbytes: int, ws: int, rank: int) -> dict[str, Callable[[], Any
 
 
 def bench_gathers(sizes: list[int], samples: int) -> list[dict[str, Any]]:
-    """Runs on every rank: the tensor gathers of issue 17 phase 2; returns rank 0's rows."""
+    """Runs on every rank: hwdist's tensor gathers against raw torch; returns rank 0's rows."""
     ws, rank = tdist.get_world_size(), tdist.get_rank()
     rows: list[dict[str, Any]] = []
     for nbytes in sizes:
@@ -248,7 +248,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--world-sizes", default=None, help="default 2,3 (--quick: 2)")
     ap.add_argument("--sizes", default=None, help="per rank (default 4K,1M,32M,64M; --quick: 4K,1M,32M)")
-    ap.add_argument("--gathers", action="store_true", help="issue 17 phase 2: the tensor gathers only")
+    ap.add_argument("--gathers", action="store_true", help="hwdist's tensor gathers only, against raw torch")
     ap.add_argument("--samples", type=int, default=11, help="samples per case with --gathers")
     args = ap.parse_args(argv)
     args.world_sizes = args.world_sizes or ("2" if args.quick else "2,3")

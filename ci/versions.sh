@@ -24,6 +24,8 @@ mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$CACHE/uv-cache}
 LIMIT=${HWDIST_VERSIONS_TIMEOUT:-2400}
+# HWDIST_VERSIONS_MARK: a pytest -m expression for the suites (CI: 'not slow', the fast lane).
+MARK=${HWDIST_VERSIONS_MARK:-}
 # python:torch; the first is the floor (pyproject.toml), 2.8.0 is the newest torch for Python 3.9.
 COMBOS=${HWDIST_VERSIONS:-"3.9:2.1.2 3.10:2.4.1 3.9:2.8.0 3.11:2.13.0 3.13:2.15.0"}
 
@@ -73,7 +75,7 @@ for combo in $COMBOS; do
     # hwdist from this checkout (not installed into the venv).
     export PYTHONPATH="$REPO"
     timeout "$LIMIT" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/dist \
-        --ignore=tests/unit/test_docs.py --ignore=tests/unit/test_lint.py >>"$log" 2>&1
+        --ignore=tests/unit/test_docs.py --ignore=tests/unit/test_lint.py ${MARK:+-m "$MARK"} >>"$log" 2>&1
     trc=$?
     summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1 | sed -E 's/=+//g; s/ in [0-9.]+s.*//; s/^ +//')
     [ $trc -eq 124 ] && summary="TIMEOUT after ${LIMIT}s; $summary"

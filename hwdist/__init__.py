@@ -6,7 +6,6 @@ changes no global state and imports no vendor package.
 
 from __future__ import annotations
 
-from . import detect as _detect_mod
 from . import info as _info
 from . import launch as _launch
 from . import registry as _registry
@@ -19,7 +18,8 @@ from .collectives.objects import *  # noqa: F401,F403
 from .collectives.params import *  # noqa: F401,F403
 from .collectives.results import *  # noqa: F401,F403
 from .collectives.tensor import *  # noqa: F401,F403
-from .detect import Detection, detect, get_device
+# The function hwdist.detect; its module is hwdist.detection (so neither hides the other).
+from .detection import Detection, detect, get_device
 from .drivers.base import Driver, Plan, PlanError
 from .info import *  # noqa: F401,F403
 from .launch import *  # noqa: F401,F403
@@ -65,4 +65,3 @@ __all__ = [
     *_results.__all__,
     *_training.__all__,
 ]
-del _detect_mod

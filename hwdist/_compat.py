@@ -174,12 +174,20 @@ def all_gather_into_tensor_by_list(
     return _dist.all_gather(list(output.view(world_size, -1).unbind(0)), input.reshape(-1), group, async_op)
 
 
-def register_torch_backend(name: str, factory: Callable[..., Any], devices: list[str]) -> None:
-    """Register a process-group creator with torch (``devices=`` where supported)."""
+def register_torch_backend(
+    name: str, factory: Callable[..., Any], devices: list[str], extended_api: bool = False
+) -> None:
+    """Register a process-group creator with torch (``devices=`` where supported).
+
+    ``extended_api``: ``factory`` takes torch's ``(_DistributedBackendOptions, group options)``
+    (only where ``EXTENDED_BACKEND_API``), else ``(store, rank, size, timeout)``.
+    """
+    register: Any = _dist.Backend.register_backend
+    extra = {"extended_api": True} if extended_api else {}
     if REGISTER_BACKEND_HAS_DEVICES:
-        _dist.Backend.register_backend(name, factory, devices=devices)
+        register(name, factory, devices=devices, **extra)
     else:  # torch<2.2: the backend serves every device. Drop when torch>=2.2 is the floor.
-        _dist.Backend.register_backend(name, factory)
+        register(name, factory, **extra)
 
 
 def torch_knows_backend(name: str) -> bool:
@@ -323,3 +331,168 @@ def pg_options(kind: str, value: Any, async_op: bool) -> Any:
             opts.asyncOp = async_op
         _OPTIONS[key] = opts
     return opts
+
+
+# torch.accelerator (torch>=2.6) names the accelerator this torch was built for, or a registered
+# PrivateUse1 extension (torch_npu's 'npu'). current_accelerator() without check_available reads that at
+# compile time and initialises no device (check_available=True, from 2.7, calls the device module's
+# is_available, which initialises CUDA unless PYTORCH_NVML_BASED_CUDA_CHECK=1). Its device_count() is not
+# used: on 2.6 it is a C++ call that initialises CUDA; the device module's own count (NVML-based on CUDA)
+# is. None before 2.6. Drop the fallback when torch>=2.6 is the floor.
+_current_accelerator: Optional[Callable[[], Any]] = getattr(
+    getattr(torch, "accelerator", None), "current_accelerator", None
+)
+
+
+def accelerator_type() -> Optional[str]:
+    """The device type of torch's current accelerator (``torch.accelerator``), or None: torch < 2.6, or no
+    accelerator built in or registered. Never initialises a device."""
+    if _current_accelerator is None:
+        return None
+    try:
+        device = _current_accelerator()
+    except RuntimeError:  # a broken device extension must not crash detection
+        return None
+    return None if device is None else str(device.type)
+
+
+def default_backend_for_device(device_type: str) -> Optional[str]:
+    """The backend torch uses on ``device_type`` when ``init_process_group()`` names none, or None.
+
+    torch's ``Backend.default_device_backend_map`` (what ``get_default_backend_for_device``, torch>=2.6,
+    reads; ``Backend.register_backend(devices=...)`` adds a vendor's device to it).
+    """
+    if not DIST_AVAILABLE:
+        return None
+    found = getattr(_dist.Backend, "default_device_backend_map", {}).get(device_type)
+    return None if found is None else str(found)
+
+
+# --- torch's safe globals and per-group collective hooks (used by weights_only= and hwdist.flight)
+
+# torch.serialization.add_safe_globals / safe_globals / get_safe_globals: torch>=2.4. Drop when torch>=2.4
+# is the floor.
+HAS_SAFE_GLOBALS: bool = hasattr(torch.serialization, "get_safe_globals")
+
+
+def torch_safe_globals() -> list[Any]:
+    """The types the user registered with ``torch.serialization.add_safe_globals`` (``[]`` before 2.4)."""
+    return list(torch.serialization.get_safe_globals()) if HAS_SAFE_GLOBALS else []
+
+
+# ProcessGroup.register_pre_hook / register_post_hook (PreHookArgs: name, async_op, input_tensors,
+# output_tensors, root, op_id; PostHookArgs: name, async_op, work, op_id): torch>=2.14. Drop when
+# torch>=2.14 is the floor.
+PG_HAS_HOOKS: bool = DIST_AVAILABLE and hasattr(_dist.ProcessGroup, "register_pre_hook")
+
+
+# --- what torch knows of a process group and of its backends (registry.resolve, the generic driver) ---
+
+# get_backend_config(group): the group's device-to-backend map as torch's string ('cpu:gloo,cuda:nccl'),
+# torch>=2.1 (every supported torch has it; kept as a probe for builds without it).
+_get_backend_config: Optional[Callable[..., str]] = _pick("get_backend_config")
+
+
+def group_backend_config(group: Any) -> Optional[str]:
+    """torch's device-to-backend string of ``group`` (``get_backend_config``), or None where torch has
+    none for it (no such function, or a group torch does not list)."""
+    if _get_backend_config is None:
+        return None
+    try:
+        return str(_get_backend_config(group))
+    except (ValueError, RuntimeError, KeyError, AttributeError, TypeError):
+        return None
+
+
+def group_device_types(group: Any) -> list[str]:
+    """The device types ``group`` has a backend for (``ProcessGroup._device_types``), in torch's order;
+    [] where torch does not say (a Python process group replaces torch's own and lists none)."""
+    try:
+        return [str(getattr(d, "type", d)) for d in group._device_types]
+    except (AttributeError, RuntimeError, TypeError):
+        return []
+
+
+def torch_backend_devices(name: str) -> list[str]:
+    """The device types torch says backend ``name`` serves (``Backend.backend_capability``), or []."""
+    if not DIST_AVAILABLE:
+        return []
+    return list(getattr(_dist.Backend, "backend_capability", {}).get(name.lower(), []))
+
+
+def torch_backend_creator(name: str) -> Optional[Callable[..., Any]]:
+    """The creator a third party registered with torch for backend ``name``
+    (``Backend.register_backend``), or None (a backend built into torch, or none)."""
+    if not DIST_AVAILABLE:
+        return None
+    plugin = getattr(_dist.Backend, "_plugins", {}).get(name.upper())
+    return getattr(plugin, "creator_fn", None)
+
+
+def replace_torch_backend_creator(name: str, creator: Callable[..., Any]) -> None:
+    """Swap the creator torch keeps for third-party backend ``name`` (its private ``Backend._plugins``
+    table; the ``extended_api`` flag is kept). hwdist wraps a creator only to name the backend when the
+    creator raises."""
+    plugins: Any = getattr(_dist.Backend, "_plugins", None)
+    plugin = None if plugins is None else plugins.get(name.upper())
+    if plugin is not None and hasattr(plugin, "_replace"):
+        plugins[name.upper()] = plugin._replace(creator_fn=creator)
+
+
+# Backend._ensure_backend_registered(name): torch>=2.14 loads a backend from the entry-point group
+# 'torch.distributed.backends' the first time its name is used. Before 2.14 a backend is known once its
+# package registered it (usually on import). Drop the check when torch>=2.14 is the floor.
+_ensure_registered: Optional[Callable[[str], None]] = (
+    getattr(_dist.Backend, "_ensure_backend_registered", None) if DIST_AVAILABLE else None
+)
+
+
+def load_torch_backend(name: str) -> bool:
+    """Whether torch knows backend ``name``, after letting torch (>= 2.14) load it from its entry points.
+
+    Raises:
+        RuntimeError: the entry point torch found for ``name`` failed to load (torch's own error).
+    """
+    if not DIST_AVAILABLE:
+        return False
+    if not torch_knows_backend(name) and _ensure_registered is not None:
+        _ensure_registered(name)
+    return torch_knows_backend(name)
+
+
+# Backend.register_backend(extended_api=True): the creator gets torch's _DistributedBackendOptions (store,
+# group_rank, group_size, timeout, group_id, global_ranks_in_group) and the group's options, as torch's own
+# backends do. Every supported torch has it (2.1 included); a probe all the same.
+EXTENDED_BACKEND_API: bool = (
+    DIST_AVAILABLE
+    and _has_param(_dist.Backend.register_backend, "extended_api")
+    and hasattr(_dist.distributed_c10d, "_DistributedBackendOptions")
+)
+
+# torch's rule for the device of a call without a tensor (object collectives, barrier):
+# distributed_c10d._get_object_coll_device, torch>=2.2 (2.1 has the same rule in _get_pg_default_device).
+# hwdist applies the rule itself, to torch's own map of the group (registry._no_tensor_device); this is
+# only read by the tests that compare the two. Drop when torch>=2.2 is the floor.
+object_coll_device: Optional[Callable[[Any], str]] = (
+    getattr(_dist.distributed_c10d, "_get_object_coll_device", None) if DIST_AVAILABLE else None
+)
+
+# init_process_group() without a backend: from torch 2.6 torch picks the backend of the accelerator it was
+# built for (torch.accelerator) and 'cpu:gloo' without one. Before, it created every backend its build has
+# ('cpu:gloo,cuda:nccl' on a CUDA wheel), which fails on a machine without a GPU (measured: torch 2.1.2's
+# CUDA wheel raises "ProcessGroupNCCL is only supported with GPUs, no GPUs found!"). Needs a process group
+# to probe, so by version. Drop when torch>=2.6 is the floor.
+INIT_WITHOUT_BACKEND_PER_DEVICE: bool = _version_at_least(2, 6)
+
+
+def torch_groups() -> list[Any]:
+    """Every process group torch has made in this process (its private map; [] where it has none)."""
+    world = getattr(getattr(_dist, "distributed_c10d", None), "_world", None)
+    pg_map = getattr(world, "pg_map", None)
+    return [g for g in (pg_map or {}) if isinstance(g, GROUP_TYPES)]
+
+
+def torch_group_count() -> int:
+    """How many process groups torch has made (cheap: no list is built)."""
+    world = getattr(getattr(_dist, "distributed_c10d", None), "_world", None)
+    return len(getattr(world, "pg_map", None) or ())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 
 def entry_points(group: str) -> list[Any]:
@@ -16,10 +18,24 @@ def entry_points(group: str) -> list[Any]:
         return list(metadata.entry_points().get(group, []))  # type: ignore[attr-defined]
 
 
+#: entry-point group -> lower-case name -> why that plug-in could not be loaded or registered
+_failed: dict[str, dict[str, str]] = {}
+
+
+def failure(group: str, name: str) -> Optional[str]:
+    """Why the plug-in ``name`` of ``group`` failed to load or register (None: it did not fail)."""
+    return _failed.get(group, {}).get(name.lower())
+
+
 def load_plugins(
     group: str, what: str, known: Callable[[str], bool], register: Callable[[str, Any], Any]
 ) -> None:
     """Register every entry point of ``group`` not yet ``known``; a broken one only warns.
+
+    A plug-in that raises anything at import or at registration (including ``SystemExit`` and
+    ``KeyboardInterrupt``), or whose object is refused by ``register``, gives one warning naming it
+    and the error, and the others are still loaded; what it prints goes to stderr, never to stdout
+    (which may carry ``--json`` output). The failure is kept for [`failure`][hwdist._plugins.failure].
 
     Args:
         group: entry-point group (e.g. ``hwdist.drivers``).
@@ -27,16 +43,30 @@ def load_plugins(
         known: whether a (lower-case) name is already registered.
         register: ``register(name, loaded_object)``.
     """
-    for ep in entry_points(group):
+    try:
+        eps = entry_points(group)
+    except Exception as exc:  # broken package metadata
+        warnings.warn(f"hwdist: could not list the {group!r} entry points: {exc!r}", stacklevel=3)
+        return
+    for ep in eps:
         if known(ep.name.lower()):
             continue
+        stage = "load"
         try:
-            obj = ep.load()
-        except Exception as exc:  # a broken plug-in must not break hwdist
-            warnings.warn(f"hwdist: could not load {what} entry point {ep.name!r}: {exc}", stacklevel=3)
-            continue
-        if not known(ep.name.lower()):
-            register(ep.name, obj)
+            with contextlib.redirect_stdout(sys.stderr):
+                obj = ep.load()
+                if known(ep.name.lower()):
+                    continue
+                stage = "register"
+                register(ep.name, obj)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a broken plug-in must not break hwdist
+            why = f"{type(exc).__name__}: {exc}"
+            _failed.setdefault(group, {})[ep.name.lower()] = why
+            warnings.warn(
+                f"hwdist: could not {stage} {what} entry point {ep.name!r} ({ep.value!r} in group {group!r}):"
+                f" {why}; it is skipped",
+                stacklevel=3,
+            )
 
 
 def register_or_decorate(

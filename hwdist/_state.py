@@ -1,7 +1,7 @@
 """Per-process-group state: one object per group, cleared by ``destroy``.
 
 Caches that depend on a process group (the verification sequence number, the
-size predictions of issue 17, the flight recorder's sequence numbers, ...) live
+size predictions of the collectives, the flight recorder's sequence numbers, ...) live
 in the group's [`GroupState`][hwdist._state.GroupState], not in module-level
 dictionaries keyed by ``id(group)``: a group object is weakly referenced where
 torch allows it, and the whole table is dropped by

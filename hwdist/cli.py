@@ -9,10 +9,12 @@
   nccl-tests-style sweep (time, bandwidths, ``#wrong`` per size).
 
 Usage errors (unknown or unavailable backend, bad sizes) print one line with
-the fix and exit 2; failed checks exit 1; a closed stdout (``| head``) ends
-the command quietly with 141, as a process killed by SIGPIPE. The report is
-the only thing on stdout: what ranks, torch or gloo print goes to stderr
-(see [`hwdist.cli_ranks`][hwdist.cli_ranks]). The command's parts live in
+the fix and exit 2; every error line has argparse's form for a command,
+``hwdist COMMAND: error: ...`` ([`error_line`][hwdist.cli.error_line]). Failed
+checks exit 1; a closed stdout (``| head``) ends the command quietly with
+141, as a process killed by SIGPIPE. The report is the only thing on
+stdout: what ranks, torch or gloo print goes to stderr (see
+[`hwdist.cli_ranks`][hwdist.cli_ranks]). The command's parts live in
 [`hwdist.cli_env`][hwdist.cli_env], [`hwdist.cli_bench`][hwdist.cli_bench] and
 [`hwdist.cli_ranks`][hwdist.cli_ranks].
 """
@@ -27,21 +29,18 @@ import os
 import sys
 import textwrap
 import time
-from typing import Any, Callable, Optional, Sequence, TextIO
+from typing import Any, Optional, Sequence, TextIO
 
 import torch
 
-__all__ = ["main", "UsageError", "MIN_TIMEOUT", "render_row", "choose_backend", "ranks_for"]
+from .cli_ranks import PROG, UsageError, choose_backend, error_line, ranks_for
 
-PROG = "hwdist"
+__all__ = ["main", "error_line", "UsageError", "MIN_TIMEOUT", "render_row", "choose_backend", "ranks_for"]
+
 #: Smallest ``--timeout`` accepted, in seconds: a rank is a fresh interpreter importing torch (1-5 s).
 MIN_TIMEOUT = 5.0
 #: Exit status on a closed stdout: 128 + SIGPIPE, what a shell shows for ``cmd | head`` with Unix tools.
 EXIT_PIPE = 141
-
-
-class UsageError(Exception):
-    """A problem with how the command was called; printed as one line, exit code 2."""
 
 
 # --------------------------------------------------------------------------
@@ -72,73 +71,6 @@ def _timeout(text: str) -> float:
     return value
 
 
-def choose_backend(name: Optional[str]) -> Any:
-    """The driver for ``--backend`` (default: what detection picks), available here.
-
-    Raises:
-        UsageError: unknown or unavailable backend, or a bad override variable.
-    """
-    import hwdist
-    import hwdist.testing  # noqa: F401  (registers the emulated accelerator 'emu')
-
-    if name is None:
-        try:
-            name = hwdist.detect().backend
-        except hwdist.BackendError as exc:
-            raise UsageError(f"{exc}. Fix: unset the variable or pass --backend NAME") from None
-    try:
-        driver = hwdist.get_driver(name)
-    except hwdist.BackendError as exc:
-        raise UsageError(f"{exc}. Fix: pass --backend with one of the registered names") from None
-    why = driver.unavailable_reason()
-    if why is not None:
-        available = hwdist.available_backends()
-        fix = f"pass --backend {available[0]}" if available else "install a backend's support package"
-        raise UsageError(
-            f"backend {driver.name!r} is not available here: {why}. Available: {', '.join(available)}."
-            f" Fix: {fix} (`hwdist env` lists every backend)"
-        )
-    return driver
-
-
-def ranks_for(
-    args: argparse.Namespace, driver: Any, argv: Sequence[str], err: TextIO
-) -> tuple[Optional[Callable[[], Any]], Optional[int]]:
-    """``(pool factory, None)`` for the command's ranks, or ``(None, exit code)`` when a launcher ran it.
-
-    In an mpiexec job the job's processes are the ranks; a backend whose
-    driver requires that launcher re-runs the command under ``mpiexec -n N``.
-    """
-    from .cli_ranks import local_ranks
-    from .testing import mpi_ranks as job
-
-    try:
-        if job.job_size() is not None:
-            make, args.nproc = job.job_ranks(args.nproc, driver.name, args.timeout, err)
-            return make, None
-        args.nproc = args.nproc or 2
-        needs = driver.required_launcher
-        if needs is None:
-            return local_ranks(args.nproc, driver.name, args.timeout, err), None
-        if needs != job.LAUNCHER:
-            raise ValueError(
-                f"backend {driver.name!r} needs every rank started by launcher {needs!r};"
-                " start the command with it"
-            )
-        return None, job.rerun(list(argv), args.nproc, args.timeout * (len(_planned(args)) + 2), err)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _planned(args: argparse.Namespace) -> list[str]:
-    """The check names (check) or op names (bench) the command will run: bounds an mpiexec run."""
-    if args.command == "check":
-        from . import checks
-
-        return list(args.only or checks.check_names()) * 6  # up to 6 dtypes each
-    return [o for o in args.ops.split(",") if o] * 16
-
-
 # --------------------------------------------------------------------------
 # hwdist check
 # --------------------------------------------------------------------------
@@ -148,12 +80,25 @@ def _fmt_ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
-CHECK_HEADER = f"{'CHECK':<22} {'DTYPE':<10} {'RESULT':<6} {'TIME':>10}  DETAIL"
+#: Width of the RESULT column: the longest word a row's status is shown as (``refused``).
+RESULT_WIDTH = 7
+CHECK_HEADER = f"{'CHECK':<22} {'DTYPE':<10} {'RESULT':<{RESULT_WIDTH}} {'TIME':>10}  DETAIL"
 
 
 def render_row(row: Any) -> str:
-    """One check row as a table line (the one place a row's status is rendered)."""
-    return f"{row.name:<22} {row.dtype:<10} {row.status:<6} {_fmt_ms(row.seconds):>10}  {row.detail}"
+    """One check row as a table line (the one place a row's status is rendered).
+
+    Every status fits the RESULT column; a row refused as its driver declares reads ``refused``
+    there, and its detail says ``refused as declared`` (the JSON keeps the full status).
+    """
+    from . import checks
+
+    status, detail = row.status, row.detail
+    if status == checks.REFUSED:
+        status = "refused"
+        if "as declared" not in detail:
+            detail = f"refused as declared: {detail}"
+    return f"{row.name:<22} {row.dtype:<10} {status:<{RESULT_WIDTH}} {_fmt_ms(row.seconds):>10}  {detail}"
 
 
 def _check_epilog() -> str:
@@ -174,13 +119,65 @@ def _check_epilog() -> str:
     )
 
 
+def _import_modules(modules: Sequence[str]) -> None:
+    """``--import``: import each module here (a package that registers its backend with torch on import)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise UsageError(f"--import {name}: {type(exc).__name__}: {exc}") from None
+
+
+def _check_measure_args(args: argparse.Namespace) -> None:
+    """``--measure``'s usage errors, before any rank starts."""
+    from .testing import mpi_ranks as job
+
+    if job.job_size() is not None:
+        raise UsageError("--measure starts its own local ranks: run it outside mpiexec")
+    if args.only or args.inject:
+        raise UsageError("--only and --inject-failure apply to the usual checks, not to --measure")
+    if args.nproc is not None and args.nproc < 2:
+        raise UsageError(f"--measure needs at least 2 ranks (point to point), got -n {args.nproc}")
+    path = getattr(args, "write_driver", None)
+    if path is not None:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise UsageError(f"--write-driver {path}: folder {folder} does not exist")
+
+
+def _generic(driver: Any) -> bool:
+    from . import registry
+
+    return registry.is_generic(driver)
+
+
 def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence[str] = ()) -> int:
     """``hwdist check``."""
     from . import checks
     from .cli_ranks import report_stream, startup_failure
     from .testing import RankFailure
 
-    driver = choose_backend(args.backend)
+    _import_modules(getattr(args, "imports", None) or [])
+    try:
+        driver = choose_backend(args.backend)
+    except UsageError as exc:
+        if args.backend and not getattr(args, "imports", None) and "unknown backend" in str(exc):
+            raise UsageError(
+                f"{exc}; for a backend a package registers with torch when imported, add --import MODULE"
+            ) from None
+        raise
+    if getattr(args, "measure", False) or getattr(args, "write_driver", None) or _generic(driver):
+        _check_measure_args(args)
+        from .cli_measure import cmd_measure  # the backend's own table, measured with raw torch calls
+
+        return cmd_measure(args, driver, out, err)
+    if getattr(args, "imports", None):
+        raise UsageError(
+            "--import applies to --measure and --write-driver: the ranks of the usual checks find their"
+            " backend through hwdist's registry (a driver package's entry point, group 'hwdist.drivers')"
+        )
     if args.only:
         unknown = sorted(set(args.only) - set(checks.check_names()))
         if unknown:
@@ -188,6 +185,16 @@ def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
                 f"--only: unknown check(s) {', '.join(unknown)}; expected names from:"
                 f" {', '.join(checks.check_names())}"
             )
+    from . import settings
+
+    source = "--inject-failure" if args.inject is not None else checks.INJECT_ENV
+    spec = args.inject if args.inject is not None else settings.text(source)
+    try:  # an injection that matches no check would silently test nothing
+        injected = checks.parse_inject(spec, source)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if injected[0] and args.only and injected[0] not in args.only:
+        raise UsageError(f"{source}: check {injected[0]!r} is not among --only {','.join(args.only)}")
     make, code = ranks_for(args, driver, argv, err)
     if make is None:
         return int(code or 0)
@@ -223,7 +230,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
                     report.write(render_row(row) + "\n")
                     report.flush()
         except RankFailure as exc:
-            err.write(f"{PROG}: error: {startup_failure(exc, args.nproc, driver.name, args.timeout)}\n")
+            err.write(error_line("check", startup_failure(exc, args.nproc, driver.name, args.timeout)) + "\n")
             return 1
         elapsed = time.monotonic() - start
         counts = collections.Counter(r.status for r in rows)
@@ -337,6 +344,28 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         metavar="NAMES",
         help="comma list of checks to run (default: all; names below)",
     )
+    p_check.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure the backend's real table instead (every op x dtype x reduce op with raw"
+        " torch.distributed calls); the default for a backend torch knows and hwdist does not",
+    )
+    p_check.add_argument(
+        "--write-driver",
+        dest="write_driver",
+        default=None,
+        metavar="PATH",
+        help="measure, then write the table as a Python file with a hwdist.Driver class to register",
+    )
+    p_check.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="with --measure: import MODULE first, here and in every rank (a package that registers its"
+        " backend with torch when imported); repeatable",
+    )
     # Hidden: make one check fail on purpose (tests of the failure path); see hwdist.checks.INJECT_ENV.
     p_check.add_argument("--inject-failure", dest="inject", default=None, help=argparse.SUPPRESS)
 
@@ -448,7 +477,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stdout.flush()
         return int(code or 0)
     except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(error_line(args.command, str(exc)), file=sys.stderr)
         return 2
     except BrokenPipeError:
         _silence_stdout()

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import re
 import time
 from typing import Any, Callable, Sequence, TextIO
 
 import torch
 
-from .cli import UsageError, choose_backend
+from . import settings
+from .cli_ranks import UsageError, choose_backend
 from .cli_ranks import report_stream, startup_failure
 
 __all__ = [
@@ -229,7 +229,7 @@ def bench_step(op: str, impl: str, count: int, dtype_name: str, iters: int, warm
     call, outputs, expected = _case(op, impl, count, dtype, fill=True)
     got = outputs(call())
     _synchronize()
-    if os.environ.get(INJECT_ENV) == op and hwdist.get_rank() == hwdist.get_world_size() - 1 and got:
+    if settings.text(INJECT_ENV) == op and hwdist.get_rank() == hwdist.get_world_size() - 1 and got:
         got[0].view(-1)[0] += 1  # the test hook: one wrong element
     return seconds, _wrong(got, expected(), dtype)
 
@@ -270,7 +270,7 @@ def _ops(spec: str) -> list[str]:
 
 def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence[str] = ()) -> int:
     """``hwdist bench`` (``argv``: the command line, for a re-run under mpiexec)."""
-    from .cli import ranks_for
+    from .cli_ranks import ranks_for
     from .testing import RankFailure
 
     try:
@@ -278,6 +278,11 @@ def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
     except ValueError as exc:
         raise UsageError(f"--sizes: {exc}") from None
     ops = _ops(args.ops)
+    injected = settings.text(INJECT_ENV)
+    if injected is not None and injected not in ops:  # it would silently inject nothing
+        raise UsageError(
+            f"{INJECT_ENV} must name one of the ops this run benchmarks ({', '.join(ops)}), got {injected!r}"
+        )
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib, which is not installed. Fix: pip install matplotlib")
     driver = choose_backend(args.backend)
@@ -292,7 +297,7 @@ def cmd_bench(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
         try:
             pool = make()
         except RankFailure as exc:
-            err.write(f"hwdist: error: {startup_failure(exc, n, driver.name, args.timeout)}\n")
+            err.write(f"hwdist bench: error: {startup_failure(exc, n, driver.name, args.timeout)}\n")
             return 1
         n = pool.world_size
         failed = False

@@ -38,6 +38,9 @@ _COMMON_VARS = (
     "MKL_NUM_THREADS",
     "TORCH_DISTRIBUTED_DEBUG",
     "TORCH_CPP_LOG_LEVEL",
+    "TORCH_SHOW_CPP_STACKTRACES",
+    "TORCH_FR_*",  # torch's own flight recorder (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE, ...)
+    "TORCH_DIST_NAN_CHECK",
 )
 #: A variable whose name contains one of these words has its value masked.
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -109,7 +112,8 @@ def _memory_bytes() -> Optional[int]:
 
 
 def system_facts() -> dict[str, Any]:
-    """OS, kernel, CPU model and counts, RAM and ``/dev/shm`` (shared memory; small in containers)."""
+    """OS, kernel, CPU model and counts, RAM, ``/dev/shm`` (shared memory; small in containers), and
+    torch's intra-op thread count with ``OMP_NUM_THREADS`` (None when unset)."""
     shm: dict[str, Optional[int]] = {"total_bytes": None, "free_bytes": None}
     if os.path.isdir("/dev/shm"):
         try:
@@ -127,6 +131,9 @@ def system_facts() -> dict[str, Any]:
         "cpus_usable": usable,
         "memory_bytes": _memory_bytes(),
         "shm": shm,
+        # intra-op threads per process: torchrun sets OMP_NUM_THREADS=1, a plain launch does not
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }
 
 
@@ -317,6 +324,8 @@ def _system_line(sysf: dict[str, Any]) -> list[str]:
         f"CPU: {sysf['cpu_model'] or 'unknown'}; {sysf['cpu_count']} logical CPU(s), {sysf['cpus_usable']}"
         " usable",
         f"RAM: {_gib(sysf['memory_bytes'])}; /dev/shm: {shm_text}",
+        f"Threads: torch uses {sysf['torch_threads']} per process; OMP_NUM_THREADS="
+        + (sysf["omp_num_threads"] if sysf["omp_num_threads"] is not None else "unset"),
     ]
 
 

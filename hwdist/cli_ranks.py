@@ -21,9 +21,22 @@ import re
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence, TextIO
+import argparse
+from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
 
-__all__ = ["report_stream", "local_ranks", "startup_failure", "HEARTBEAT_S"]
+__all__ = [
+    "report_stream",
+    "local_ranks",
+    "startup_failure",
+    "HEARTBEAT_S",
+    "PROG",
+    "UsageError",
+    "error_line",
+    "choose_backend",
+    "ranks_for",
+]
+
+PROG = "hwdist"
 
 #: While ranks start, stderr gets a line this often (seconds).
 HEARTBEAT_S = 5.0
@@ -130,3 +143,103 @@ def startup_failure(exc: BaseException, n: int, backend: str, timeout: float) ->
         )
     first = next((ln for ln in lines if ln), type(exc).__name__)
     return f"{head}: {first}"
+
+
+# --------------------------------------------------------------------------
+# what every command shares: its errors, its backend, its ranks
+# --------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """A problem with how the command was called; printed as one line, exit code 2."""
+
+
+def error_line(command: Optional[str], message: str) -> str:
+    """An error of the ``hwdist`` command as printed: ``hwdist COMMAND: error: MESSAGE``.
+
+    The one form for every error (argparse's for a subcommand), so a script can grep one prefix;
+    ``hwdist: error:`` only without a command (``hwdist bogus``).
+    """
+    return f"{PROG}{' ' + command if command else ''}: error: {message}"
+
+
+def choose_backend(name: Optional[str]) -> Any:
+    """The driver for ``--backend`` (default: what detection picks), available here.
+
+    Raises:
+        UsageError: unknown or unavailable backend, or a bad override variable.
+    """
+    import hwdist
+    import hwdist.testing  # noqa: F401  (registers the emulated accelerator 'emu')
+
+    if name is None:
+        try:
+            name = hwdist.detect().backend
+        except hwdist.BackendError as exc:
+            raise UsageError(f"{exc}. Fix: unset the variable or pass --backend NAME") from None
+    try:
+        driver = hwdist.get_driver(name)
+    except hwdist.BackendError as exc:
+        from .registry import close_name
+
+        close = close_name(str(name))
+        fix = f"pass --backend {close}" if close else "pass --backend with one of the registered names"
+        raise UsageError(f"{exc}. Fix: {fix}") from None
+    why = driver.unavailable_reason()
+    if why is not None:
+        available = hwdist.available_backends()
+        fix = f"pass --backend {available[0]}" if available else "install a backend's support package"
+        if driver.name in _extras():  # the package's own extra installs what the backend needs
+            fix = f"pip install 'hwdist[{driver.name}]'" + (f", or {fix}" if available else "")
+        raise UsageError(
+            f"backend {driver.name!r} is not available here: {why}. Available: {', '.join(available)}."
+            f" Fix: {fix} (`hwdist env` lists every backend)"
+        )
+    return driver
+
+
+def _extras() -> list[str]:
+    """The optional-dependency extras the installed hwdist declares (``[]`` if its metadata is absent)."""
+    from importlib import metadata
+
+    try:
+        return list(metadata.metadata("hwdist").get_all("Provides-Extra") or [])
+    except metadata.PackageNotFoundError:
+        return []
+
+
+def ranks_for(
+    args: argparse.Namespace, driver: Any, argv: Sequence[str], err: TextIO
+) -> tuple[Optional[Callable[[], Any]], Optional[int]]:
+    """``(pool factory, None)`` for the command's ranks, or ``(None, exit code)`` when a launcher ran it.
+
+    In an mpiexec job the job's processes are the ranks; a backend whose
+    driver requires that launcher re-runs the command under ``mpiexec -n N``.
+    """
+    from .testing import mpi_ranks as job
+
+    try:
+        if job.job_size() is not None:
+            make, args.nproc = job.job_ranks(args.nproc, driver.name, args.timeout, err)
+            return make, None
+        args.nproc = args.nproc or 2
+        needs = driver.required_launcher
+        if needs is None:
+            return local_ranks(args.nproc, driver.name, args.timeout, err), None
+        if needs != job.LAUNCHER:
+            raise ValueError(
+                f"backend {driver.name!r} needs every rank started by launcher {needs!r};"
+                " start the command with it"
+            )
+        return None, job.rerun(list(argv), args.nproc, args.timeout * (len(_planned(args)) + 2), err)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _planned(args: argparse.Namespace) -> list[str]:
+    """The check names (check) or op names (bench) the command will run: bounds an mpiexec run."""
+    if args.command == "check":
+        from . import checks
+
+        return list(args.only or checks.check_names()) * 6  # up to 6 dtypes each
+    return [o for o in args.ops.split(",") if o] * 16

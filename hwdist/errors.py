@@ -22,6 +22,7 @@ __all__ = [
     "CollectiveArgumentError",
     "PeerFailure",
     "UnpicklingRefused",
+    "WeightsOnlyRefused",
     "ArgumentAssertionError",
     "NotInitializedError",
     "LegacyBackendError",
@@ -85,6 +86,13 @@ class UnpicklingRefused(HwdistError, pickle.UnpicklingError):
     """The restricted unpickler refused a payload (a global off the allow-list, a bad description, ...).
 
     Nothing the payload named was called, and no object outside the payload was changed.
+    """
+
+
+class WeightsOnlyRefused(SerializationError, UnpicklingRefused):
+    """``weights_only=True``: a rank's object holds a type that is not allowed; raised on every rank.
+
+    A ``pickle.UnpicklingError``, as torch's ``weights_only=True`` loader raises.
     """
 
 

@@ -15,8 +15,7 @@ import torch
 import torch.distributed as torch_dist
 
 from . import _compat, registry
-from .collectives.tensor import barrier  # the engine's barrier; listed here with mmengine's names
-from .launch.resolvers import LOCAL_RANK_VARS, LOCAL_SIZE_VARS
+from .launch_env import LOCAL_RANK_VARS, LOCAL_SIZE_VARS
 
 __all__ = [
     "is_distributed",
@@ -31,7 +30,6 @@ __all__ = [
     "is_main_process",
     "master_only",
     "rank_zero_only",
-    "barrier",
     "get_data_device",
     "get_comm_device",
     "cast_data_device",

@@ -17,7 +17,7 @@ import torch
 from . import _compat
 from ._plugins import load_plugins, register_or_decorate
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
-from .drivers._startup import fallback_process_group_factory
+from .drivers.startup import fallback_process_group_factory
 from .drivers.base import ALL_OPS, REDUCE_OP_NAMES, REDUCE_OPS, Driver, Plan, PlanError, Post
 
 __all__ = [
@@ -57,7 +57,27 @@ def _names() -> str:
     return ", ".join(_drivers)
 
 
+def close_name(name: str) -> Optional[str]:
+    """The registered name (or alias) ``name`` is most likely a misspelling of, if any."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), [*_drivers, *_aliases], n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _did_you_mean(name: str) -> str:
+    close = close_name(name)
+    return f"did you mean {close!r}? " if close else ""
+
+
 def _hint(name: str) -> str:
+    from ._plugins import failure
+
+    why = failure(ENTRY_POINT_GROUP, name)
+    if why is not None:  # an installed plug-in of that name did not load: say why, first
+        return f"The installed driver plug-in {name!r} failed to load: {why}. HINT: fix or reinstall it"
+    if close_name(name) is not None:  # a typo, not a new backend
+        return "HINT: check the spelling"
     return f"HINT: hwdist.register_backend({name!r}, ...)"
 
 
@@ -85,6 +105,9 @@ def _check_driver(name: str, driver: Any) -> Driver:
             f"driver for backend {name!r} must be a hwdist.Driver subclass or instance, got {what}."
             f' HINT: class MyDriver(hwdist.Driver): device_type = "cpu"'
         )
+    prio = driver.priority
+    if isinstance(prio, bool) or not isinstance(prio, (int, float)) or prio != prio:
+        raise BackendError(f"driver for backend {name!r}: priority must be a number, got {prio!r}")
     if not isinstance(driver.device_type, str) or not driver.device_type:
         raise BackendError(
             f"driver for backend {name!r}: device_type must be a non-empty str, got {driver.device_type!r}"
@@ -248,8 +271,10 @@ def get_driver(name_or_group: Any = None, device: Union[str, torch.device, None]
 
     Args:
         name_or_group: a backend name (``nccl``, ``cpu:gloo,cuda:nccl``,
-            a custom name), a ``ProcessGroup``, or None for the default group.
-        device: for mixed backend strings, the device type the data is on.
+            a custom name, a backend torch knows and hwdist does not), a ``ProcessGroup``,
+            or None for the default group.
+        device: the device type the data is on: picks the entry of a mixed backend string, and the
+            driver of a name several devices share (``hccl`` on ``npu`` and on ``hpu``).
 
     Raises:
         BackendError: unknown name (the message lists the registered ones).
@@ -259,68 +284,273 @@ def get_driver(name_or_group: Any = None, device: Union[str, torch.device, None]
     return _lookup(name_or_group, device)
 
 
+def _device_type(device: Union[str, torch.device, None]) -> Optional[str]:
+    """``'cuda'`` for ``torch.device('cuda', 1)``, ``'cuda:1'`` or ``'cuda'``; None for None."""
+    if device is None:
+        return None
+    text = device if isinstance(device, str) else device.type
+    return text.split(":")[0].strip().lower()
+
+
 def _lookup(backend: str, device: Union[str, torch.device, None] = None) -> Driver:
     key = backend.strip().lower()
+    dtype = _device_type(device)
     if ":" in key or "," in key:
-        return _lookup(_pick_from_mixed(key, device), None)
+        return _driver_for(*_pick_from_mixed(key, dtype))
+    if dtype is not None:
+        pair = _for_pair(dtype, key)
+        if pair is not None:
+            return pair
+    return _by_name(key, backend)
+
+
+def parse_backend_config(spec: str) -> dict[str, str]:
+    """torch's ``'DEVICE:BACKEND[,DEVICE:BACKEND...]'`` as ``{device type: backend name}``, in its order.
+
+    Raises:
+        BackendError: ``spec`` is not of that form (says what is wrong).
+    """
+    mapping: dict[str, str] = {}
+    for part in str(spec).lower().split(","):
+        dev, sep, name = (x.strip() for x in part.partition(":"))
+        if not sep or not dev or not name or ":" in name:
+            raise BackendError(
+                f"cannot parse backend string {spec!r}: {part.strip()!r} is not 'DEVICE:BACKEND'"
+            )
+        if dev in mapping:
+            raise BackendError(f"cannot parse backend string {spec!r}: device {dev!r} is named twice")
+        mapping[dev] = name
+    return mapping
+
+
+def _no_tensor_device(mapping: dict[str, str], order: list[str]) -> str:
+    """The device a call without a tensor uses (object collectives, barrier, hwdist's own traffic).
+
+    torch's own rule (``distributed_c10d._get_object_coll_device``, torch 2.1 through 2.15): the only
+    backend when the group has one; the CPU's when the group has a CPU backend (an object is in CPU
+    memory: no copy to a device); otherwise the first device torch lists for the group.
+    """
+    if len(mapping) == 1:
+        return next(iter(mapping))
+    if "cpu" in mapping:
+        return "cpu"
+    for dev in order:
+        if dev in mapping:
+            return dev
+    return next(iter(mapping))
+
+
+def _choose(
+    mapping: dict[str, str], dtype: Optional[str], config: str, who: str, order: list[str]
+) -> tuple[str, str]:
+    """(device type, backend name) of the group's backend for data on ``dtype`` (None: no tensor).
+
+    A device the map names uses its backend. A CPU tensor on a group without a CPU backend uses the
+    backend of a call without a tensor: hwdist moves it to that backend's device and back (as it always
+    has, e.g. a CPU tensor on an NCCL group), and so does a tensor on the device that backend's driver
+    computes on (gloo on Apple silicon computes on ``mps``). Any other device is refused.
+    """
+    if dtype is not None and dtype in mapping:
+        return dtype, mapping[dtype]
+    dev = _no_tensor_device(mapping, order)
+    if dtype is None or dtype == "cpu":
+        return dev, mapping[dev]
+    if _driver_for(dev, mapping[dev]).compute_device_type() == dtype:
+        return dev, mapping[dev]
+    served = ", ".join(mapping)
+    raise BackendError(
+        f"a tensor on device {dtype!r}, but {who} has no backend for {dtype!r}: its"
+        f" device-to-backend map is {config!r} (torch.distributed.get_backend_config). Fix: move the"
+        f" tensor to a device the group serves ({served}; e.g. tensor.to({next(iter(mapping))!r})), or"
+        f" create the group with a backend for {dtype!r} (e.g. init_process_group(backend="
+        f"'{config},{dtype}:<backend>'))"
+    )
+
+
+def _describe(group: Any) -> str:
+    """'the default process group' or 'the process group of ranks [0, 2]'."""
+    if group is None or group is _compat.default_group():
+        return "the default process group"
+    try:
+        import torch.distributed as dist
+
+        return f"the process group of ranks {list(dist.get_process_group_ranks(group))}"
+    except Exception:  # a group torch does not list: say what it is
+        return f"process group {group!r}"
+
+
+def _for_pair(device: str, backend: str) -> Optional[Driver]:
+    """The registered driver of torch backend ``backend`` on ``device``, or None.
+
+    A backend name is no key where several devices share it (``hccl`` is Ascend's on ``npu`` and
+    Intel Gaudi's on ``hpu``): a driver is found by its device type and torch name. The driver
+    registered under the name itself wins among drivers of the same pair (a plain gloo group is gloo's,
+    not that of a driver with ``torch_backend = "gloo"``).
+    """
+    named = _drivers.get(backend)
+    if named is not None and named.device_type == device:
+        return named
+    for drv in list(_drivers.values()):
+        if drv.device_type == device and str(drv.torch_name).lower() == backend:
+            return drv
+    return None
+
+
+def _by_name(key: str, spelled: str, device: Optional[str] = None) -> Driver:
+    """The driver registered (or aliased, or found by entry point) as ``key``; else a generic driver for
+    a backend torch knows (on ``device``, None: the first device torch lists for it); else
+    ``BackendError``."""
     drv = _drivers.get(key)
     if drv is None:
         alias = _aliases.get(key)
         if alias is not None:
             return _drivers[alias]
         if key in LEGACY_BACKENDS:
-            raise BackendError(f"backend {backend!r}: {LEGACY_BACKENDS[key]}")
+            raise BackendError(f"backend {spelled!r}: {LEGACY_BACKENDS[key]}")
         _load_entry_points()
         drv = _drivers.get(key) or _drivers.get(_aliases.get(key, ""), None)
         if drv is None:
-            raise BackendError(f"unknown backend {backend!r}; registered: {_names()}. {_hint(key)}")
+            generic = _torch_only(key, device)
+            if generic is not None:
+                return generic
+            raise BackendError(
+                f"unknown backend {spelled!r}; {_did_you_mean(key)}registered: {_names()}. {_hint(key)}"
+            )
+        return drv
+    return drv if device is not None else _shared_name(drv, key)
+
+
+def _shared_name(drv: Driver, key: str) -> Driver:
+    """``drv``, or the one available driver of another device that torch knows by the same name
+    (``init_dist(backend="hccl")`` on an Intel Gaudi machine is Gaudi's HCCL, not Ascend's)."""
+    others = [
+        d for d in _drivers.values()
+        if d is not drv and d.device_type != drv.device_type and str(d.torch_name).lower() == key
+    ]
+    if not others or drv.is_available():
+        return drv
+    usable = [d for d in others if d.is_available()]
+    return usable[0] if len(usable) == 1 else drv
+
+
+def _driver_for(device: str, backend: str) -> Driver:
+    """The driver of torch backend ``backend`` on ``device``: a registered driver of that device and
+    torch name, else the driver of the name, else a generic driver built from torch's registry."""
+    drv = _for_pair(device, backend)
+    if drv is None and backend not in _drivers and backend not in _aliases:
+        _load_entry_points()  # a plug-in may bring the driver
+        drv = _for_pair(device, backend)
+    return drv if drv is not None else _by_name(backend, backend, device)
+
+
+_generic: dict[tuple[str, str], Driver] = {}
+
+
+def _torch_only(backend: str, device: Optional[str]) -> Optional[Driver]:
+    """The generic driver of a backend torch knows (after torch >= 2.14 loads its entry point) and hwdist
+    does not, on ``device`` (None: the first device torch lists for it); None if torch does not know it.
+    """
+    import torch.distributed as dist
+
+    if backend == getattr(dist.Backend, "UNDEFINED", "undefined"):
+        return None
+    try:
+        known = _compat.load_torch_backend(backend)
+    except Exception as exc:  # torch's entry point for the name failed to load
+        raise BackendError(
+            f"backend {backend!r}: torch found an entry point for it (group 'torch.distributed.backends')"
+            f" that failed to load: {exc}. HINT: reinstall the package that provides it"
+        ) from exc
+    if not known:
+        return None
+    devices = _compat.torch_backend_devices(backend) or ["cpu"]
+    dev = device or devices[0]
+    with _lock:
+        drv = _generic.get((dev, backend))
+        if drv is None:
+            from .drivers.generic import generic_driver
+
+            creator = _compat.torch_backend_creator(backend)
+            module = getattr(creator, "__module__", None)
+            drv = _generic[(dev, backend)] = generic_driver(backend, dev, module)
     return drv
 
 
-def _pick_from_mixed(spec: str, device: Union[str, torch.device, None]) -> str:
-    """Pick one backend out of ``'cpu:gloo,cuda:nccl'`` for a device type."""
-    mapping: dict[str, str] = {}
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if ":" not in part:
-            return part
-        dev, _, name = part.partition(":")
-        mapping[dev.strip()] = name.strip()
-    if not mapping:
-        raise BackendError(f"cannot parse backend string {spec!r}; expected 'DEVICE:BACKEND,DEVICE:BACKEND'")
-    if device is not None:
-        dtype = device if isinstance(device, str) else device.type
-        dtype = dtype.split(":")[0]
-        if dtype in mapping:
-            return mapping[dtype]
-    # No device given (barriers, object collectives): prefer the accelerator entry,
-    # as torch does for its own object collectives.
-    for dev, name in mapping.items():
-        if dev != "cpu":
-            drv = _drivers.get(name) or _drivers.get(_aliases.get(name, ""), None)
-            if drv is not None and drv.is_available():
-                return name
-    return mapping.get("cpu", next(iter(mapping.values())))
+def is_generic(driver: Any) -> bool:
+    """Whether ``driver`` is a generic driver (a backend torch knows and hwdist has no driver for)."""
+    from .drivers.generic import GenericTable
+
+    return isinstance(driver, GenericTable)
+
+
+def _pick_from_mixed(spec: str, device: Union[str, torch.device, None]) -> tuple[str, str]:
+    """(device type, backend name) of the entry of ``'cpu:gloo,cuda:nccl'`` for data on ``device``.
+
+    The entry for the device type when there is one. No device given (barriers, object collectives,
+    hwdist's own traffic): torch's own rule for its object collectives
+    (``distributed_c10d._get_object_coll_device``, torch 2.1 through 2.15): the only entry, else the
+    ``cpu`` entry (the object is in CPU memory: no copy to a device), else the first; not the
+    accelerator's (``_no_tensor_device``).
+    """
+    mapping = parse_backend_config(spec)
+    return _choose(mapping, _device_type(device), spec, f"backend string {spec!r}", [])
+
+
+def torch_map(group: Any) -> tuple[dict[str, str], str]:
+    """What torch knows of ``group``'s backends: ``({device type: backend name}, the text it came from)``.
+
+    Read from ``get_backend_config(group)``; where torch has none for the group, from its device types
+    (``ProcessGroup._device_types``) and ``get_backend(group)``'s name.
+
+    Raises:
+        BackendError: torch's string cannot be read (names the string and what to do).
+        ValueError: this rank is not a member of ``group`` (torch's own error).
+    """
+    import torch.distributed as dist
+
+    config = _compat.group_backend_config(group)
+    if config is None or not config.strip():
+        name = str(dist.get_backend(group)).lower()  # raises for a group this rank is not in
+        if ":" in name or "," in name:
+            config = name
+        else:
+            types = _compat.group_device_types(group) or _compat.torch_backend_devices(name) or ["cpu"]
+            return {t: name for t in types}, name
+    return parse_backend_config(config), config
 
 
 def resolve(group: Any = None, device: Union[str, torch.device, None] = None) -> Driver:
-    """The driver of process group ``group`` (default group if None).
+    """The driver of process group ``group`` (default group if None) for data on ``device``.
 
-    A group hwdist created (``init_dist``, ``init_backend``, the local groups,
-    [`hwdist.new_group`][hwdist.launch.core.new_group]) resolves to the driver it was created with, even
-    when several drivers share one torch backend (``torch_backend = "gloo"``).
-    Any other group resolves by the backend name torch reports for it.
-    Cached per group and device type; the cache is cleared when backends are
-    (un)registered or a process group is destroyed through hwdist.
+    The resolution rule:
+
+    1. what torch knows of the group: its device-to-backend map (``get_backend_config``, e.g.
+       ``'cpu:gloo,cuda:nccl'``; the group's device types and ``get_backend`` where torch has no
+       config) gives the backend for the tensor's device type. A call without a tensor (object
+       collectives, barrier, hwdist's own traffic) takes torch's rule for its object collectives: the
+       CPU backend when the group has one. A CPU tensor on a group without a CPU backend goes to that
+       backend's device and back; a tensor on a device the group has no backend for is refused;
+    2. then hwdist's record of the groups it created (``init_dist``, ``init_backend``, the local
+       groups, [`hwdist.new_group`][hwdist.launch.core.new_group]): the driver it created the group
+       with wins for its backend, even when drivers share a torch backend (``torch_backend = "gloo"``);
+    3. else the registered driver of that device type and backend name (``hccl`` on ``npu`` is
+       Ascend's, on ``hpu`` Intel Gaudi's), else of the name, else a generic driver built from torch's
+       registry for a backend torch knows and hwdist does not.
+
+    Cached per group and device type; the cache is cleared when backends are (un)registered or a
+    process group is destroyed through hwdist.
+
+    Raises:
+        BackendError: torch's map of the group cannot be read, or the tensor's device has no backend in
+            the group (the message names the map, the device and the fix).
+        RuntimeError: no process group.
 
     Examples:
         >>> hwdist.init_dist("pytorch", backend="mycl")
         >>> hwdist.resolve().name
         # rank 0: 'mycl'   rank 1: 'mycl'
     """
-    dtype = None if device is None else (device if isinstance(device, str) else device.type)
+    dtype = _device_type(device)
     if group is None and _compat.DIST_AVAILABLE:
         group = _compat.default_group()
     hit = _group_cache.get((id(group), dtype))
@@ -332,11 +562,35 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
         raise RuntimeError(
             "no process group: call hwdist.init_dist(...) (or torch.distributed.init_process_group) first"
         )
-    drv = _recorded(group)
-    if drv is None:
-        drv = _lookup(str(dist.get_backend(group)), dtype)
+    drv = _resolve_group(group, dtype)
     _group_cache[(id(group), dtype)] = (group, drv)
+    from . import _exit  # a group hwdist uses is torn down at exit, one torch created too
+
+    _exit.install()
     return drv
+
+
+def _resolve_group(group: Any, dtype: Optional[str]) -> Driver:
+    recorded = _recorded(group)
+    try:
+        mapping, config = torch_map(group)
+    except BackendError as exc:
+        if recorded is not None:
+            return recorded  # hwdist created the group: its record says which driver it is
+        what = (
+            f"data on device {dtype!r}" if dtype else "a call without a tensor (object collectives, barrier)"
+        )
+        raise BackendError(
+            f"cannot tell which backend {_describe(group)} uses for {what}: {exc}. torch's"
+            " device-to-backend map of a group (torch.distributed.get_backend_config) must read"
+            " 'DEVICE:BACKEND[,DEVICE:BACKEND...]'. Fix: create the group with a backend string torch"
+            " accepts (one backend name, or DEVICE:BACKEND pairs), or through hwdist"
+            " (hwdist.new_group(backend=...)), which records its driver"
+        ) from None
+    dev, name = _choose(mapping, dtype, config, _describe(group), _compat.group_device_types(group))
+    if recorded is not None and name in (str(recorded.torch_name).lower(), recorded.name):
+        return recorded
+    return _driver_for(dev, name)
 
 
 def _recorded(group: Any) -> Optional[Driver]:
@@ -362,8 +616,10 @@ def record_group(group: Any, driver: Driver) -> None:
 
 
 def group_backend_name(group: Any = None) -> str:
-    """What ``hwdist.get_backend`` reports: the driver's name for a group hwdist created,
-    else the name torch reports (an alias mapped to its driver's name, e.g. the mpi4py group)."""
+    """What ``hwdist.get_backend`` reports: the driver's name for a group hwdist created, else the name
+    torch reports (an alias mapped to its driver's name, e.g. the mpi4py group); for a group torch made
+    without naming a backend (``get_backend`` says ``'undefined'``), the name of its one backend, or its
+    device-to-backend string when it has several."""
     import torch.distributed as dist
 
     if group is None:
@@ -371,7 +627,15 @@ def group_backend_name(group: Any = None) -> str:
     drv = _recorded(group)
     if drv is not None:
         return drv.name
-    return canonical_name(str(dist.get_backend(group)))
+    name = str(dist.get_backend(group))
+    if name.lower() != getattr(dist.Backend, "UNDEFINED", "undefined"):
+        return canonical_name(name) if ":" not in name else name
+    try:
+        mapping, config = torch_map(group)
+    except BackendError:
+        return name
+    names = set(mapping.values())
+    return canonical_name(names.pop()) if len(names) == 1 else config
 
 
 def canonical_name(backend: str) -> str:
@@ -437,13 +701,15 @@ def ensure_torch_backend(driver: Driver) -> None:
                 f" create it (torch.distributed.is_{name.lower()}_available() is False). {hint}"
                 f" under a name torch does not reserve"
             )
+        _guard_torch_creator(name)
         return
     vendor = driver.vendor_module
     if not _compat.torch_knows_backend(name) and vendor:
         import importlib
 
         importlib.import_module(vendor)  # vendor extensions register their backend with torch on import
-    if _compat.torch_knows_backend(name):
+    if _compat.load_torch_backend(name):
+        _guard_torch_creator(name)
         return
     factory = driver.process_group_factory
     if factory is None:
@@ -454,7 +720,94 @@ def ensure_torch_backend(driver: Driver) -> None:
             f" driver ({type(driver).__name__}, device_type {driver.device_type!r}) gives no"
             f" process_group_factory. {hint}"
         )
-    _compat.register_torch_backend(name, factory, [driver.device_type])
+    devices = [driver.device_type]
+    extended = _compat.EXTENDED_BACKEND_API
+    _compat.register_torch_backend(name, _torch_creator(name, factory, devices, extended), devices, extended)
+
+
+def _accepts_options(factory: Callable[..., Any]) -> bool:
+    """Whether a ``process_group_factory`` takes torch's backend options (an ``options`` parameter or
+    ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "options" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _creation_failed(
+    backend: str, rank: Any, what: str, exc: BaseException, devices: Optional[list[str]] = None
+) -> BackendError:
+    """The error every rank raises when a backend's creator fails (before any communication)."""
+    devices = devices or _compat.torch_backend_devices(backend)
+    config = ",".join(f"{d}:{backend}" for d in devices) or backend
+    return BackendError(
+        f"backend {backend!r} could not create its process group on rank {rank}: {what} raised"
+        f" {type(exc).__name__}: {exc}. The group's backends: {config!r}"
+        f" (device(s) {', '.join(devices) or '?'})."
+        f" Fix: check that the backend's package works on this machine (create a group with torch alone),"
+        f" then `hwdist check --backend {backend}` tests it on local ranks"
+    )
+
+
+def _torch_creator(
+    backend: str, factory: Callable[..., Any], devices: list[str], extended: bool
+) -> Callable[..., Any]:
+    """The creator hwdist registers with torch for a driver's ``process_group_factory``.
+
+    With torch's extended API (every supported torch) torch calls it with its
+    ``_DistributedBackendOptions`` (store, group rank and size, timeout, group id, the group's global
+    ranks) and the group's options, as it calls its own backends; the factory is called as
+    ``factory(store, rank, size, timeout)``, plus ``options=<those options>`` when it takes an
+    ``options`` parameter (or ``**kwargs``). torch gives the default group's ranks as ``[]``; hwdist
+    fills them in. A factory that raises raises [`BackendError`][hwdist.registry.BackendError] naming
+    the backend, its devices and what to do, on every rank where it fails.
+    """
+    wants_options = _accepts_options(factory)
+    where = f"{getattr(factory, '__qualname__', type(factory).__name__)} (its process_group_factory)"
+
+    if not extended:
+
+        def create(store: Any, rank: int, size: int, timeout: Any) -> Any:
+            try:
+                return factory(store, rank, size, timeout)
+            except Exception as exc:
+                raise _creation_failed(backend, rank, where, exc, devices) from exc
+
+        return create
+
+    def create_extended(options: Any, group_options: Any = None) -> Any:
+        if not list(options.global_ranks_in_group):
+            options.global_ranks_in_group = list(range(options.group_size))  # the default group
+        extra = {"options": options} if wants_options else {}
+        try:
+            return factory(options.store, options.group_rank, options.group_size, options.timeout, **extra)
+        except Exception as exc:
+            raise _creation_failed(backend, options.group_rank, where, exc, devices) from exc
+
+    return create_extended
+
+
+def _guard_torch_creator(backend: str) -> None:
+    """Make the creator a package registered with torch for ``backend`` raise a clear error naming the
+    backend when it fails (once; torch's own backends and hwdist's factories are left as they are)."""
+    creator = _compat.torch_backend_creator(backend)
+    if creator is None or getattr(creator, "_hwdist_guarded", False):
+        return
+    where = f"its creator {getattr(creator, '__module__', '?')}.{getattr(creator, '__qualname__', '?')}"
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return creator(*args, **kwargs)
+        except Exception as exc:
+            first = args[0] if args else None
+            rank = getattr(first, "group_rank", args[1] if len(args) > 1 else "?")
+            raise _creation_failed(backend, rank, where, exc) from exc
+
+    guarded._hwdist_guarded = True  # type: ignore[attr-defined]
+    _compat.replace_torch_backend_creator(backend, guarded)
 
 
 # --------------------------------------------------------------------------- plan guard

@@ -71,10 +71,15 @@ SETTINGS: dict[str, Setting] = {
         Setting("HWDIST_BENCH_INJECT", "text", "", "hwdist bench: inject a wrong result into this op"),
         Setting("HWDIST_FLIGHT_RECORDER", "flag", "1", "flight recorder: record every collective (0: off)"),
         Setting("HWDIST_FLIGHT_SIZE", "integer", "2048", "flight recorder: entries kept per process"),
-        Setting("HWDIST_FLIGHT_DIR", "text", "", "flight recorder: dump directory (<tmp>/hwdist-flight)"),
+        Setting("HWDIST_FLIGHT_TORCH", "flag", "0", "flight recorder: torch.distributed calls too (2.14+)"),
+        Setting("HWDIST_FLIGHT_DIR", "text", "", "flight recorder: dump directory (<tmp>/hwdist-flight-UID)"),
         Setting(
             "HWDIST_FLIGHT_SIGNAL", "choice", "auto", "flight recorder: dump on SIGUSR1 (auto: if watchdog)",
             ("auto", "on", "off"),
+        ),
+        Setting(
+            "HWDIST_DESTROY_AT_EXIT", "flag", "1",
+            "destroy the default process group at interpreter exit if it is still alive (0: off)",
         ),
         Setting("HWDIST_HANG_TIMEOUT", "number", "300", "hang watchdog: seconds before a report (0: off)"),
         Setting(
@@ -141,6 +146,74 @@ def integer(name: str) -> Optional[int]:
 def number(name: str) -> Optional[float]:
     """The variable as a float (or its declared default); ValueError naming it when it is not one."""
     return _parsed(name, float, "a number")
+
+
+def bounded(
+    name: str,
+    low: float,
+    high: float,
+    *,
+    integer: bool = False,
+    default: Optional[float] = None,
+    what: str = "",
+) -> Any:
+    """The variable as a number in ``[low, high]`` (an int with ``integer``); never raises.
+
+    Unset or empty: ``default``, or the declared default. A value that is not a number, or is out of
+    range (400 digits, ``nan``, ``-1``), gives one ``RuntimeWarning`` naming the variable, the range and
+    the value, and the default is used.
+
+    Args:
+        name: the variable.
+        low: the smallest value accepted.
+        high: the largest value accepted.
+        integer: an integer is wanted.
+        default: the value when unset or bad (default: the declared default).
+        what: what the value is for, for the warning (``"the flight recorder's size"``).
+    """
+    fallback_text = _default(name) if default is None else str(default)
+    fallback: Any = int(float(fallback_text)) if integer else float(fallback_text)
+    raw = _raw(name)
+    if not raw:
+        return fallback
+    try:
+        value: Any = int(raw) if integer else float(raw)
+    except ValueError:
+        value = None
+    if value is None or value != value or not low <= value <= high:
+        kind = "an integer" if integer else "a number"
+        shown = raw if len(raw) <= 40 else f"{raw[:20]}...({len(raw)} characters)"
+        for_what = f" ({what})" if what else ""
+        warnings.warn(
+            f"environment variable {name} must be {kind} in [{low:g}, {high:g}]{for_what}, got {shown!r};"
+            f" using {fallback}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return fallback
+    return value
+
+
+def integer_list(name: str, low: int, high: int, default: str = "") -> list[int]:
+    """The variable as comma-separated integers in ``[low, high]``; a bad value: a warning and the default."""
+    fallback = [int(x) for x in (default or _default(name)).split(",") if x.strip()]
+    raw = _raw(name)
+    if not raw:
+        return fallback
+    try:
+        values = [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(low <= v <= high for v in values):
+        shown = raw if len(raw) <= 40 else f"{raw[:20]}...({len(raw)} characters)"
+        warnings.warn(
+            f"environment variable {name} must be comma-separated integers in [{low}, {high}] (e.g. 1,2,3),"
+            f" got {shown!r}; using {','.join(map(str, fallback))}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return fallback
+    return values
 
 
 def choice(name: str) -> str:

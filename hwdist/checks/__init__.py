@@ -176,17 +176,38 @@ def run_check(name: str, dtype: Optional[str], inject: str = "", placement: str 
 # --------------------------------------------------------------------------
 
 
-def _parse_inject(spec: Optional[str]) -> tuple[str, Optional[str], str]:
-    """``NAME[:DTYPE[:MODE]]`` -> (name, dtype or None for any, mode 'fail'|'raise')."""
+def _parse_inject(spec: Optional[str], source: str = INJECT_ENV) -> tuple[str, Optional[str], str]:
+    """``NAME[:DTYPE[:MODE]]`` -> (name, dtype or None for any, mode 'fail'|'raise').
+
+    Raises:
+        ValueError: naming ``source`` (the variable or option), when NAME is no check, DTYPE is not one
+            of that check's dtypes or MODE is neither 'fail' nor 'raise' (an injection that matches
+            nothing would silently test nothing).
+    """
     if not spec:
         return "", None, ""
     parts = spec.split(":")
-    name = parts[0]
-    dtype = parts[1] if len(parts) > 1 and parts[1] else None
-    mode = parts[2] if len(parts) > 2 and parts[2] else "fail"
-    if mode not in ("fail", "raise"):
-        raise ValueError(f"{INJECT_ENV}: mode must be 'fail' or 'raise', got {mode!r}")
+    name = parts[0].strip()
+    dtype = parts[1].strip() if len(parts) > 1 and parts[1].strip() else None
+    mode = parts[2].strip() if len(parts) > 2 and parts[2].strip() else "fail"
+    table = {n: dts for n, dts, _body in CHECKS}
+    if name not in table:
+        raise ValueError(
+            f"{source}: {name!r} names no check; expected NAME[:DTYPE[:fail|raise]] with NAME one of"
+            f" {', '.join(table)}, got {spec!r}"
+        )
+    dtypes = [d for d in table[name] if d is not None]
+    if dtype is not None and dtype not in dtypes:
+        have = ", ".join(dtypes) if dtypes else "none (leave DTYPE empty)"
+        raise ValueError(f"{source}: check {name!r} has no dtype {dtype!r}; its dtypes: {have}")
+    if mode not in ("fail", "raise") or len(parts) > 3:
+        raise ValueError(f"{source}: mode must be 'fail' or 'raise', got {spec!r}")
     return name, dtype, mode
+
+
+def parse_inject(spec: Optional[str], source: str = INJECT_ENV) -> tuple[str, Optional[str], str]:
+    """Check an injection spec up front (``hwdist check`` does, before starting ranks); see ``run_checks``."""
+    return _parse_inject(spec, source)
 
 
 def _cross_rank(name: str, results: list[dict[str, Any]], backend: str) -> list[str]:

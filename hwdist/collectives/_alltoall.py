@@ -48,11 +48,21 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from . import _sizes, _transport
+from . import _sizes, transport
 from ..drivers.base import byte_carrier
 from ..errors import CollectiveArgumentError, CollectiveMismatch, PlanError
-from ._engine import Call, Strategy, issue, when_checking, wire_call
-from ._wire import as_comm_flat, comm_numel, copy_bytes, copy_source, itemsize, prepare, restore
+from .engine import Call, Strategy, issue, when_checking, wire_call
+from ._wire import (
+    as_comm_flat,
+    byte_view,
+    comm_numel,
+    copy_bytes,
+    copy_source,
+    dense_flat,
+    itemsize,
+    prepare,
+    restore,
+)
 
 Tensor = torch.Tensor
 
@@ -125,7 +135,7 @@ def _explicit_table(c: Call, in_sizes: list[int], out_sizes: list[int]) -> list[
     """Every rank's dtype and sizes (one small all_gather), checked: the same error on every rank."""
     ws = c.view.size
     code = _sizes.dtype_code(c.data.dtype)
-    rows = _transport.gather_ints([code] + in_sizes + out_sizes, c.group, c.driver)
+    rows = transport.gather_ints([code] + in_sizes + out_sizes, c.group, c.driver)
     isz = itemsize(c.plan.comm_dtype)
     # what the history records: every rank's largest piece in bytes (the span of the predicted route)
     headers = [_sizes.Header(max(row[1 : ws + 1]) * isz, 0, row[0], -1) for row in rows]
@@ -184,9 +194,11 @@ class _Equal(Strategy):
 
     def to_wire(self, c: Call) -> None:
         ins, outs = c.extra
-        c.send = [prepare(t, c.plan, c.cdev)[0] for t in ins]
+        # flat (views where the tensors are contiguous): torch's list form wants one shape, and pieces
+        # of one size may differ in shape ((1,) and (1, 1), or 0-d)
+        c.send = [dense_flat(prepare(t, c.plan, c.cdev)[0]) for t in ins]
         prepared = [prepare(t, c.plan, c.cdev) for t in outs]
-        c.recv = [b for b, _ in prepared]
+        c.recv = [dense_flat(b) for b, _ in prepared]
         c.state = [aliased for _, aliased in prepared]
         c.native = "all_to_all"
 
@@ -249,8 +261,7 @@ class _Emulated(Strategy):
 # the predicted route: framed slots of the predicted capacity
 # ---------------------------------------------------------------------------
 def _piece_bytes(t: Tensor, c: Call) -> Tensor:
-    flat = as_comm_flat(t, c.plan, c.cdev)
-    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+    return byte_view(as_comm_flat(t, c.plan, c.cdev))
 
 
 def _carrier(driver: Any, op: str) -> torch.dtype:
@@ -352,7 +363,7 @@ class _Predicted(Strategy):
         _sizes.history(c.group, _OP).record(v)
         v.raise_if_error()
         if sum(h.layout for h in headers) % _M:  # some send size is not what its receiver expects
-            table = _transport.gather_ints(in_sizes + out_sizes, c.group, c.driver)
+            table = transport.gather_ints(in_sizes + out_sizes, c.group, c.driver)
             _raise_piece_sizes(_piece_size_errors(table, ws) or ["the split tables differ"], False)
         tails = None
         if v.over:  # every rank sends what was over the capacity (or nothing), the same width everywhere

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..verify import describe_dtype, describe_tensor, rank_field
+from .verify import describe_dtype, describe_tensor, rank_field
 from ._args import op_field
 
 Fields = tuple[Any, Any, dict[str, Any]]

@@ -1,4 +1,4 @@
-"""The tensor gathers' strategy: ``all_gather`` / ``gather`` with sizes agreed by prediction (issue 17).
+"""The tensor gathers' strategy: ``all_gather`` / ``gather`` with sizes agreed by prediction.
 
 Without ``same_shape=True`` every rank may hold another shape, so the ranks must
 agree on the sizes. [`Gather`][hwdist.collectives._gather.Gather] does it with the
@@ -23,8 +23,8 @@ Every rank sees every header, so every rank reaches the same verdict: the data
 is good, or the ranks over the capacity send the rest (one more collective), or
 the dtypes differ and every rank raises the same error. The payload travels as
 bytes (the driver's byte carrier), so a rank with another dtype never makes
-the collective itself ill-formed. Measured costs: docs/benchmarks.md ("Size
-agreement (issue 17), phase 2: tensor gathers").
+the collective itself ill-formed. Measured costs: docs/benchmarks.md ("Tensor
+gathers").
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ import torch
 from .. import _state
 from ..drivers.base import Driver, Plan, byte_carrier
 from ..drivers.tuning import tuning
-from . import _sizes, _transport
-from ._engine import Call, Strategy, issue, wire_call
+from . import _sizes, transport
+from .engine import Call, Strategy, issue, wire_call
 from ._sizes import HEADER_BYTES, Header, Verdict
-from ._wire import comm_numel, copy_bytes, from_comm, itemsize, prepare
+from ._wire import byte_view, comm_numel, copy_bytes, from_comm, itemsize, prepare, retype
 
 __all__ = ["Gather", "exchange_headers", "header_of", "gathered_numels"]
 
@@ -66,7 +66,7 @@ def header_of(data: Tensor, wire_bytes: int) -> Header:
 
 def exchange_headers(head: Header, group: Any, driver: Driver) -> list[Header]:
     """Every rank's header, with nothing else (one small all_gather): the mechanism's explicit exchange."""
-    rows = _transport.gather_equal(_sizes.pack(head), group, driver)
+    rows = transport.gather_equal(_sizes.pack(head), group, driver)
     return [_sizes.unpack(row) for row in rows]
 
 
@@ -78,7 +78,7 @@ def gathered_numels(data: Tensor, group: Any, driver: Driver, fn: str) -> list[i
 
 
 def _raise_if_error(v: Verdict) -> None:
-    """The dtypes differ: the TypeError the shape exchange raised before issue 17, on every rank."""
+    """The dtypes differ: the same TypeError, naming each rank's dtype, on every rank."""
     if v.outcome is _sizes.Outcome.ERROR:
         raise TypeError(v.reason)
 
@@ -88,7 +88,7 @@ def _shapes(v: Verdict, data: Tensor, group: Any, driver: Driver) -> list[torch.
     if not v.long_shapes:
         return [h.shape for h in v.headers]  # type: ignore[misc]
     width = max(h.ndim for h in v.headers)
-    rows = _transport.gather_ints((list(data.shape) + [0] * width)[:width], group, driver)
+    rows = transport.gather_ints((list(data.shape) + [0] * width)[:width], group, driver)
     return [torch.Size(rows[r][: h.ndim]) for r, h in enumerate(v.headers)]
 
 
@@ -182,7 +182,7 @@ class _Site:
         body, words = self.body
         aligned = not nbytes % 8 and not buf.storage_offset() * buf.element_size() % 8
         if nbytes == cap and aligned and buf.is_contiguous():
-            words.copy_(buf.view(-1).view(torch.int64))  # the steady state: the payload fills the slot
+            words.copy_(retype(buf, torch.int64))  # the steady state: the payload fills the slot
         else:
             n = min(nbytes, cap)
             src = _bytes_of(buf)
@@ -219,8 +219,7 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _bytes_of(buf: Tensor) -> Tensor:
-    flat = buf.reshape(-1)
-    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+    return byte_view(buf)
 
 
 def _sized(b: Tensor, width: int) -> Tensor:
@@ -442,7 +441,7 @@ class Gather(Strategy):
         keep = c.root is None or g.rank == c.root
         if v.over:  # every rank sends what was over the capacity (or nothing), the same width everywhere
             tail = _bytes_of(buf)[cap:]
-            tails = _transport.gather_equal(_sized(tail.cpu(), v.tail_width), c.group, c.driver)
+            tails = transport.gather_equal(_sized(tail.cpu(), v.tail_width), c.group, c.driver)
             if keep:  # the tails arrive on the host: each whole payload goes back to the comm device
                 payloads = [
                     torch.cat([p.cpu(), tails[r][: h.nbytes - cap]]).to(p.device) if r in v.over else p

@@ -21,7 +21,7 @@ else the last one):
   predicted length, so the collective is always well formed; the reduced flag
   is the verdict (held, or redo) on every rank;
 * otherwise (no prediction, no exact flag for the op, or the flag said redo)
-  one small [`agree`][hwdist.collectives._agree.agree] exchange of the
+  one small [`agree`][hwdist.collectives.consensus.agree] exchange of the
   fingerprint checks the layouts first (the explicit exchange), every rank
   raising together when they differ, then the data moves.
 
@@ -41,7 +41,8 @@ import torch
 
 from .. import registry
 from ..drivers.base import Plan, Post
-from . import _sizes, _transport
+from ..errors import PlanError
+from . import _sizes, transport
 from ._wire import divide
 from .flat import FlatLayout
 
@@ -123,7 +124,9 @@ class DictLayout:
         for i, dt in enumerate(dtypes):
             p = plans[dt]
             view = str(p.dtype) if p.view else ""
-            gk: tuple[str, ...] = (str(p.comm_dtype), p.reduce_op or "", p.post.value, view)
+            # a mean floor-divides integers summed in float64 and true-divides floats: two parts
+            floor = "floor" if p.post is Post.DIVIDE and not (dt.is_floating_point or dt.is_complex) else ""
+            gk: tuple[str, ...] = (str(p.comm_dtype), p.reduce_op or "", p.post.value, view, floor)
             groups.setdefault(gk if len(plans) > 1 else ("",), []).append(i)
         parts = []
         for n, key in enumerate(sorted(groups)):
@@ -162,7 +165,7 @@ class DictLayout:
         self._rows: dict[tuple[Optional[torch.device], int], Tensor] = {}
         #: (part, stacked) -> its reducer, made by the first such call (kept: its route, rows and wire call);
         #: a stacked layout's rows and its packed zeros (``pack(None, ...)``) are buffers of two shapes
-        self._reducers: dict[tuple[int, bool], _transport.FlatReducer] = {}
+        self._reducers: dict[tuple[int, bool], transport.FlatReducer] = {}
         # the verdicts this layout's calls record (the same on every rank: built from agreed facts only)
         nbytes = sum(p.layout.total * torch.empty((), dtype=p.pack_dtype).element_size() for p in parts)
         head = (_sizes.Header.of_bytes(nbytes, self.fp),)
@@ -258,7 +261,7 @@ class DictLayout:
             reducer = reducers.get((i, stacked))
             if reducer is None or not reducer.current():
                 rop = part.plan.reduce_op or "sum"
-                reducer = _transport.FlatReducer(wire, rop, group, self.ws, self.driver)
+                reducer = transport.FlatReducer(wire, rop, group, self.ws, self.driver)
                 reducers[(i, stacked)] = reducer
             reducer(wire)
 
@@ -279,7 +282,7 @@ class DictLayout:
                 if not self.flag.ok((last if self.scalar else last.reshape(-1)[0]).item()):
                     return False
             if self.divide:
-                divide(flat, self.ws)
+                divide(flat, self.ws, self.parts[0].plan.dtype)
             if not (flat.is_cpu and values[0].is_cpu) and flat.device != values[0].device:
                 rows = flat.to(values[0].device).unbind(0)
             for k, piece in zip(keys, rows):  # the last row (the flag) has no key
@@ -292,7 +295,7 @@ class DictLayout:
                 return False
         for part, (flat, wire) in zip(self.parts, bufs[0]):
             if part.plan.post is Post.DIVIDE:
-                divide(wire, self.ws)
+                divide(wire, self.ws, part.plan.dtype)
             fl = part.layout
             body = flat[: fl.total] if part.extra else flat
             members = [values[i] for i in part.idx]
@@ -493,7 +496,10 @@ class LayoutAgreement:
             for v in call.values:
                 if v.dtype not in plans:
                     plans[v.dtype] = driver.plan("all_reduce", v.dtype, call.op)
-        except (TypeError, ValueError) as exc:  # PlanError is a TypeError
+        except PlanError as exc:  # the same type as all_reduce raises, on every rank
+            call.problem = exc
+            return None
+        except (TypeError, ValueError) as exc:
             call.problem = call.kind(f"{type(exc).__name__}: {exc}")
             return None
         if len(self.built) >= 256:

@@ -3,7 +3,7 @@
 Every object collective that exchanges sizes (``all_gather_object``,
 ``gather_object``, ``broadcast_object_list``, ``collect_results`` over
 communication) is a user of the size-agreement mechanism of
-[`_sizes`][hwdist.collectives._sizes] (issue 17). Each rank sends one *slot*:
+[`_sizes`][hwdist.collectives._sizes]. Each rank sends one *slot*:
 a [`Header`][hwdist.collectives._sizes.Header] (the payload's true size; its
 ``layout`` word carries the collective's opcode, this rank's status, the
 root it was told, a token and a chunk count) followed by the first

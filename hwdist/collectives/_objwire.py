@@ -3,7 +3,7 @@
 [`Link`][hwdist.collectives._objwire.Link] is one call's view of a process group:
 its driver, group and global ranks, and the byte exchanges the object
 collectives and results collection need, each a call into the internal
-transport ([`_transport`][hwdist.collectives._transport]) with a waiter that
+transport ([`transport`][hwdist.collectives.transport]) with a waiter that
 reads the group's failure notices while it waits (`_notices`): a rank that
 leaves a collective in the middle tells the others, who raise
 [`PeerFailure`][hwdist.errors.PeerFailure] instead of waiting for the
@@ -26,11 +26,12 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from ..errors import PeerFailure, PlanError
 from ..info import is_distributed
-from . import _notices, _transport
+from . import _notices, transport, _weights_only
 from . import serialization as _ser
 from ._records import (
     OTHER,
     RECORD_BYTES,
+    REFUSED,
     SERIALIZE,
     LocalFailure,
     Record,
@@ -95,27 +96,27 @@ class Link:
 
     def has(self, op: str) -> bool:
         """Whether the driver can move bytes for ``op`` (natively or emulated)."""
-        return _transport.carries(self.driver, op)
+        return transport.carries(self.driver, op)
 
     # ---- exchanges (group ranks) ----
 
     def all_gather(self, data: np.ndarray) -> np.ndarray:
         """All-gather ``data`` (uint8, the same size on every rank) -> array of shape (world, n)."""
-        return self._call(_transport.gather_rows, data)
+        return self._call(transport.gather_rows, data)
 
     def broadcast(self, data: Optional[np.ndarray], n: int, src: int) -> np.ndarray:
         """Broadcast ``n`` bytes from group rank ``src``; ``data`` is used on ``src`` only."""
         return self._call(
-            _transport.broadcast_sized, data if self.rank == src else None, n, self.global_rank(src)
+            transport.broadcast_sized, data if self.rank == src else None, n, self.global_rank(src)
         )
 
     def send(self, data: np.ndarray, dst: int) -> None:
         """Send ``data`` to group rank ``dst``."""
-        self._call(_transport.send_bytes, data, self.global_rank(dst))
+        self._call(transport.send_bytes, data, self.global_rank(dst))
 
     def recv(self, n: int, src: int) -> np.ndarray:
         """Receive ``n`` bytes from group rank ``src``."""
-        return self._call(_transport.recv_bytes, n, self.global_rank(src))
+        return self._call(transport.recv_bytes, n, self.global_rank(src))
 
     def exchange(self, record: np.ndarray, what: str, opcode: int, root: int = -1) -> list[Record]:
         """All-gather every rank's record; raise the same error on every rank if any rank failed."""
@@ -215,9 +216,13 @@ def serialize(obj: Any, serializer: Optional[Serializer], name: str = "its objec
     if serializer is not None and not isinstance(serializer, Serializer):
         raise arg_error(f"serializer must be a hwdist Serializer or None, got {type(serializer).__name__}")
     try:
-        return _ser.encode(obj, serializer)
+        frame = _ser.encode(obj, serializer)
     except Exception as exc:
         raise LocalFailure(SERIALIZE, describe(exc, obj, serializer, name)) from exc
+    refused = _weights_only.check_own(frame, serializer)  # weights_only=True: fail here, on every rank
+    if refused is not None:
+        raise LocalFailure(REFUSED, f"{name} of type '{type(obj).__qualname__}' is refused: {refused}")
+    return frame
 
 
 def decode(data: np.ndarray, serializer: Optional[Serializer], map_location: MapLocation) -> Any:

@@ -25,6 +25,7 @@ from ..errors import (
     CollectiveArgumentError,
     ObjectCollectiveError,
     SerializationError,
+    WeightsOnlyRefused,
 )
 from .serialization import Frame
 
@@ -33,6 +34,7 @@ __all__ = [
     "SERIALIZE",
     "ARGUMENT",
     "ASSERTED",
+    "REFUSED",
     "IO",
     "OTHER",
     "LocalFailure",
@@ -54,7 +56,9 @@ __all__ = [
 #: Statuses: fine, could not serialize, invalid arguments, filesystem, anything else.
 OK, SERIALIZE, ARGUMENT, IO, OTHER = 0, 1, 2, 3, 4
 ASSERTED = 5  # an argument mmengine checks with assert: an ArgumentAssertionError on every rank
+REFUSED = 6  # weights_only=True refused a rank's own object: a WeightsOnlyRefused on every rank
 ERRORS: dict[int, type[ObjectCollectiveError]] = {
+    REFUSED: WeightsOnlyRefused,
     SERIALIZE: SerializationError,
     ARGUMENT: CollectiveArgumentError,
     ASSERTED: ArgumentAssertionError,

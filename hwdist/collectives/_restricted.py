@@ -164,8 +164,13 @@ class Loader:
         self.data = data
         self.pos = 0
         self.stack: list[Any] = []
-        self.metastack: list[list[Any]] = []
-        self.memo: dict[int, Any] = {}
+        # MARKs are stack positions and the memo a list (one pointer per entry, as in pickle's C
+        # unpickler), so a payload of MEMOIZE or MARK opcodes costs 8 bytes per opcode byte, no more.
+        self.marks: list[int] = []
+        self.base = 0  # the position of the innermost MARK (values below it are not the opcode's)
+        self.memo: list[Any] = []
+        self.memo_sparse: dict[int, Any] = {}  # PUT keys beyond the dense list
+        self.pendings: list[Pending] = []
         self.extra = frozenset(extra)
         views = [] if buffers is None else list(buffers)
         self.buffers: Iterator[Any] = iter(views)
@@ -229,20 +234,31 @@ class Loader:
     def unpack(self, fmt: str, n: int) -> int:
         return struct.unpack(fmt, self.read(n))[0]
 
+    def mark(self) -> None:
+        self.base = len(self.stack)
+        self.marks.append(self.base)
+
     def pop_mark(self) -> list[Any]:
-        if not self.metastack:
+        """The values above the innermost MARK (removed from the stack), and that MARK."""
+        if not self.marks:
             raise refuse("an opcode needs a MARK that is not there")
-        items = self.stack
-        self.stack = self.metastack.pop()
+        k = self.marks.pop()
+        items = self.stack[k:]
+        del self.stack[k:]
+        self.base = self.marks[-1] if self.marks else 0
         return items
 
+    def depth(self) -> int:
+        """Values on the stack above the innermost MARK."""
+        return len(self.stack) - self.base
+
     def top(self) -> Any:
-        if not self.stack:
+        if len(self.stack) <= self.base:
             raise refuse("an opcode needs a value on an empty stack")
         return self.stack[-1]
 
     def pop(self) -> Any:
-        if not self.stack:
+        if len(self.stack) <= self.base:
             raise refuse("an opcode needs a value on an empty stack")
         return self.stack.pop()
 
@@ -275,13 +291,18 @@ class Loader:
         if type(args) is not tuple:
             raise refuse(f"REDUCE arguments must be a tuple, got {type(args).__name__}")
         if type(func) is Handler:
-            return func.fn(self, args)
+            return self._pending(func.fn(self, args))
         handler = CALLS.get(func) if hashable_in(func, CALLS) else None
         if handler is not None:
-            return handler(self, args)
+            return self._pending(handler(self, args))
         if self.trusted(func):
             return func(*args)
         raise refuse(f"calling {describe(func)} is not allowed")
+
+    def _pending(self, out: Any) -> Any:
+        if type(out) is Pending:  # finished by its BUILD; one left unfinished at STOP is refused
+            self.pendings.append(out)
+        return out
 
     def new(self, cls: Any, args: Any, kwargs: Any) -> Any:
         if not isinstance(cls, type) or not self.trusted(cls):
@@ -300,8 +321,8 @@ class Loader:
             inst.done = True
             self.stack[-1] = obj
             for key in inst.keys:
-                if self.memo.get(key) is inst:
-                    self.memo[key] = obj
+                if self.memo_get(key) is inst:
+                    self.memo_put(key, obj)
             return
         if isinstance(inst, type):
             raise refuse(
@@ -314,9 +335,28 @@ class Loader:
                 f"setting state on a {describe(type(inst))} is not allowed (only on registered classes)"
             )
 
+    def memo_len(self) -> int:
+        return len(self.memo) + len(self.memo_sparse)
+
+    def memo_put(self, key: int, value: Any) -> None:
+        memo = self.memo
+        if key < len(memo):
+            memo[key] = value
+        elif key == len(memo) and key not in self.memo_sparse:
+            memo.append(value)
+        else:
+            self.memo_sparse[key] = value
+
+    def memo_get(self, key: int) -> Any:
+        if key < len(self.memo):
+            return self.memo[key]
+        if key in self.memo_sparse:
+            return self.memo_sparse[key]
+        raise refuse(f"memo entry {key} was never stored")
+
     def memoize(self, key: int) -> None:
         value = self.top()
-        self.memo[key] = value
+        self.memo_put(key, value)
         if type(value) is Pending:
             value.keys.append(key)
 
@@ -332,7 +372,7 @@ class Loader:
                 self.pos += 1
                 if op == 0x2E:  # STOP
                     value = self.pop()
-                    if type(value) is Pending:
+                    if type(value) is Pending or any(not p.done for p in self.pendings):
                         raise refuse("an object is missing its state (BUILD)")
                     return value
                 fn = dispatch.get(op)
@@ -390,6 +430,7 @@ class RestrictedUnpickler:
         self._file = file
         self._buffers = buffers
         self._extra = tuple(extra)
+        self._rest = b""  # read from a file that cannot seek, after the last STOP
 
     def find_class(self, module: str, name: str) -> Any:
         """What ``module.name`` resolves to.
@@ -400,12 +441,31 @@ class RestrictedUnpickler:
         return Loader(b"", None, self._extra).find_class(module, name)
 
     def load(self) -> Any:
-        """The object in the stream.
+        """The next object in the stream; like ``pickle.Unpickler.load``, it stops at the object's STOP.
+
+        A seekable file is left just after that STOP (another unpickler, or ``pickle``, reads what
+        follows); from a file that cannot seek, the bytes read after it are kept for this unpickler's
+        next ``load``.
 
         Raises:
             UnpicklingRefused: for anything not accepted.
+            EOFError: nothing is left to read.
         """
-        return Loader(bytes(self._file.read()), self._buffers, self._extra).load()
+        file = self._file
+        try:
+            start: Optional[int] = file.tell() if file.seekable() else None
+        except (AttributeError, OSError, ValueError):
+            start = None
+        data = self._rest + bytes(file.read())
+        if not data:
+            raise EOFError("Ran out of input")
+        loader = Loader(data, self._buffers, self._extra)
+        value = loader.load()
+        if start is not None:
+            file.seek(start + loader.pos)
+        else:
+            self._rest = data[loader.pos :]
+        return value
 
 
 def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:

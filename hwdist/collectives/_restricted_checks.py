@@ -78,6 +78,9 @@ def _int(name: str, x: Any, lo: int = 0) -> int:
     return x
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 def _shape(name: str, shape: Any) -> tuple[int, int]:
     """``(ndim, number of elements)`` of a checked shape."""
     if type(shape) not in (tuple, list, torch.Size) or len(shape) > _MAX_DIMS:
@@ -86,7 +89,9 @@ def _shape(name: str, shape: Any) -> tuple[int, int]:
         )
     count = 1
     for d in shape:
-        count *= _int(f"{name}: shape entry", d)
+        if _int(f"{name}: shape entry", d) > _INT64_MAX:
+            raise refuse(f"{name}: shape entry {d} does not fit a 64-bit size")
+        count *= d
     return len(shape), count
 
 

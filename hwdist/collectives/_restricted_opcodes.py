@@ -12,7 +12,7 @@ import collections
 import struct
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._restricted_checks import byte_view, describe, refuse
+from ._restricted_checks import Pending, byte_view, describe, refuse
 
 if TYPE_CHECKING:
     from ._restricted import Loader
@@ -115,13 +115,13 @@ def _tuple_of(items: list[Any], u: Loader) -> tuple:
 
 
 def _op_tuple(u: Loader) -> None:
-    out = _tuple_of(u.pop_mark(), u)  # pop_mark() replaces u.stack
+    out = _tuple_of(u.pop_mark(), u)
     u.stack.append(out)
 
 
 def _op_tuple_n(n: int) -> Callable[[Loader], None]:
     def op(u: Loader) -> None:
-        if len(u.stack) < n:
+        if u.depth() < n:
             raise refuse(f"TUPLE{n} needs {n} values on the stack")
         items = u.stack[-n:]
         del u.stack[-n:]
@@ -216,23 +216,32 @@ def _op_additems(u: Loader) -> None:
 
 
 def _op_pop(u: Loader) -> None:
-    if u.stack:
+    if u.depth() > 0:
         u.stack.pop()
     else:
         u.pop_mark()
 
 
+def _op_dup(u: Loader) -> None:
+    value = u.top()
+    if type(value) is Pending:
+        raise refuse("DUP of an object before its BUILD is not accepted")
+    u.stack.append(value)
+
+
 def _op_mark(u: Loader) -> None:
-    u.metastack.append(u.stack)
-    u.stack = []
+    u.mark()
 
 
 def _op_get(read_key: Callable[[Loader], int]) -> Callable[[Loader], None]:
     def op(u: Loader) -> None:
-        key = read_key(u)
-        if key not in u.memo:
-            raise refuse(f"memo entry {key} was never stored")
-        u.stack.append(u.memo[key])
+        value = u.memo_get(read_key(u))
+        if type(value) is Pending and not value.done:
+            raise refuse(
+                "an object refers to itself before it is built (e.g. a numpy object array that contains"
+                " itself); such cycles are not accepted"
+            )
+        u.stack.append(value)
 
     return op
 
@@ -340,7 +349,7 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "\x90": _op_additems,
         "0": _op_pop,
         "1": lambda u: u.pop_mark().clear(),
-        "2": lambda u: u.stack.append(u.top()),
+        "2": _op_dup,
         "(": _op_mark,
         "g": _op_get(_line_int),
         "h": _op_get(lambda u: u.read(1)[0]),
@@ -348,7 +357,7 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "p": _op_put(_line_int),
         "q": _op_put(lambda u: u.read(1)[0]),
         "r": _op_put(lambda u: u.unpack("<I", 4)),
-        "\x94": lambda u: u.memoize(len(u.memo)),
+        "\x94": lambda u: u.memoize(u.memo_len()),
         "c": _op_global,
         "\x93": _op_stack_global,
         "R": _op_reduce,

@@ -1,4 +1,4 @@
-"""Size agreement by prediction: one collective per call in the steady state (issue 17).
+"""Size agreement by prediction: one collective per call in the steady state.
 
 An op whose ranks may hold different sizes (an uneven ``all_gather``/``gather``,
 ``all_to_all`` with uneven splits, the object collectives, ``collect_results``)
@@ -51,7 +51,7 @@ The rules (the per-key [`SizeHistory`][hwdist.collectives._sizes.SizeHistory]):
   from this rank's dtype or shape, which travel in the header.
 
 Measured costs and the route choice at large sizes are in docs/benchmarks.md
-("Size agreement (issue 17), phase 1").
+("Tensor gathers" and "gloo's all_gather at large sizes").
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ import torch
 
 from .. import _state
 from ..errors import CollectiveArgumentError
-from . import _transport
-from ._wire import copy_bytes
+from . import transport
+from ._wire import byte_view, copy_bytes
 
 __all__ = [
     "HEADER_BYTES",
@@ -511,8 +511,7 @@ def match_flag(reduce_op: str, wire_dtype: torch.dtype, world: int) -> Optional[
 # the protocol over the transport: the reference the engine's all_gather follows
 # ---------------------------------------------------------------------------
 def _as_bytes(t: Tensor) -> Tensor:
-    flat = t.detach().reshape(-1).cpu().contiguous()
-    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
+    return byte_view(t.detach().cpu())
 
 
 def _pad(b: Tensor, width: int) -> Tensor:
@@ -544,19 +543,19 @@ def gather(
     data = _as_bytes(tensor)
     head = Header.of(tensor)
     if cap is None:  # explicit: headers, then exactly the bytes needed
-        headers = [unpack(r) for r in _transport.gather_equal(pack(head), group, driver)]
+        headers = [unpack(r) for r in transport.gather_equal(pack(head), group, driver)]
         v = verdict(op, headers, None)
         hist.record(v)
         v.raise_if_error()
-        rows = _transport.gather_equal(_pad(data, _padded(v.largest)), group, driver)
+        rows = transport.gather_equal(_pad(data, _padded(v.largest)), group, driver)
         payloads = [row[: h.nbytes] for row, h in zip(rows, headers)]
     else:
-        headers, payloads = unframe(_transport.gather_equal(frame(data, head, cap), group, driver))
+        headers, payloads = unframe(transport.gather_equal(frame(data, head, cap), group, driver))
         v = verdict(op, headers, cap)
         hist.record(v)
         v.raise_if_error()
         if v.over:  # every rank sends what was over the capacity (or nothing), the same width everywhere
-            tails = _transport.gather_equal(_pad(data[cap:], v.tail_width), group, driver)
+            tails = transport.gather_equal(_pad(data[cap:], v.tail_width), group, driver)
             payloads = [
                 torch.cat([p, tails[r][: h.nbytes - cap]]) if r in v.over else p
                 for r, (p, h) in enumerate(zip(payloads, headers))
@@ -565,7 +564,7 @@ def gather(
     if v.long_shapes:  # rare: a shape longer than the header; every rank knows it from the headers
         width = max(h.ndim for h in headers)
         dims = list(tensor.shape) + [0] * width
-        rows2 = _transport.gather_ints(dims[:width], group, driver)
+        rows2 = transport.gather_ints(dims[:width], group, driver)
         shapes = [torch.Size(rows2[r][: h.ndim]) for r, h in enumerate(headers)]
     dtype = tensor.dtype
     out = []

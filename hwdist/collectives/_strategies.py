@@ -2,7 +2,7 @@
 
 A strategy never calls torch.distributed: its ``to_wire`` names the torch op
 (``call.native``) and fills the buffers, the engine issues it
-(hwdist/collectives/_engine.py), and its ``finish`` copies back and builds the
+(hwdist/collectives/engine.py), and its ``finish`` copies back and builds the
 result. ``serial`` is the op without a process group (mmengine's semantics).
 all_to_all's transports are in ``_alltoall.py``, the gathers' (with the size agreement) in
 ``_gather.py``.
@@ -16,9 +16,20 @@ import torch
 
 from ..drivers.base import Driver, Plan
 from . import _args
-from ._engine import Call, Strategy
+from .engine import Call, Strategy
 from ._gather import Gather as Gather  # the gathers' strategy lives with the size agreement
-from ._wire import comm_numel, copy_source, finish_reduction, itemsize, prepare, restore, torch_op
+from ._wire import (
+    comm_numel,
+    copy_source,
+    exact_mean,
+    finish_reduction,
+    itemsize,
+    join_mean,
+    prepare,
+    restore,
+    split_mean,
+    torch_op,
+)
 
 Tensor = torch.Tensor
 
@@ -30,11 +41,25 @@ class AllReduce(Strategy):
     direct = True
 
     def to_wire(self, c: Call) -> None:
-        c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
-        c.torch_op = torch_op(c.plan)
+        _reduction_wire(c)
         c.native = "all_reduce"
 
     def finish(self, c: Call) -> None:
+        _finish(c)
+
+
+def _reduction_wire(c: Call) -> None:
+    """all_reduce's and reduce's send buffer; an int64 mean's as quotients and remainders."""
+    c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
+    c.torch_op = torch_op(c.plan)
+    if exact_mean(c.plan):
+        c.send, c.aliased = split_mean(c.send.reshape(-1), c.view.size), False
+
+
+def _finish(c: Call) -> None:
+    if exact_mean(c.plan):
+        restore(c.data, join_mean(c.send, c.view.size), c.plan)
+    else:
         finish_reduction(c.data, c.send, c.plan, c.view.size, c.aliased)
 
 
@@ -44,13 +69,12 @@ class Reduce(Strategy):
     op = "reduce"
 
     def to_wire(self, c: Call) -> None:
-        c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
-        c.torch_op = torch_op(c.plan)
+        _reduction_wire(c)
         c.native = c.plan.native_op
 
     def finish(self, c: Call) -> None:
         if c.view.rank == c.root:
-            finish_reduction(c.data, c.send, c.plan, c.view.size, c.aliased)
+            _finish(c)
 
 
 class Broadcast(Strategy):
@@ -144,6 +168,11 @@ class ReduceScatter(Strategy):
             flat[i].copy_(copy_source(t, plan, cdev))
         c.native = plan.native_op
         c.torch_op = torch_op(plan)
+        if exact_mean(plan):  # quotients and remainders (see split_mean): rows twice as wide
+            flat = split_mean(flat, ws)
+            if c.native == "reduce_scatter":
+                c.send, c.recv, c.aliased = list(flat.unbind(0)), flat.new_empty(flat.shape[1]), False
+                return
         if c.native == "reduce_scatter":
             out_buf, c.aliased = prepare(output, plan, cdev)
             c.send, c.recv = list(flat.unbind(0)), out_buf.reshape(-1)
@@ -151,7 +180,10 @@ class ReduceScatter(Strategy):
             c.send, c.recv, c.aliased = flat, flat[g.index(g.rank)], False
 
     def finish(self, c: Call) -> None:
-        finish_reduction(c.data, c.recv, c.plan, c.view.size, c.aliased)
+        if exact_mean(c.plan):
+            restore(c.data, join_mean(c.recv, c.view.size), c.plan)
+        else:
+            finish_reduction(c.data, c.recv, c.plan, c.view.size, c.aliased)
 
     def serial(self, data: Optional[Tensor], extra: Any) -> None:
         assert data is not None

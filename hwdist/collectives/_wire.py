@@ -73,12 +73,44 @@ def comm_index_source(driver: Driver) -> Optional[Callable[[], int]]:
         return fn
 
 
+def dense_flat(t: Tensor) -> Tensor:
+    """``t``'s elements in C order, flat with stride 1: a view when ``t`` is contiguous, else a copy.
+
+    torch calls a tensor of at most one element contiguous whatever its strides (``x[:, 0]`` of a
+    ``(1, 4)`` tensor has stride ``(4,)``; an empty ``torch.from_numpy`` array has stride 0), and
+    ``contiguous()`` and ``reshape(-1)`` keep those strides, which ``view(dtype)`` refuses for a
+    dtype of another size. Such a tensor gets the same memory with stride 1, and an empty one
+    also storage offset 0 (an empty row of a buffer may start at an offset no wider dtype divides).
+    """
+    flat = t.reshape(-1)
+    n = flat.numel()
+    if n == 0 and (flat.stride(0) != 1 or flat.storage_offset()):
+        return flat.as_strided((0,), (1,), 0)
+    if n == 1 and flat.stride(0) != 1:
+        return flat.as_strided((1,), (1,))
+    if flat.stride(0) != 1:  # a strided 1-D tensor: reshape(-1) returns it as it is
+        return flat.contiguous()
+    return flat
+
+
+def byte_view(t: Tensor) -> Tensor:
+    """``t``'s bytes as one flat uint8 tensor (a view when ``t`` is contiguous, else a copy); any strides."""
+    flat = dense_flat(t)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def retype(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t``'s bytes flat, read as ``dtype`` (``view(dtype)`` that accepts any strides)."""
+    flat = dense_flat(t)
+    return flat if flat.dtype == dtype else flat.view(dtype)
+
+
 def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Tensor, bool]:
     """The tensor to communicate and whether it shares memory with ``data``."""
     if plan.view:
         t = data if cdev is None else data.to(cdev)
         aliased = cdev is None and data.is_contiguous()
-        return t.contiguous().reshape(-1).view(plan.comm_dtype), aliased
+        return retype(t, plan.comm_dtype), aliased
     if plan.comm_dtype != plan.dtype or cdev is not None:
         return (
             data.to(
@@ -105,18 +137,18 @@ def comm_numel(shape: Sequence[int], plan: Plan) -> int:
 
 def as_comm_flat(t: Tensor, plan: Plan, cdev: Optional[torch.device]) -> Tensor:
     """``t`` flattened in the plan's comm dtype on the comm device (may alias ``t``)."""
-    return prepare(t, plan, cdev)[0].reshape(-1)
+    return dense_flat(prepare(t, plan, cdev)[0])
 
 
 def copy_source(t: Tensor, plan: Plan, cdev: Optional[torch.device]) -> Tensor:
     """``t`` flattened, to ``copy_`` into a comm buffer (which casts and moves); the byte view if planned."""
-    return prepare(t, plan, cdev)[0].reshape(-1) if plan.view else t.reshape(-1)
+    return dense_flat(prepare(t, plan, cdev)[0]) if plan.view else t.reshape(-1)
 
 
 def from_comm(buf: Tensor, plan: Plan, shape: Sequence[int], device: torch.device) -> Tensor:
     """A received comm buffer as a tensor of the caller's dtype, ``shape`` and device."""
     if plan.view:
-        out = buf.reshape(-1).view(plan.dtype).reshape(shape)
+        out = retype(buf, plan.dtype).reshape(shape)
     elif buf.dtype != plan.dtype:
         out = buf.to(plan.dtype).reshape(shape)
     else:
@@ -128,24 +160,50 @@ def restore(data: Tensor, buf: Tensor, plan: Plan) -> None:
     """Copy a comm buffer back into the caller's tensor (its dtype, shape and device)."""
     with torch.no_grad():
         if plan.view:
-            data.copy_(buf.reshape(-1).view(plan.dtype).reshape(data.shape))
+            data.copy_(retype(buf, plan.dtype).reshape(data.shape))
         else:
             data.copy_(buf.reshape(data.shape))
 
 
-def divide(buf: Tensor, n: int) -> None:
-    """In-place mean from a sum: true division for floats, floor division for integers."""
+def divide(buf: Tensor, n: int, dtype: Optional[torch.dtype] = None) -> None:
+    """In-place mean from a sum: true division for floats, floor division for integers.
+
+    ``dtype`` is the caller's (default: ``buf``'s): an integer summed in float64 is floor-divided.
+    """
     with torch.no_grad():
-        if buf.is_floating_point() or buf.is_complex():
+        kind = buf if dtype is None else torch.empty(0, dtype=dtype)
+        if kind.is_floating_point() or kind.is_complex():
             buf.div_(n)
         else:
             buf.div_(n, rounding_mode="floor")
 
 
+def exact_mean(plan: Plan) -> bool:
+    """Whether ``plan`` is an integer mean summed in the caller's own width (int64: no wider type)."""
+    return plan.post is Post.DIVIDE and plan.comm_dtype == torch.int64 and plan.dtype == torch.int64
+
+
+def split_mean(buf: Tensor, ws: int) -> Tensor:
+    """An int64 mean's wire: quotients then remainders by ``ws`` along the last dim (twice as wide).
+
+    ``x = q * ws + r`` with ``0 <= r < ws``; the mean's floor is ``sum(q) + sum(r) // ws``. The
+    remainders' sum is below ``ws**2`` and the quotients' sum wraps (two's complement) at most
+    on the way to a result that fits, so the mean is exact for any int64 inputs.
+    """
+    q = torch.div(buf, ws, rounding_mode="floor")
+    return torch.cat([q, buf - q * ws], dim=-1)
+
+
+def join_mean(two: Tensor, ws: int) -> Tensor:
+    """The floor of the mean from ``split_mean``'s summed wire (halves along the last dim)."""
+    q, r = two.chunk(2, dim=-1)
+    return q + torch.div(r, ws, rounding_mode="floor")
+
+
 def finish_reduction(data: Tensor, buf: Tensor, plan: Plan, ws: int, aliased: bool) -> None:
     """After a reduction: the mean's division, then the copy back unless ``buf`` is ``data``."""
     if plan.post is Post.DIVIDE:
-        divide(buf, ws)
+        divide(buf, ws, plan.dtype)
     if not aliased:
         restore(data, buf, plan)
 
@@ -161,7 +219,7 @@ def copy_bytes(dst: Tensor, src: Tensor) -> None:
     for each other (measured in docs/benchmarks.md: a 64 KiB all_to_all slot took 3.4 ms to fill).
     """
     n = src.numel()
-    if n and dst.is_contiguous() and src.is_contiguous():
+    if n > 1 and dst.is_contiguous() and src.is_contiguous():
         for w, dtype in _WIDE:
             if n % w == 0 and dst.storage_offset() % w == 0 and src.storage_offset() % w == 0:
                 dst.view(dtype).copy_(src.view(dtype))

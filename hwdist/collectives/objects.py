@@ -15,8 +15,8 @@ one of two paths, the same on every rank:
   padded all_gather, whole payloads by one broadcast per rank above
   ``PADDED_ALL_GATHER_LIMIT``, point to point to a gather root.
   ``scatter_object_list`` agrees on its arguments first (the agreement
-  primitive, ``_agree.agree``), then broadcasts ``src``'s record. Bytes move
-  through hwdist's internal transport (`_objwire`, `_transport`), in the byte
+  primitive, ``consensus.agree``), then broadcasts ``src``'s record. Bytes move
+  through hwdist's internal transport (`_objwire`, `transport`), in the byte
   dtype the driver's plan allows. Tensors inside received objects land on CPU
   or the ``map_location`` given.
 * **native**: torch's own ``all_gather_object`` & co. Used only when asked
@@ -27,7 +27,7 @@ one of two paths, the same on every rank:
   portable path is the default because it measured faster on every size
   (see ``docs/objects.md``).
 
-Verification mode ([`hwdist.verify`][hwdist.verify]): the slot exchange checks the
+Verification mode ([`hwdist.verify`][hwdist.collectives.verify]): the slot exchange checks the
 call's identity (which collective, its src/dst) in every mode, so those
 disagreements raise [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError]
 on every rank even when the mode is off (``broadcast_object_list`` and
@@ -56,12 +56,14 @@ from ..errors import (
     ObjectCollectiveError,
     PeerFailure,
     SerializationError,
+    WeightsOnlyRefused,
 )
-from ..verify import rank_field
+from .verify import rank_field
+from . import _weights_only
 from . import serialization as _ser
-from ._agree import agree
-from ._calls import collective
-from ._engine import check
+from .consensus import agree
+from .call_entry import collective
+from .engine import check
 from ._objwire import (
     CONFIRM,
     Decoder,
@@ -119,6 +121,7 @@ __all__ = [
     "scatter_object_list",
     "ObjectCollectiveError",
     "SerializationError",
+    "WeightsOnlyRefused",
     "CollectiveArgumentError",
     "PeerFailure",
     "set_object_path",
@@ -214,6 +217,7 @@ def all_gather_object(
     *,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> Optional[list[Any]]:
     """Gather a picklable object from every rank into a list, on every rank.
 
@@ -229,6 +233,8 @@ def all_gather_object(
             only; other ranks get None.
         map_location: device for tensors inside received objects (default CPU).
         serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        weights_only: as torch's: True builds only safe types and those allowed with
+            ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 
     Returns:
         ``[object of rank 0, object of rank 1, ...]`` (None off rank 0 with
@@ -239,6 +245,7 @@ def all_gather_object(
         [{'rank': 0}, {'rank': 1}]   # rank 0
         [{'rank': 0}, {'rank': 1}]   # rank 1
     """
+    serializer = _weights_only.for_call(serializer, weights_only, "all_gather_object")
     world = world_size(group)
     if world == 1:
         return [data]
@@ -286,6 +293,7 @@ def gather_object(
     *,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> Optional[list[Any]]:
     """Gather a picklable object from every rank on rank ``dst``.
 
@@ -299,6 +307,8 @@ def gather_object(
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
         serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        weights_only: as torch's: True builds only safe types and those allowed with
+            ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 
     Returns:
         On ``dst``: ``[object of rank 0, object of rank 1, ...]``; elsewhere None.
@@ -309,6 +319,7 @@ def gather_object(
         None          # rank 1
         None          # rank 2
     """
+    serializer = _weights_only.for_call(serializer, weights_only, "gather_object")
     world = world_size(group)
     if world == 1:
         return [data]
@@ -365,6 +376,7 @@ def broadcast_object_list(
     *,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> None:
     """Broadcast the picklable objects in ``data`` from ``src``, in place.
 
@@ -385,6 +397,8 @@ def broadcast_object_list(
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
         serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        weights_only: as torch's: True builds only safe types and those allowed with
+            ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 
     Examples:
         >>> data = ["foo", 12, {1: 2}] if hwdist.get_rank() == 0 else [None, None, None]
@@ -393,6 +407,7 @@ def broadcast_object_list(
         ['foo', 12, {1: 2}]   # rank 0
         ['foo', 12, {1: 2}]   # rank 1
     """
+    serializer = _weights_only.for_call(serializer, weights_only, "broadcast_object_list")
     if not isinstance(data, list):
         bad = f"broadcast_object_list: data must be a list, got {type(data).__name__}"
         if world_size(group) == 1:
@@ -450,6 +465,7 @@ def broadcast_object(
     *,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> Any:
     """Return ``src``'s ``obj`` on every rank (vis4d's ``broadcast(obj)``).
 
@@ -459,7 +475,9 @@ def broadcast_object(
         'hello'   # rank 1
     """
     box = [obj]
-    broadcast_object_list(box, src, group, map_location=map_location, serializer=serializer)
+    broadcast_object_list(
+        box, src, group, map_location=map_location, serializer=serializer, weights_only=weights_only
+    )
     return box[0]
 
 
@@ -472,6 +490,7 @@ def scatter_object_list(
     *,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> None:
     """Scatter ``src``'s list: rank ``i`` gets item ``i`` in ``scatter_object_output_list[0]``.
 
@@ -484,6 +503,8 @@ def scatter_object_list(
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
         serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        weights_only: as torch's: True builds only safe types and those allowed with
+            ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 
     Examples:
         >>> out = [None]
@@ -492,6 +513,7 @@ def scatter_object_list(
         ['a']   # rank 0
         ['b']   # rank 1
     """
+    serializer = _weights_only.for_call(serializer, weights_only, "scatter_object_list")
     world = world_size(group)
     bad = ""
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:

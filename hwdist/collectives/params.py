@@ -17,15 +17,16 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry
-from ..verify import describe_tensor
-from ..errors import ArgumentAssertionError
+from .verify import describe_tensor
+from ..errors import ArgumentAssertionError, PlanError
+from ..drivers.base import Post
 from ..drivers.tuning import tuning
-from . import _layouts, _sizes, _transport
+from . import _layouts, _sizes, transport
 from . import tensor as _t
-from ._agree import agree
+from .consensus import agree
 from ._args import not_dense, op_field
-from ._calls import collective
-from ._engine import check
+from .call_entry import collective
+from .engine import check
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 
 __all__ = ["all_reduce_dict", "all_reduce_params"]
@@ -52,7 +53,7 @@ def check_same_dicts(
 ) -> None:
     """Every rank raises together unless every rank holds the same keys, shapes and dtypes (and ``op``).
 
-    One small exchange (``collectives._agree.agree``) of a fingerprint and of
+    One small exchange (``collectives.consensus.agree``) of a fingerprint and of
     ``problem`` (this rank's bad argument, found before any communication). When some rank's
     argument was bad, every rank raises the same message (``problem``'s type where it was this
     rank's, else ValueError); when the layouts differ, the descriptions are exchanged (error path
@@ -82,14 +83,16 @@ def check_same_dicts(
             explained = texts[0]  # the same bad argument on every rank: no rank list needed
         else:
             explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
-        kinds = (TypeError, ValueError, ArgumentAssertionError)
+        kinds = (TypeError, ValueError, ArgumentAssertionError, PlanError)
         kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
+        if all(name == "PlanError" for name, _ in failures.values()):
+            kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
         return kind(f"{fn}: {explained}")
 
     if agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same:
         return
     text = repr([op, _describe(keys, values)])
-    texts = [t.decode() for t in _transport.gather_bytes(text.encode(), group, driver)]
+    texts = [t.decode() for t in transport.gather_bytes(text.encode(), group, driver)]
     what = what or ("keys, shapes and dtypes" if op is None else "keys, shapes, dtypes and op")
     raise ValueError(f"{fn}: {_explain(texts)}; every rank must pass the same {what}")
 
@@ -162,9 +165,10 @@ def all_reduce_dict(
     not meta) and ``op`` and ``data`` too before any communication; with ``verify=True`` a bad one on ONE
     rank makes every rank raise. ``verify=False`` skips every check (mmengine's behaviour: a mismatch is
     then undefined, and a bad value raises on its own rank only, before that rank communicates). In
-    verification mode ([`hwdist.verification`][hwdist.verify.verification], ``HWDIST_DEBUG=1``) the mode's
-    digest exchange checks keys, shapes, dtypes and ``op`` whatever ``verify`` says and replaces this check;
-    a mismatch raises [`hwdist.CollectiveMismatch`][hwdist.verify.CollectiveMismatch] (a ValueError).
+    verification mode ([`hwdist.verification`][hwdist.collectives.verify.verification],
+    ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes, dtypes and ``op`` whatever
+    ``verify`` says and replaces this check; a mismatch raises
+    [`hwdist.CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] (a ValueError).
     ``verify`` must be the same on every rank.
 
     Non-distributed or a one-rank group: does nothing.
@@ -334,10 +338,10 @@ def all_reduce_params(
     pending: list[tuple[Any, Tensor, list[Tensor], FlatLayout]] = []
     for bucket, plan in zip(buckets, plans):
         members = [packed[i] for i in bucket]
-        # packed straight into the dtype the backend reduces (bf16 -> fp32 where needed): one copy
-        flat, layout = flatten_tensors(
-            members, dtype=plan.dtype if plan.view else plan.comm_dtype, device=cdev
-        )
+        # packed straight into the dtype the backend reduces (bf16 -> fp32 where needed): one copy;
+        # an integer mean in its own dtype (all_reduce's mean rule: a wider sum, then the floor)
+        own = plan.view or (plan.post is Post.DIVIDE and not plan.dtype.is_floating_point)
+        flat, layout = flatten_tensors(members, dtype=plan.dtype if own else plan.comm_dtype, device=cdev)
         pending.append((_t.all_reduce(flat, rop, group, async_op=True), flat, members, layout))
     for handle, flat, members, layout in pending:
         handle.wait()

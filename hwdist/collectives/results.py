@@ -35,9 +35,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..errors import CollectiveArgumentError, ObjectCollectiveError
+from . import _weights_only
 from . import serialization as _ser
-from ._calls import collective
-from ._engine import check
+from .call_entry import collective
+from .engine import check
 from ._objslots import gather_slots
 from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, describe, may_refuse, world_size
 from ._records import ARGUMENT, INLINE_BYTES, IO, OPS, SERIALIZE, LocalFailure, failure_record, make_record
@@ -391,6 +392,7 @@ def collect_results(
     group: Optional[Any] = None,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> Optional[list[Any]]:
     """Collect every rank's results on rank 0, in sampler order, truncated to ``size``.
 
@@ -405,6 +407,7 @@ def collect_results(
         group: process group (default group if None); its rank 0 collects.
         map_location: device for tensors inside the results (default CPU).
         serializer: default: [`hwdist.get_serializer`][hwdist.collectives.serialization.get_serializer].
+        weights_only: as the object collectives' (torch's keyword): True reads only safe types.
 
     Returns:
         The ordered results on rank 0, None elsewhere.
@@ -421,6 +424,7 @@ def collect_results(
         ['foo', 24, {1: 2}, {'a': 'b'}]   # rank 0
         None                              # rank 1
     """
+    serializer = _weights_only.for_call(serializer, weights_only, "collect_results")
     bad = ""
     if device not in ("cpu", "gpu"):
         bad = f"device must be 'cpu' or 'gpu', got {device!r}"
@@ -446,6 +450,7 @@ def collect_results_cpu(
     group: Optional[Any] = None,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> Optional[list[Any]]:
     """[`collect_results`][hwdist.collectives.results.collect_results] with ``device='cpu'``.
 
@@ -457,7 +462,14 @@ def collect_results_cpu(
         None           # rank 1
     """
     return collect_results(
-        result_part, size, "cpu", tmpdir, group=group, map_location=map_location, serializer=serializer
+        result_part,
+        size,
+        "cpu",
+        tmpdir,
+        group=group,
+        map_location=map_location,
+        serializer=serializer,
+        weights_only=weights_only,
     )
 
 
@@ -469,6 +481,7 @@ def collect_results_gpu(
     group: Optional[Any] = None,
     map_location: MapLocation = None,
     serializer: Optional[Serializer] = None,
+    weights_only: bool = False,
 ) -> Optional[list[Any]]:
     """[`collect_results`][hwdist.collectives.results.collect_results] over communication (mmengine's gpu).
 
@@ -480,7 +493,14 @@ def collect_results_gpu(
         None     # rank 1
     """
     return collect_results(
-        result_part, size, "gpu", None, group=group, map_location=map_location, serializer=serializer
+        result_part,
+        size,
+        "gpu",
+        None,
+        group=group,
+        map_location=map_location,
+        serializer=serializer,
+        weights_only=weights_only,
     )
 
 

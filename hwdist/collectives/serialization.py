@@ -42,6 +42,7 @@ from ._restricted import (
     safe_globals,
 )
 from ._restricted_checks import plain_dtype
+from ._wire import byte_view
 
 
 __all__ = [
@@ -140,10 +141,10 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
     if numpy_ok and d.numel() * d.element_size() < OOB_THRESHOLD:
         # small: a bytearray copy of the elements in C order (any strides; through a memoryview: a
         # 0-d integer array would be taken as a length), in band; no per-tensor
-        # buffer callback, and the loader's tensor owns it (docs/objects.md, "Small numpy arrays")
+        # buffer callback, and the loader's tensor owns it (docs/objects.md, "Performance")
         small = bytearray(memoryview(cast(Any, d.numpy())))
         return _rebuild_tensor, (small, name, shape, bool(t.requires_grad))
-    data: Any = d.contiguous().reshape(-1).view(torch.uint8).numpy()  # (Any: numpy's stubs on 3.9)
+    data: Any = byte_view(d).numpy()  # any strides (Any: numpy's stubs on 3.9)
     return _rebuild_tensor, (pickle.PickleBuffer(data), name, shape, bool(t.requires_grad))
 
 
@@ -170,6 +171,10 @@ def _reduce_ndarray(a: np.ndarray) -> Any:
             # its elements, a bytearray (writable and owned on load, as numpy's own form gives).
             # Stock pickle and the restricted loader both read it; costs in docs/objects.md.
             return np.frombuffer, (bytearray(memoryview(cast(Any, a))), dt)
+    if not a.dtype.isnative:
+        # numpy's protocol-2 form loses a non-native byte order (``>i4`` comes back ``<i4`` through
+        # pickle.loads): numpy's protocol-5 form of a C-ordered copy keeps the dtype, in band
+        return (a if a.flags.c_contiguous else a.copy(order="C")).__reduce_ex__(5)
     return a.__reduce__()  # in band; loads faster than protocol 5's small buffers
 
 
@@ -266,7 +271,9 @@ class RestrictedPickleSerializer(PickleSerializer):
         Raises:
             UnpicklingRefused: for anything not accepted.
         """
-        return restricted_loads(stream, buffers, self.extra)
+        from ._weights_only import torch_safe_pairs  # torch's add_safe_globals count too (a cycle at import)
+
+        return restricted_loads(stream, buffers, self.extra + torch_safe_pairs())
 
 
 _DEFAULT = PickleSerializer()

@@ -2,7 +2,7 @@
 
 Each public function checks its arguments (on every rank, before any
 communication) and makes one call of the engine
-(hwdist/collectives/_engine.py), which resolves the group's driver, plans the
+(hwdist/collectives/engine.py), which resolves the group's driver, plans the
 call (pass-through, a lossless cast, a byte view, an emulation with another
 op, or a [`hwdist.PlanError`][hwdist.drivers.base.PlanError]), moves the data
 to the wire format only when needed, issues the torch.distributed call,
@@ -12,7 +12,7 @@ and device) and, with ``async_op=True``, always returns a
 process group every function has mmengine's single-process result
 (``all_gather`` returns ``[data]``, ``all_reduce`` does nothing, ...).
 
-In verification mode ([`hwdist.verify`][hwdist.verify]) every collective except
+In verification mode ([`hwdist.verify`][hwdist.collectives.verify]) every collective except
 send/recv first checks that every rank makes the same call.
 
 No function here looks at a backend name. ``src``/``dst`` are global ranks, as
@@ -31,9 +31,9 @@ from . import _fingerprints as fp
 from ._alltoall import ALL_TO_ALL
 from ._args import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
 from ._args import ReduceOpLike, normalize_reduce_op
-from ._calls import collective
+from .call_entry import collective
 from ..drivers.tuning import gather_by_broadcast_floor
-from ._engine import view
+from .engine import view
 from ._gather import gathered_numels
 from ._handle import CollectiveHandle
 from ._strategies import (
@@ -60,6 +60,7 @@ __all__ = [
     "scatter",
     "reduce_scatter",
     "all_to_all",
+    "barrier",
     "send",
     "recv",
     "isend",
@@ -459,7 +460,7 @@ def barrier(group: Optional[Any] = None) -> None:
     """Block until every rank of ``group`` arrives; no-op when not distributed.
 
     In verification mode a rank that meets another collective instead raises
-    [`hwdist.CollectiveMismatch`][hwdist.verify.CollectiveMismatch] on every rank.
+    [`hwdist.CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] on every rank.
 
     Examples:
         >>> dist.barrier()   # every rank returns once the last one has arrived

@@ -10,7 +10,7 @@ import torch.distributed as torch_dist
 
 import hwdist
 
-from ..collectives._agree import agree
+from ..collectives.consensus import agree
 from ..errors import CollectiveArgumentError, NotInitializedError
 
 __all__ = [

@@ -62,9 +62,12 @@ def broadcast_multigpu(tensor_list: list[torch.Tensor], src: int, group: Any = g
     """
     require_pg("broadcast_multigpu")
     grp = group_of(group)
-    agree_or_raise(
-        "broadcast_multigpu", grp, _device_list("broadcast_multigpu", "tensor_list", tensor_list), [], ""
-    )
+    problem = _device_list("broadcast_multigpu", "tensor_list", tensor_list)
+    if problem is None and (isinstance(src, bool) or not isinstance(src, int) or src < 0):
+        problem = ValueError(f"broadcast_multigpu: src must be a rank (an int >= 0), got {src!r}")
+    # one rank's other src would pair broadcasts from different roots: every rank raises instead
+    words = [len(tensor_list) if isinstance(tensor_list, list) else 0, 0 if problem else src]
+    agree_or_raise("broadcast_multigpu", grp, problem, words, "src or len(tensor_list)", f"src={src!r}")
     hwdist.broadcast(tensor_list[0], src, grp)
     for t in tensor_list[1:]:
         t.copy_(tensor_list[0])

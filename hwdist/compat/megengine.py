@@ -170,7 +170,8 @@ def pack_allreduce_split(
         The reduced tensors, one per shape (new tensors).
 
     Raises:
-        TypeError: an item of ``pack_list`` is not a tensor, or the dtypes differ (every rank).
+        TypeError: an item of ``pack_list`` is not a tensor, or the dtypes differ (every rank); ``group`` is
+            not a process group (that rank agrees on the default group, so ranks passing ``WORLD`` raise too).
         ValueError: the tensors do not fit ``shapes``, ``reduce_method`` is neither ``'sum'`` nor
             ``'mean'`` (MegEngine sums for any other value; hwdist refuses it), or the ranks' buffers or
             ``reduce_method`` differ (every rank, before any rank waits in the all-reduce).
@@ -182,7 +183,17 @@ def pack_allreduce_split(
     problem: Optional[Exception] = None
     packed = torch.zeros(0)
     offsets_val: list[int] = []
+    if group is not None and not isinstance(group, torch_dist.ProcessGroup):
+        # this rank cannot talk on it: it agrees on the default group, where the others (passing WORLD)
+        # learn of the error too
+        problem = TypeError(
+            f"pack_allreduce_split: group must be a torch.distributed.ProcessGroup or None (WORLD), got"
+            f" {type(group).__name__}: {group!r}"
+        )
+        group = None
     try:
+        if problem is not None:
+            raise problem
         offsets_val = get_offsets(shapes)
         if reduce_method not in ("sum", "mean"):
             raise ValueError(

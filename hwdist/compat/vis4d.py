@@ -30,11 +30,11 @@ from torch import Tensor, nn
 
 import hwdist
 
-from ..collectives._agree import agree
+from ..collectives.consensus import agree
 from ..drivers.nccl import NcclDriver
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
 from ..launch.resolvers import env_int
-from ._legacy_common import agree_on_layout
+from ._legacy_common import agree_on_layout, agree_or_raise, layout_digest, shown
 
 __all__ = [
     "all_gather_object_cpu",
@@ -161,12 +161,24 @@ def rank_zero_only(func: F) -> F:
 def broadcast(obj: Any, src: int = 0) -> Any:
     """``src``'s object, on every rank (``obj`` itself without a process group).
 
+    Raises:
+        ValueError: ``src`` is not a rank of the group (on that rank), or the ranks' ``src`` differ; the
+            other ranks raise ``CollectiveArgumentError``.
+
     Examples:
         >>> dist.broadcast({"step": rank}, src=1)
         # rank 0: {'step': 1}   rank 1: {'step': 1}
     """
     if not distributed_available():
         return obj
+    problem: Optional[BaseException] = None
+    world = hwdist.get_world_size()
+    if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < world:
+        problem = ValueError(f"broadcast: src must be a rank in [0, {world - 1}], got {src!r}")
+    if world > 1:  # one rank's bad or different src: every rank raises (no rank waits for the others)
+        agree_or_raise("broadcast", None, problem, [0 if problem else int(src)], "src", f"src={src!r}")
+    elif problem is not None:
+        raise problem
     return hwdist.broadcast_object(obj, src)
 
 
@@ -227,10 +239,21 @@ def pad_to_largest_tensor(tensor: Tensor) -> tuple[list[int], Tensor]:
     Returns:
         ``(sizes, padded)``: ``sizes[r]`` is rank ``r``'s ``numel()``.
 
+    Raises:
+        TypeError: ``tensor`` is not a tensor (on that rank; the others raise ``CollectiveArgumentError``).
+
     Examples:
         >>> sizes, t = dist.pad_to_largest_tensor(torch.ones(rank + 1, dtype=torch.uint8))
         # rank 0: [1, 2], tensor([1, 0])   rank 1: [1, 2], tensor([1, 1])
     """
+    problem: Optional[BaseException] = None
+    if not isinstance(tensor, Tensor):
+        got = type(tensor).__name__
+        problem = TypeError(f"pad_to_largest_tensor: tensor must be a torch.Tensor, got {got}")
+    if distributed_available() and hwdist.get_world_size() > 1:
+        agree_or_raise("pad_to_largest_tensor", None, problem, [], "")
+    elif problem is not None:
+        raise problem
     local = int(tensor.numel())
     sizes = [int(s) for s in hwdist.all_gather_object(local) or ()] if distributed_available() else [local]
     largest = max(sizes)
@@ -323,6 +346,10 @@ def all_gather_object_cpu(
         ``[data of rank 0, data of rank 1, ...]`` (``[data]`` with one process); the
         directory is removed by rank 0 afterwards.
 
+    Raises:
+        CollectiveArgumentError: some rank's ``data`` cannot be pickled (every rank, before anything is
+            written), or, with ``rank_zero_return_only=False``, some rank could not read a part.
+
     Examples:
         >>> dist.all_gather_object_cpu({"r": rank})
         # rank 0: [{'r': 0}, {'r': 1}]   rank 1: None
@@ -330,18 +357,33 @@ def all_gather_object_cpu(
     if get_world_size() == 1 or not distributed_available():
         return [data]
     rank, world = get_rank(), get_world_size()
+    problem: Optional[BaseException] = None
+    try:
+        payload = pickle.dumps(data)
+    except Exception as exc:  # an unpicklable object: every rank raises, before anything is written
+        problem = CollectiveArgumentError(
+            f"all_gather_object_cpu: rank {rank}'s data cannot be pickled ({type(exc).__name__}: {exc})"
+        )
+        problem.__cause__ = exc
+    agree_or_raise("all_gather_object_cpu", None, problem, [], "")
     folder = create_tmpdir(rank, tmpdir, use_system_tmp)
     with open(os.path.join(folder, f"part_{rank}.pkl"), "wb") as f:
-        pickle.dump(data, f)
+        f.write(payload)
     synchronize()
     if rank_zero_return_only and rank != 0:
         return None
     parts = []
-    for i in range(world):
-        with open(os.path.join(folder, f"part_{i}.pkl"), "rb") as f:
-            parts.append(pickle.load(f))
-    if not rank_zero_return_only:
-        synchronize()  # every rank has read before rank 0 removes the directory
+    failed: Optional[BaseException] = None
+    try:
+        for i in range(world):
+            with open(os.path.join(folder, f"part_{i}.pkl"), "rb") as f:
+                parts.append(pickle.load(f))
+    except Exception as exc:
+        failed = exc
+    if not rank_zero_return_only:  # every rank has read (or failed to) before rank 0 removes the directory
+        agree_or_raise("all_gather_object_cpu", None, failed, [], "")
+    elif failed is not None:
+        raise failed
     if rank == 0:
         shutil.rmtree(folder)
     return parts
@@ -355,12 +397,25 @@ def reduce_mean(tensor: Tensor) -> Tensor:
     (the exchange itself is not differentiated). Without a process group:
     ``tensor`` itself.
 
+    Raises:
+        TypeError: ``tensor`` is not a tensor (on that rank; the others raise ``CollectiveArgumentError``).
+        CollectiveArgumentError: the ranks' shapes or dtypes differ (every rank).
+
     Examples:
         >>> dist.reduce_mean(torch.tensor([float(rank)]))
         # rank 0: tensor([0.5000])   rank 1: tensor([0.5000])
     """
     if not distributed_available():
         return tensor
+    problem: Optional[BaseException] = None
+    if not isinstance(tensor, Tensor):
+        problem = TypeError(f"reduce_mean: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if get_world_size() > 1:  # a bad value, or another shape or dtype, on one rank: every rank raises
+        mine = shown(tensor)
+        what = "the tensor's shape and dtype"
+        agree_or_raise("reduce_mean", None, problem, [layout_digest(mine)], what, mine)
+    elif problem is not None:
+        raise problem
     out = tensor.clone().div_(get_world_size())
     hwdist.all_reduce(
         out.data, "sum"
@@ -404,12 +459,24 @@ def all_reduce_dict(
             raise problem
         return py_dict
     ordered = isinstance(py_dict, OrderedDict)
-    keys = list(py_dict.keys())
+    keys = list(py_dict.keys()) if isinstance(py_dict, dict) else []
+    # rank 0's keys and kind of dict, on every rank (an OrderedDict on one rank and a dict on another must
+    # not make only some ranks take part in this broadcast)
+    keys0, ordered0 = hwdist.broadcast_object((keys, ordered), 0)
     if not ordered:
-        keys = hwdist.broadcast_object(keys, 0)
-    missing = [k for k in keys if k not in py_dict]
+        keys = keys0
+    missing = [k for k in keys if k not in py_dict] if isinstance(py_dict, dict) else []
     if problem is not None:
         pass
+    elif not isinstance(py_dict, dict):
+        got = type(py_dict).__name__
+        problem = CollectiveArgumentError(f"all_reduce_dict: py_dict must be a dict, got {got}")
+    elif ordered != ordered0:
+        problem = CollectiveArgumentError(
+            f"all_reduce_dict: rank {hwdist.get_rank()} passed {'an OrderedDict' if ordered else 'a dict'}"
+            f" where rank 0 passed {'an OrderedDict' if ordered0 else 'a dict'}; every rank must pass the"
+            " same kind (an OrderedDict keeps each rank's own key order)"
+        )
     elif missing:
         problem = KeyError(
             f"all_reduce_dict: rank {hwdist.get_rank()} lacks key(s) {missing!r} that rank 0 has"
@@ -419,11 +486,14 @@ def all_reduce_dict(
         problem = CollectiveArgumentError(
             f"all_reduce_dict: py_dict[{bad!r}] must be a tensor, got {type(py_dict[bad]).__name__}"
         )
-    layout = "" if problem else repr([(k, tuple(py_dict[k].shape), py_dict[k].dtype) for k in keys])
+    layout = "" if problem else repr(
+        [(k, tuple(py_dict[k].shape), py_dict[k].dtype) for k in keys] + [bool(to_float), reduce_op]
+    )
     agree_on_layout(
         "all_reduce_dict", None, problem, layout,
-        "the ranks' values differ in shape or dtype; every rank must hold the same keys with values of the"
-        " same shape",
+        "the ranks' values differ in shape or dtype, or their to_float or reduce_op differ; every rank"
+        " must hold the same keys with values of the same shape and dtype, and pass the same to_float and"
+        " reduce_op",
     )
     shapes = [py_dict[k].shape for k in keys]
     numels = [py_dict[k].numel() for k in keys]

@@ -12,7 +12,7 @@ from .base import Capabilities, Driver, Plan, PlanError
 from .gloo import GlooDriver
 from .mpi import MpiDriver
 from .nccl import NcclDriver
-from .vendors import CnclDriver, HcclDriver, McclDriver, XcclDriver
+from .vendors import CnclDriver, GaudiDriver, HcclDriver, McclDriver, XcclDriver
 
 #: Registered by hwdist.registry at import (a dict insert; no vendor import).
 BUILTIN_DRIVERS: tuple[type[Driver], ...] = (
@@ -23,6 +23,7 @@ BUILTIN_DRIVERS: tuple[type[Driver], ...] = (
     MpiDriver,
     XcclDriver,
     McclDriver,
+    GaudiDriver,
 )
 
 #: Backend names torch used to accept and no longer does -> what to use instead.

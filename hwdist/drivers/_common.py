@@ -57,6 +57,13 @@ class AcceleratorDriver(Driver):
     is asked about the device, never at ``import hwdist``.
     """
 
+    # Availability is the device module's count, never its is_available(): torch.cuda.is_available()
+    # initialises the CUDA driver (cudaGetDeviceCount) unless PYTORCH_NVML_BASED_CUDA_CHECK=1, and a process
+    # forked afterwards cannot use CUDA; torch.cuda.device_count() counts through NVML without initialising
+    # it (torch falls back to the CUDA runtime only where NVML cannot count: no libnvidia-ml, MIG UUIDs in
+    # CUDA_VISIBLE_DEVICES). It is torch's own check under PYTORCH_NVML_BASED_CUDA_CHECK=1, and what
+    # torch.xpu.is_available() is (count > 0). A vendor module's count may raise where it finds no device.
+
     # One rank binds one device: NCCL refuses two ranks on one GPU at init ("Duplicate GPU
     # detected", seen on an H100 with NCCL 2.28); the vendor libraries bind one device per rank too.
     ranks_per_device = 1
@@ -76,12 +83,18 @@ class AcceleratorDriver(Driver):
             mod = self._module()
         except Exception as exc:  # a broken vendor install must not crash detection
             return f"importing '{self.vendor_module}' failed: {exc}"
-        if mod is None or not mod.is_available():
+        if mod is None:
+            return f"no {self.device_type} device is visible (this torch has no torch.{self.device_type})"
+        try:
+            count = int(mod.device_count())
+        except Exception as exc:  # some vendor modules raise where no device is found
+            return f"no {self.device_type} device is visible (torch.{self.device_type}.device_count(): {exc})"
+        if count <= 0:
             return f"no {self.device_type} device is visible"
         return None
 
     def device_count(self) -> int:
-        """Number of devices of ``device_type`` visible to this process."""
+        """Number of devices of ``device_type`` visible to this process (CUDA: through NVML, no init)."""
         if self.unavailable_reason() is not None:
             return 0
         return int(self._module().device_count())

@@ -266,21 +266,27 @@ def _reduce_plan(caps: Capabilities, op: str, native: str, dtype: torch.dtype, r
         else:
             rop, post = "sum", Post.DIVIDE
             if not (comm.is_floating_point or comm.is_complex):
-                comm = _widest_int(caps, comm)
+                comm = _widest_int(caps, comm, dtype)
     if rop not in caps.reduce_ops and rop != "avg":
         raise PlanError(f"{where}: reduce op not supported (supported: {', '.join(sorted(caps.reduce_ops))})")
     return Plan(op, native, dtype, comm, view=view, reduce_op=rop, post=post)
 
 
-def _widest_int(caps: Capabilities, dtype: torch.dtype) -> torch.dtype:
+def _widest_int(caps: Capabilities, comm: torch.dtype, dtype: torch.dtype) -> torch.dtype:
     # An integer mean sums first: n small ints can overflow their dtype although
-    # the mean fits, so sum in the widest integer the backend reduces.
+    # the mean fits, so sum in a wider type: the widest integer the backend reduces, else
+    # float64 for integers of 4 bytes or fewer (exact for sums below 2**53: 2**21 ranks of
+    # int32). int64 has no wider type: the engine sums it exactly as quotients and remainders
+    # (hwdist/collectives/_wire.py, ``split_mean``).
+    # (``comm``: the integer the plan reduces so far, ``dtype`` or a lossless widening of it)
     for wide in (torch.int64, torch.int32):
-        if _itemsize(wide) <= _itemsize(dtype):
+        if _itemsize(wide) <= _itemsize(comm):
             break
         if caps.can_reduce(wide):
             return wide
-    return dtype
+    if _itemsize(comm) <= _itemsize(dtype) <= 4 and caps.can_reduce(torch.float64):
+        return torch.float64
+    return comm
 
 
 def _widen(caps: Capabilities, dtype: torch.dtype, where: str) -> torch.dtype:

@@ -1,6 +1,6 @@
 """Where the accelerator drivers' capability tables come from: data only, no vendor import.
 
-Every dtype, reduce op and native op that the ``hccl``, ``cncl``, ``mccl`` and ``xccl``
+Every dtype, reduce op and native op that the ``hccl``, ``gaudi``, ``cncl``, ``mccl`` and ``xccl``
 drivers declare is a [`Fact`][hwdist.drivers._vendor_caps.Fact] here that names the vendor source it was read
 from, and so is every one they deliberately leave out. The drivers build their tables from this module
 ([`table`][hwdist.drivers._vendor_caps.table]), so a table and its sources cannot drift apart;
@@ -8,7 +8,8 @@ from, and so is every one they deliberately leave out. The drivers build their t
 
 Where vendor releases differ, a driver declares only what holds on every release read (the
 others are emulated, widened or moved as bytes, all exact), and the fact's note says what
-differs. A fact with no source is marked "from documentation only".
+differs. A fact with no source is marked "from documentation only". Every table here was read, none
+was measured on its hardware by this project (``hwdist check --backend NAME --measure`` measures one).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class Fact:
 
 
 _WHEEL = "torch-npu 2.14.0 wheel (PyPI)"
+# Intel Gaudi's PyTorch bridge (the habana_frameworks package) is not on PyPI: its source on GitHub was read.
+_GAUDI = "HabanaAI/gaudi-pytorch-bridge (habana_frameworks; GitHub, not on PyPI)"
 
 SOURCES: Mapping[str, Source] = {
     "npu-types": Source(
@@ -81,6 +84,48 @@ SOURCES: Mapping[str, Source] = {
         "commit 0017cdf and older revisions",
         "checkSupportedDataType (dtypes of all_reduce/reduce), hcclOp and unsupportedOp, gather/scatter"
         " bodies",
+    ),
+    "hpu-utils": Source(
+        _GAUDI,
+        "backend/helpers/collective_utils.cpp",
+        "commit 0982a0f (read, not run)",
+        "hcclDataType (torch dtype to HCCL type), hcclOp (reduce ops), getCountDatatype (data moves as"
+        " float32 or bfloat16 words of the same bytes)",
+    ),
+    "hpu-pg": Source(
+        _GAUDI,
+        "python_packages/habana_frameworks/torch/distributed/hccl/process_group_hccl_base.cpp",
+        "commit 0e41ee7 (read, not run)",
+        "allreduce/reduce convert dtypes other than bfloat16 and float32 to float32 and back; gather and"
+        " scatter as send/recv loops; alltoall, alltoall_base, reduce_scatter bodies",
+    ),
+    "hpu-header": Source(
+        _GAUDI,
+        "python_packages/habana_frameworks/torch/distributed/hccl/process_group_hccl_base.hpp and"
+        " process_group_eager_hccl.hpp",
+        "commits 0fb7a5f, 0fec5b9 (read, not run)",
+        "the c10d ops ProcessGroupHcclBase and ProcessGroupEagerHCCL (barrier) override; getBackendName"
+        " 'hccl'",
+    ),
+    "hpu-register": Source(
+        _GAUDI,
+        "python_packages/habana_frameworks/torch/distributed/hccl/__init__.py",
+        "commit 5a56187 (read, not run)",
+        "Backend.register_backend('hccl', ..., devices=['hpu'], extended_api=True): the torch name and"
+        " device",
+    ),
+    "hpu-hccl-doc": Source(
+        "Intel Gaudi documentation (docs.habana.ai), documentation only",
+        "API_Reference_Guides/HCCL_APIs/C_API.html",
+        "latest (1.2x) and v1.11 pages",
+        "hcclDataType_t (float32, bfloat16, float16, int32, uint32) and hcclRedOp_t (sum, min, max;"
+        " hcclProd and hcclAvg not supported); the primitives list",
+    ),
+    "hpu-matrix-doc": Source(
+        "Intel Gaudi documentation (docs.habana.ai), documentation only",
+        "PyTorch/Reference/PyTorch_Support_Matrix.html",
+        "latest",
+        "data types on HPU: no float64, no complex",
     ),
     "mlu-pg": Source(
         "Cambricon/torch_mlu",
@@ -197,6 +242,64 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             ("npu-pg",),
             'implemented in recent revisions, "does not support scatter" in older ones (release boundary'
             " not identified): hwdist emulates with broadcast on every release",
+        ),
+    ),
+    "gaudi": (
+        *_facts(
+            "dtype",
+            "uint8 int8 int32 float16 bfloat16 float32 bool",
+            True,
+            ("hpu-utils",),
+            "moved as float32 or bfloat16 words of the same bytes (an odd number of bytes is padded)",
+        ),
+        *_facts("dtype", "int16", False, ("hpu-utils",), "not in hcclDataType: the process group refuses it"),
+        *_facts(
+            "dtype",
+            "int64 float64",
+            False,
+            ("hpu-utils", "hpu-matrix-doc"),
+            "moved as 4-byte values unless int64 support is on (PT_ENABLE_INT64_SUPPORT, a runtime setting"
+            " hwdist cannot see); the HPU has no float64: hwdist moves them as bytes",
+        ),
+        *_facts(
+            "dtype",
+            "complex64 complex128",
+            False,
+            ("hpu-utils", "hpu-matrix-doc"),
+            "not in hcclDataType, no complex on the HPU",
+        ),
+        *_facts("reduce_dtype", "bfloat16 float32", True, ("hpu-pg", "hpu-hccl-doc")),
+        *_facts(
+            "reduce_dtype",
+            "uint8 int8 int32 float16 bool",
+            False,
+            ("hpu-pg",),
+            "all_reduce and reduce convert them to float32 and back, which loses int32 values beyond 2**24;"
+            " reduce_scatter passes them to HCCL as they are. hwdist widens float16 to float32 itself and"
+            " refuses integer reductions (no lossless route)",
+        ),
+        *_facts("reduce_op", "sum min max", True, ("hpu-utils", "hpu-hccl-doc")),
+        *_facts(
+            "reduce_op",
+            "product",
+            False,
+            ("hpu-utils", "hpu-hccl-doc"),
+            "hcclOp maps PRODUCT to hcclProd, which the HCCL documentation says is not supported",
+        ),
+        *_facts("reduce_op", "avg", False, ("hpu-utils", "hpu-hccl-doc"), "no hcclAvg: sum then divide"),
+        *_facts("reduce_op", "band bor bxor", False, ("hpu-utils",), "not in hcclOp"),
+        *_facts(
+            "native_op",
+            "all_reduce broadcast all_gather reduce reduce_scatter all_to_all send recv barrier",
+            True,
+            ("hpu-header", "hpu-register"),
+        ),
+        *_facts(
+            "native_op",
+            "gather scatter",
+            True,
+            ("hpu-pg",),
+            "implemented as loops of send/recv by the process group",
         ),
     ),
     "cncl": (
@@ -319,7 +422,7 @@ class Caps:
 
 
 def table(backend: str) -> Caps:
-    """The capability table of ``backend`` ('hccl', 'cncl', 'mccl' or 'xccl') from its facts."""
+    """The capability table of ``backend`` ('hccl', 'gaudi', 'cncl', 'mccl' or 'xccl') from its facts."""
     facts = FACTS[backend]
 
     def names(kind: str) -> frozenset[str]:

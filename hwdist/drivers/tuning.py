@@ -55,7 +55,7 @@ DEFAULT = Tuning()
 # limit stays well below it.
 # Gloo's TCP allgather has a throughput cliff between 8 and 16 MiB per rank on one host (8.1 ms at 8 MiB,
 # 40.8 ms at 16 MiB, 2 ranks), where one broadcast per rank took 0.28x (2 ranks) and 0.43-0.47x (3 ranks)
-# of its time; at 8 MiB and below broadcasts lose with 3 ranks (1.13-1.31x): docs/benchmarks.md, issue 17.
+# of its time; at 8 MiB and below broadcasts lose with 3 ranks (1.13-1.31x): docs/benchmarks.md.
 TUNING: dict[str, Tuning] = {
     "gloo": Tuning(
         pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10, gather_by_broadcast_min_bytes=12 << 20

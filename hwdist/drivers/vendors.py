@@ -1,4 +1,4 @@
-"""The vendor accelerator drivers (HCCL, CNCL, MCCL, XCCL): one table of data.
+"""The vendor accelerator drivers (HCCL on Ascend, HCCL on Gaudi, CNCL, MCCL, XCCL): one table of data.
 
 Each driver is its row of ``VENDORS`` (device, priority, description, vendor
 package, environment variables) plus its capability table, read from the
@@ -26,6 +26,8 @@ class Vendor(NamedTuple):
     vendor_module: Optional[str]
     env_vars: tuple[str, ...]
     native_object_collectives: bool = False
+    #: The name torch knows the backend by, when it is not the driver's (a name two vendors share).
+    torch_backend: Optional[str] = None
 
 
 #: Backend name -> its driver's data. ``priority`` orders detection: HCCL comes before CUDA because
@@ -33,6 +35,12 @@ class Vendor(NamedTuple):
 VENDORS: dict[str, Vendor] = {
     "hccl": Vendor(
         "npu", 50, "Huawei HCCL (Ascend NPUs, needs torch_npu)", "torch_npu", ("HCCL_*", "ASCEND_*")
+    ),
+    # Intel Gaudi's library is called HCCL too, and registers with torch as 'hccl' on device 'hpu': the same
+    # torch name as Ascend's, another device. A group torch reports as 'hccl' resolves by its device type.
+    "gaudi": Vendor(
+        "hpu", 45, "Intel Gaudi HCCL (HPUs, needs habana_frameworks)", "habana_frameworks.torch",
+        ("HABANA_VISIBLE_MODULES", "HLS_MODULE_ID", "PT_HPU_*", "HCCL_*"), torch_backend="hccl",
     ),
     "cncl": Vendor(
         "mlu", 40, "Cambricon CNCL (MLUs, needs torch_mlu)", "torch_mlu", ("CNCL_*", "MLU_VISIBLE_DEVICES")
@@ -73,6 +81,17 @@ class HcclDriver(VendorDriver):
     """
 
     name = "hccl"
+
+
+class GaudiDriver(VendorDriver):
+    """HCCL on Intel Gaudi HPUs (habana_frameworks), torch backend 'hccl' on device 'hpu'.
+
+    Its table comes from the Gaudi PyTorch bridge's source and Intel's documentation, not from a run:
+    reductions only on bfloat16 and float32 (the bridge reduces other dtypes through float32), no
+    product or avg, every dtype of another size moved as bytes.
+    """
+
+    name = "gaudi"
 
 
 class CnclDriver(VendorDriver):

@@ -22,8 +22,9 @@ import threading
 from typing import Any, Optional
 
 from .. import settings as _settings
-from ..collectives import _calls
+from ..collectives import call_entry
 from . import recorder as _rec
+from . import torch_hooks as _hooks
 from . import watchdog as _wd
 
 __all__ = ["dump_flight_record", "enable", "enabled", "snapshot", "watchdog_running"]
@@ -31,6 +32,7 @@ __all__ = ["dump_flight_record", "enable", "enabled", "snapshot", "watchdog_runn
 _recorder = _rec.Recorder(_rec.default_size())
 _watchdog: Optional[_wd.Watchdog] = None
 _signal_state: dict[str, Any] = {}
+_torch_calls: list[Optional[bool]] = [None]  # enable(torch_calls=...); None: HWDIST_FLIGHT_TORCH
 
 
 def _on_first_call() -> None:
@@ -45,13 +47,38 @@ def _on_first_call() -> None:
         _install_signal(timeout is not None)
     except Exception as exc:  # never into the user's collective
         _wd.warn("start", f"could not start the watchdog ({exc!r})")
+    _attach_torch()
 
 
-def enable(on: bool = True) -> bool:
+def _attach_group(group: Any) -> None:
+    try:
+        _hooks.attach(_recorder, group)
+    except Exception as exc:  # never into the user's collective
+        _wd.warn("torch-hooks", f"could not attach to torch's collective hooks ({exc!r})")
+
+
+def _attach_torch() -> None:
+    """Record torch.distributed's own calls too, through torch's hooks (torch >= 2.14; torch_hooks.py)."""
+    try:
+        wanted = _torch_calls[0] if _torch_calls[0] is not None else _settings.flag("HWDIST_FLIGHT_TORCH")
+        if wanted and _hooks.available():
+            _recorder.on_new_group = _attach_group
+            _hooks.attach_all(_recorder)
+    except Exception as exc:  # never into the user's collective
+        _wd.warn("torch-hooks", f"could not attach to torch's collective hooks ({exc!r})")
+
+
+def enable(on: bool = True, torch_calls: Optional[bool] = None) -> bool:
     """Switch the flight recorder on or off in this process; returns the previous state.
+
+    With ``torch_calls=True`` (or ``HWDIST_FLIGHT_TORCH=1``) on torch >= 2.14 it also records the
+    collectives that torch.distributed, DDP and FSDP issue themselves, through torch's hooks: from
+    this call on when a process group exists (call it after ``init_process_group``), else from the
+    first hwdist call. Off by default (its cost: docs/benchmarks.md).
 
     Args:
         on: record every collective (True) or nothing (False).
+        torch_calls: record torch.distributed's own calls too (None: ``HWDIST_FLIGHT_TORCH``).
 
     Returns:
         Whether it was on.
@@ -59,20 +86,30 @@ def enable(on: bool = True) -> bool:
     Examples:
         >>> hwdist.flight.enable(False)   # every rank, or only where you need the speed
         True
+        >>> hwdist.flight.enable(torch_calls=True)   # after init_process_group: DDP's calls too
+        False
     """
     was = enabled()
+    if torch_calls is not None:
+        _torch_calls[0] = bool(torch_calls)
+        if not torch_calls:
+            _recorder.on_new_group = None
+            _hooks.detach_all()
     if on:
         if _recorder.on_first_call is None and not _recorder.ring and _watchdog is None:
             _recorder.on_first_call = _on_first_call
-        _calls.set_recorder(_recorder)
-    elif _calls.recorder() is _recorder:
-        _calls.set_recorder(None)
+        call_entry.set_recorder(_recorder)
+        _attach_torch()  # torch's own calls too, from now on (idempotent; nothing before a process group)
+    elif call_entry.recorder() is _recorder:
+        call_entry.set_recorder(None)
+        _recorder.on_new_group = None
+        _hooks.detach_all()
     return was
 
 
 def enabled() -> bool:
     """Whether the flight recorder is on in this process."""
-    return _calls.recorder() is _recorder
+    return call_entry.recorder() is _recorder
 
 
 def watchdog_running() -> bool:
@@ -99,7 +136,8 @@ def dump_flight_record(path: Optional[str] = None) -> Optional[str]:
 
     Args:
         path: a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file; default
-            ``HWDIST_FLIGHT_DIR``, or ``<tmp>/hwdist-flight``.
+            ``HWDIST_FLIGHT_DIR`` (always a directory), or the private ``<tmp>/hwdist-flight-<uid>``
+            (mode 0700). Files are mode 0600, written to a new file and renamed into place.
 
     Returns:
         The file written, or None when it could not be written.
@@ -109,11 +147,12 @@ def dump_flight_record(path: Optional[str] = None) -> Optional[str]:
         '/shared/run7/flight/flight-rank0.jsonl'   # rank 0
         '/shared/run7/flight/flight-rank1.jsonl'   # rank 1
     """
-    target = path if path is not None else _wd.flight_dir()
+    target = os.fspath(path) if path is not None else None
     try:
-        return _wd.dump(_recorder, os.fspath(target), "dump_flight_record")
+        return _wd.dump(_recorder, target, "dump_flight_record")
     except Exception as exc:
-        _wd.warn(f"dump:{target}", f"could not write the flight record to {target!r} ({exc!r})")
+        where = target or _settings.text("HWDIST_FLIGHT_DIR") or "the default directory"
+        _wd.warn(f"dump:{where}", f"could not write the flight record to {where!r} ({exc!r})")
         return None
 
 

@@ -1,6 +1,6 @@
 """The flight recorder: a ring buffer of this process's recent collectives.
 
-An observer of the collective entry (`hwdist.collectives._calls`): every
+An observer of the collective entry (`hwdist.collectives.call_entry`): every
 outermost public collective appends one entry when it starts and completes it
 when it returns or raises. Per call the hot path reads the clock twice, finds
 the user's call site (first frame outside hwdist), bumps the group's sequence
@@ -82,6 +82,9 @@ def _group_info(group: Any) -> Optional[GroupInfo]:
     return info
 
 
+group_info = _group_info  # for torch_hooks.py: the same info (and sequence count) for a group
+
+
 def _summary(value: Any) -> Any:
     """A cheap summary of a collective's first argument: objects only, formatted later by ``describe``."""
     if isinstance(value, _Tensor):
@@ -130,6 +133,7 @@ class Recorder:
         self.world_info: Optional[GroupInfo] = None  # the default group's info (group=None), cached
         self._world_ref: Any = None
         self.on_first_call: Any = None  # called once, on the first recorded call (starts the watchdog)
+        self.on_new_group: Any = None  # called with a group the recorder sees for the first time
         #: called with the entry of a call that raised (the watchdog's report); may return the exception
         #: the call raises instead (the raise action's HangDetected)
         self.on_failure: Any = None
@@ -147,6 +151,8 @@ class Recorder:
                     info = _group_info(group)
                     if info is not None:
                         self._first_call()
+                        if self.on_new_group is not None:  # torch's own calls on it too (torch_hooks.py)
+                            self.on_new_group(group)
             if info is None:
                 return None
             f: Any = _getframe(2)  # begin <- guarded <- the caller (a few more hwdist frames on other paths)
@@ -271,12 +277,11 @@ def entry_dict(entry: list[Any]) -> dict[str, Any]:
 
 
 def default_size() -> int:
-    """The buffer size from ``HWDIST_FLIGHT_SIZE`` (a bad value: the default, with a warning)."""
-    try:
-        value = _settings.integer("HWDIST_FLIGHT_SIZE") or 2048
-    except ValueError as exc:
-        import warnings
+    """The buffer size from ``HWDIST_FLIGHT_SIZE``: 16 to 2**24 entries (0: the default, 2048).
 
-        warnings.warn(f"hwdist flight recorder: {exc}; using 2048 entries", RuntimeWarning, stacklevel=2)
-        value = 2048
-    return max(16, value)
+    A bad or out-of-range value (text, 400 digits) gives a warning naming the variable, and 2048.
+    """
+    value = _settings.bounded(
+        "HWDIST_FLIGHT_SIZE", 0, 1 << 24, integer=True, what="entries the flight recorder keeps per process"
+    )
+    return max(16, int(value) or 2048)

@@ -27,7 +27,19 @@ def _where(record: dict[str, Any]) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    """``rank 3``, ``ranks 0, 2`` or, for runs of four or more, ``ranks 0, 4-99``."""
+    spans: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        if j - i >= 3:
+            spans.append(f"{ranks[i]}-{ranks[j]}")
+        else:
+            spans.extend(map(str, ranks[i:j + 1]))
+        i = j + 1
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(spans)}"
 
 
 def _gname(label: str) -> str:
@@ -91,8 +103,20 @@ def divergence(records: Records, world_size: int) -> list[dict[str, Any]]:
     return rows
 
 
-def diagnose(records: Records, world_size: int) -> str:
-    """The one-line diagnosis: who is behind or elsewhere, for the oldest collective still in flight."""
+#: What a rank without a record means, live (gathered through the store) and offline (dump files).
+SILENT_LIVE = "did not answer (dead, or stuck where its watchdog cannot reach the store)"
+SILENT_OFFLINE = "left no dump (it died before dumping, or its file was not collected)"
+
+
+def diagnose(records: Records, world_size: int, offline: bool = False) -> str:
+    """The one-line diagnosis: who is behind or elsewhere, for the oldest collective still in flight.
+
+    Args:
+        records: rank -> record, None for a rank without one.
+        world_size: the number of ranks.
+        offline: the records come from dump files (``hwdist trace``), not from a live gather: a rank
+            without one "left no dump" rather than "did not answer".
+    """
     parts: list[str] = []
     by_group = _by_group(records)
     silent = [r for r in range(world_size) if records.get(r) is None]
@@ -163,8 +187,7 @@ def diagnose(records: Records, world_size: int) -> str:
         if not parts:
             parts.append(f"{who} wait in {ref['op']} #{s} ({ref['site']}) on the {_gname(label)}")
     if silent:
-        why = "dead, or stuck where its watchdog cannot reach the store"
-        parts.insert(0, f"{_ranks(silent)} did not answer ({why})")
+        parts.insert(0, f"{_ranks(silent)} {SILENT_OFFLINE if offline else SILENT_LIVE}")
     return "; ".join(parts) or "no collective in flight on any rank that answered"
 
 
@@ -184,30 +207,42 @@ def _last(rec: dict[str, Any], state: str) -> str:
     return "-"
 
 
-def render(records: Records, world_size: int, headline: str = "", stacks: int = 12) -> str:
-    """The full report: headline, diagnosis, one row per rank, the per-group table and the stacks."""
+def render(
+    records: Records, world_size: int, headline: str = "", stacks: int = 12, offline: bool = False
+) -> str:
+    """The full report: headline, diagnosis, one row per rank, the per-group table and the stacks.
+
+    ``offline``: as for [`diagnose`][hwdist.flight.report.diagnose]; runs of ranks without a record are
+    then shown as one row.
+    """
     lines = [f"hwdist hang doctor: {headline}" if headline else "hwdist hang doctor"]
-    lines.append(f"diagnosis: {diagnose(records, world_size)}")
+    lines.append(f"diagnosis: {diagnose(records, world_size, offline)}")
     lines.append("ranks:")
-    for r in range(world_size):
+    missing = "no dump file" if offline else "no record (did not answer)"
+    r = 0
+    while r < world_size:
         rec = records.get(r)
         if rec is None:
-            lines.append(f"  rank {r}: no record (did not answer)")
+            end = r
+            while end + 1 < world_size and records.get(end + 1) is None:
+                end += 1
+            lines.append(f"  rank {r}: {missing}" if end == r else f"  ranks {r}-{end}: {missing}")
+            r = end + 1
             continue
         lines.append(
             f"  rank {r} ({rec.get('host', '?')} pid {rec.get('pid', '?')}):"
             f" last completed {_last(rec, 'completed')};"
             f" pending {_last(rec, 'issued')}; main thread in {rec.get('where') or '?'}"
         )
+        r += 1
     lines.append("groups (first sequence number where the ranks' calls differ):")
     for d in divergence(records, world_size):
         first = f"#{d['first']}" if d["first"] is not None else "none in the recorded window"
-        calls = ", ".join(f"rank {r}: {c}" for r, c in d["calls"].items())
-        last = ", ".join(f"{r}:#{s}" for r, s in d["last"].items())
+        calls = ", ".join(f"rank {r}: {c}" for r, c in d["calls"].items() if records.get(r) is not None)
+        last = ", ".join(f"{r}:#{s}" for r, s in d["last"].items() if records.get(r) is not None)
         lines.append(f"  {d['group']} ({d['backend']}): first divergence {first}; {calls}; last seq {last}")
     lines.append("main-thread stacks (innermost last):")
-    for r in range(world_size):
-        rec = records.get(r)
+    for r, rec in sorted(records.items()):
         if rec is None:
             continue
         lines.append(f"  rank {r}:")

@@ -37,6 +37,7 @@ import torch
 from .. import _compat
 from .. import settings as _settings
 from ..errors import HwdistError
+from . import files as _files
 from . import recorder as _rec
 from . import report as _report
 
@@ -119,28 +120,45 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
     }
 
 
-def dump(recorder: _rec.Recorder, path: str, reason: str) -> str:
-    """Write this rank's record as JSON lines (a header, then one line per entry); returns the file."""
+def dump(recorder: _rec.Recorder, path: Optional[str], reason: str) -> str:
+    """Write this rank's record as JSON lines (a header, then one line per entry); returns the file.
+
+    ``path`` is a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file; None means
+    ``HWDIST_FLIGHT_DIR``, always a directory, or the private default (hwdist.flight.files).
+    """
     rec = record(recorder, reason, last=recorder.size)
-    target = path
-    if os.path.isdir(path) or not path.endswith(".jsonl"):
-        os.makedirs(path, exist_ok=True)
-        target = os.path.join(path, f"flight-rank{rec['rank']}.jsonl")
+    name = f"flight-rank{rec['rank']}.jsonl"
+    if path is None:
+        folder = flight_dir()
+        if folder is None:
+            folder, why = _files.default_dir()
+            if why is not None:
+                warn("dump-dir", why)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        target = os.path.join(folder, name)
+    elif os.path.isdir(path) or not path.endswith(".jsonl"):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        target = os.path.join(path, name)
+    else:
+        target = path
+        if rec["world_size"] > 1:
+            warn(f"dump-file:{path}", f"every rank writes the flight record to the same file {path!r}; pass a"
+                 " directory to get one flight-rank<R>.jsonl per rank")
     entries = rec.pop("entries")
-    tmp = f"{target}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(rec) + "\n")
-        for e in entries:
-            fh.write(json.dumps(e) + "\n")
-    os.replace(tmp, target)
+    _files.write_lines(target, [json.dumps(rec)] + [json.dumps(e) for e in entries])
     return target
 
 
-def flight_dir() -> str:
-    """``HWDIST_FLIGHT_DIR``, or ``<tmp>/hwdist-flight`` when it is unset."""
-    import tempfile
-
-    return _settings.text("HWDIST_FLIGHT_DIR") or os.path.join(tempfile.gettempdir(), "hwdist-flight")
+def flight_dir() -> Optional[str]:
+    """``HWDIST_FLIGHT_DIR`` (always a directory: a ``.jsonl`` name is warned about), or None when unset."""
+    value = _settings.text("HWDIST_FLIGHT_DIR")
+    if not value:
+        return None
+    if value.endswith(".jsonl") and not os.path.isdir(value):
+        warn("flight-dir", f"HWDIST_FLIGHT_DIR={value!r} looks like a file; it names a directory (every rank"
+             " writes its own flight-rank<R>.jsonl in it), so the dumps go to"
+             f" {os.path.join(value, 'flight-rank<R>.jsonl')!r}")
+    return value
 
 
 def read_timeout() -> Optional[float]:
@@ -372,11 +390,11 @@ class Watchdog:
 
     def _dump(self) -> None:
         try:
-            path = dump(self.recorder, flight_dir(), "hang")
+            path = dump(self.recorder, None, "hang")
             print(f"hwdist hang doctor: flight record written to {path} (merge: hwdist trace DIR)",
                   file=sys.stderr, flush=True)
         except Exception as exc:
-            where = flight_dir()
+            where = _settings.text("HWDIST_FLIGHT_DIR") or "the default directory"
             warn("dump", f"could not write the flight record to {where!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
 
     def _act(self, overdue: Optional[list[Any]]) -> None:

@@ -21,8 +21,8 @@ from typing import Any, Optional, Union
 
 import torch.distributed as torch_dist
 
-from .. import _compat, _state, info, registry
-from ..collectives import _transport
+from .. import _compat, _exit, _state, info, registry
+from ..collectives import transport
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from ..errors import MissingPackageError
 from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
@@ -102,6 +102,7 @@ def init_backend(
         kwargs["init_method"] = init_method
     torch_dist.init_process_group(backend=driver.torch_name, rank=rank, world_size=world_size, **kwargs)
     registry.record_group(_compat.default_group(), driver)
+    _exit.install()
     return driver
 
 
@@ -109,7 +110,12 @@ _init_backend = init_backend  # init_dist's parameter of the same name (mmengine
 
 
 def destroy() -> None:
-    """Destroy every process group hwdist or torch created; safe to call twice."""
+    """Destroy every process group hwdist or torch created; safe to call twice.
+
+    Optional: at interpreter exit hwdist destroys a default group that is still alive
+    (``hwdist._exit``; ``HWDIST_DESTROY_AT_EXIT=0`` turns it off). Call it to end
+    the group earlier, or to initialise a new one in the same process.
+    """
     info.set_local_group(None)
     registry.clear_cache()
     _state.clear()
@@ -123,7 +129,7 @@ def destroy() -> None:
 def _backend_name(backend: Any) -> str:
     """The backend to use: as named, a legacy integer id mapped, or detection's choice."""
     if backend is None:
-        from ..detect import detect
+        from ..detection import detect
 
         return detect().backend
     if isinstance(backend, bool):
@@ -187,6 +193,7 @@ def _init_with_package(init_with: str, driver: Any, launch: LaunchInfo, **kwargs
     else:
         start(backend=driver.torch_name, **kwargs)
     registry.record_group(_compat.default_group(), driver)
+    _exit.install()
     return driver
 
 
@@ -208,7 +215,7 @@ def init_dist(
             launcher registered with [`register_launcher`][hwdist.launch.resolvers.register_launcher].
         backend: a backend name, used as named (never replaced by an
             accelerator's); a legacy integer id (``1`` mpi, ``2`` gloo,
-            ``3`` nccl); or None for what [`hwdist.detect`][hwdist.detect] chooses.
+            ``3`` nccl); or None for what [`hwdist.detect`][hwdist.detection.detect] chooses.
         init_backend: what creates the group, as in mmengine: ``'torch'``
             (hwdist's driver), ``'deepspeed'`` (``deepspeed.init_distributed``)
             or ``'colossalai'`` (``colossalai.launch_from_torch``); the latter
@@ -222,8 +229,10 @@ def init_dist(
             ``store``, ``pg_options``, ...).
 
     Returns:
-        The [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] (rank, local rank, node, backend), or None
-        for ``launcher='none'``.
+        The [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] (rank, local rank, node rank, backend);
+        ``node_rank`` is set on every launcher. For ``launcher='none'`` (a single process, no group:
+        what ``'auto'`` picks under plain ``python``) it describes that process: rank 0 of 1, node 0,
+        launcher ``'none'``, so ``info.rank`` works with or without a launcher.
 
     Raises:
         hwdist.BackendError: unknown or unavailable backend (lists available ones).
@@ -253,8 +262,9 @@ def init_dist(
     backend_name = _backend_name(backend)
     driver = registry.get_driver(backend_name)
     registry.require_available(driver, f"backend {driver.name!r} is")
-    if not getattr(resolver, "distributed", True):
-        return None
+    if not getattr(resolver, "distributed", True):  # one process, no group: where it sits, all the same
+        single = resolver.resolve(os.environ)
+        return dataclasses.replace(single, node_rank=single.node_rank or 0, backend=driver.name)
     registry.ensure_torch_backend(driver)  # the start-up rule: raises on every rank, before any rendezvous
     launch = resolver.resolve(os.environ)
     if port is not None:
@@ -273,9 +283,7 @@ def init_dist(
         if td is not None:
             kwargs["timeout"] = td
         used = _init_with_package(init_with, driver, launch, **kwargs)
-        if local_group:
-            _auto_local_group(launch)
-        return dataclasses.replace(launch, backend=used.name)
+        return _place(launch, used, local_group)
     store = kwargs.pop("store", None)
     init_method = kwargs.pop("init_method", None)
     if store is None and init_method is None:
@@ -300,9 +308,22 @@ def init_dist(
         timeout=td,
         **kwargs,
     )
+    return _place(launch, used, local_group)
+
+
+def _place(launch: LaunchInfo, used: Any, local_group: bool) -> LaunchInfo:
+    """The launch info ``init_dist`` returns: its backend, and a node rank on every launcher.
+
+    A launcher that does not say which node a rank is on (mpiexec) gets the index of its host among the
+    job's hosts, in rank order: the same number torchrun's ``GROUP_RANK`` gives on one node (0).
+    """
+    nodes = _nodes(launch)
     if local_group:
-        _auto_local_group(launch)
-    return dataclasses.replace(launch, backend=used.name)
+        _create_local_groups(nodes)
+    node_rank = launch.node_rank
+    if node_rank is None:
+        node_rank = next(i for i, ranks in enumerate(nodes) if launch.rank in ranks)
+    return dataclasses.replace(launch, backend=used.name, node_rank=node_rank)
 
 
 # --------------------------------------------------------------------------- local groups
@@ -330,16 +351,19 @@ def _host_key() -> int:
     return int.from_bytes(digest, "big")
 
 
-def _auto_local_group(launch: LaunchInfo) -> Any:
-    """Group ranks by node (launcher's node rank, else host name) and create every node's group."""
+def _nodes(launch: LaunchInfo) -> list[list[int]]:
+    """The ranks of each node, nodes in order of their first rank (launcher's node rank, else host name).
+
+    A collective over the default group: every rank calls it.
+    """
     if launch.world_size == 1:
-        return _create_local_groups([[0]])
+        return [[0]]
     key = launch.node_rank if launch.node_rank is not None else _host_key()
-    table = _transport.gather_ints([key])
+    table = transport.gather_ints([key])
     nodes: dict[int, list[int]] = {}
     for rank, (k,) in enumerate(table):
         nodes.setdefault(k, []).append(rank)
-    return _create_local_groups(list(nodes.values()))
+    return list(nodes.values())
 
 
 def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
@@ -375,7 +399,7 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
     if not (_compat.DIST_AVAILABLE and torch_dist.is_initialized()):
         raise RuntimeError("init_local_group needs a process group: call hwdist.init_dist(...) first")
     world = torch_dist.get_world_size()
-    table = _transport.gather_ints([node_rank, num_gpus_per_node])
+    table = transport.gather_ints([node_rank, num_gpus_per_node])
     sizes = sorted({n for _, n in table})
     if len(sizes) != 1:
         raise ValueError(f"num_gpus_per_node must be the same on every rank, got {sizes}")

@@ -7,11 +7,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from ..launch_env import MPI_LOCAL_RANK_VARS, MPI_LOCAL_SIZE_VARS, MPI_RANK_VARS, MPI_SIZE_VARS
 from .resolvers import (
-    MPI_LOCAL_RANK_VARS,
-    MPI_LOCAL_SIZE_VARS,
-    MPI_RANK_VARS,
-    MPI_SIZE_VARS,
     Launcher,
     LaunchInfo,
     LauncherError,

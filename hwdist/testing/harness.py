@@ -18,11 +18,13 @@ Functions and arguments travel by pickle, so the function must be importable
 
 from __future__ import annotations
 
+import ast
 import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
@@ -30,7 +32,10 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Callable, Collection, Optional
+
+from .. import settings as _settings
 
 __all__ = [
     "RankPool",
@@ -41,9 +46,9 @@ __all__ = [
     "DEFAULT_PG_TIMEOUT",
 ]
 
-DEFAULT_TIMEOUT = float(os.environ.get("HWDIST_TEST_TIMEOUT", "120"))
+DEFAULT_TIMEOUT = float(_settings.bounded("HWDIST_TEST_TIMEOUT", 0.001, 1e7, what="seconds"))
 """Hard limit for one call on all ranks, in seconds."""
-DEFAULT_PG_TIMEOUT = float(os.environ.get("HWDIST_TEST_PG_TIMEOUT", "30"))
+DEFAULT_PG_TIMEOUT = float(_settings.bounded("HWDIST_TEST_PG_TIMEOUT", 0.001, 1e7, what="seconds"))
 """Timeout handed to the process group (collectives, rendezvous), in seconds."""
 #: How long the other ranks may take to report once one rank failed.
 FAILURE_GRACE = 1.5
@@ -164,6 +169,9 @@ class RankPool:
     ) -> None:
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        if getattr(mp.current_process(), "_inheriting", False):  # a rank importing the main script
+            raise RuntimeError(GUARD_HINT.format(where="at its top level"))
+        self._unguarded = _unguarded_main_call()
         self.world_size = world_size
         self.backend = backend
         self.timeout = timeout
@@ -292,7 +300,8 @@ class RankPool:
             return [outcomes[r].value for r in range(self.world_size)]
         skips = [o for o in outcomes.values() if o.status == "skip"]
         if skips and not pending and all(o.status in ("ok", "skip", "ready") for o in outcomes.values()):
-            _skip(str(skips[0].text).strip().splitlines()[-1])
+            text = str(skips[0].text)
+            _skip(_skip_reason(text), _skip_site(text))
         self.broken = True
         stacks = self._dump_stacks(pending)
         self._kill()
@@ -331,6 +340,8 @@ class RankPool:
         )
         head = f"{what} failed on {self.world_size} rank(s), backend {self.backend!r}:"
         lines = [head]
+        if what == "start-up" and self._unguarded and any(o.status == "died" for o in outcomes.values()):
+            lines.append("  " + GUARD_HINT.format(where=self._unguarded))
         if failed:
             root = failed[0]
             first = outcomes[root]
@@ -405,11 +416,89 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else "(no message)"
 
 
-def _skip(reason: str) -> None:
+#: The error when ranks die at start-up because the script starts them without the ``__main__`` guard.
+GUARD_HINT = (
+    "the main script starts ranks ({where}) outside `if __name__ == \"__main__\":`; each spawned rank"
+    " imports the script again and would start ranks again from there, so the ranks die at start-up."
+    " HINT: put the call under the guard (docs/testing.md)"
+)
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """Whether ``test`` is ``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
+    return sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}
+
+
+def _unguarded_main_call() -> Optional[str]:
+    """``FILE:LINE`` of the main script's top-level statement running now, if it is outside the guard.
+
+    None when the main module is no script file or is not running its top level (a call from a function
+    that the guarded block called is inside the guard: the guard's line is on the stack).
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    frame: Optional[FrameType] = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"
+    ):
+        frame = frame.f_back
+    if frame is None or not path or frame.f_code.co_filename != path:
+        return None
+    try:
+        with open(path) as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            if node.lineno <= line <= (node.end_lineno or node.lineno):
+                return None
+    return f"{os.path.basename(path)}, line {line}"
+
+
+#: A traceback line of a rank: ``File "PATH", line N, in NAME``.
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in ')
+#: Frames of the skip machinery itself (pytest's outcomes, unittest), not the caller's.
+_SKIP_MACHINERY = (f"{os.sep}_pytest{os.sep}", f"{os.sep}unittest{os.sep}")
+
+
+def _skip_reason(text: str) -> str:
+    """The reason a rank skipped, from its traceback's last line (``Skipped: REASON``)."""
+    last = _last_line(text)
+    name, sep, reason = last.partition(": ")
+    return reason if sep and name.rsplit(".", 1)[-1] in ("Skipped", "SkipTest", "RankSkip") else last
+
+
+def _skip_site(text: str) -> Optional[tuple[str, int]]:
+    """``(file, line)`` of the rank's call to ``pytest.skip`` (or ``raise RankSkip``): the last frame
+    of its traceback outside the skip machinery and this harness."""
+    site = None
+    for line in text.splitlines():
+        m = _FRAME.match(line)
+        if m and not any(part in m["path"] for part in _SKIP_MACHINERY) and m["path"] != __file__:
+            site = (m["path"], int(m["line"]))
+    return site
+
+
+def _raise_at(exc: BaseException, site: Optional[tuple[str, int]]) -> None:
+    """Raise ``exc`` from a frame at ``site`` (the rank's own line), so that pytest, which reports a
+    skip at the innermost frame of its traceback, reports it where the test called ``pytest.skip``
+    rather than here. The same technique renders template errors at the template's line (jinja2)."""
+    if site is None or not os.path.isfile(site[0]):
+        raise exc
+    path, line = site
+    code = compile("\n" * (line - 1) + "raise __exc", path, "exec")
+    exec(code, {"__exc": exc, "__name__": "hwdist_rank_skip"})
+
+
+def _skip(reason: str, site: Optional[tuple[str, int]] = None) -> None:
     pytest = sys.modules.get("pytest")
-    if pytest is not None:
-        pytest.skip(reason)
-    raise RankSkip(reason)
+    exc = pytest.skip.Exception(reason) if pytest is not None else RankSkip(reason)
+    _raise_at(exc, site)
 
 
 def run_distributed(

@@ -148,5 +148,6 @@ def rerun(argv: Sequence[str], n: int, limit: float, err: TextIO) -> int:
     try:
         return subprocess.run(cmd, env=env, timeout=limit + 30).returncode
     except subprocess.TimeoutExpired:
-        err.write(f"hwdist: error: mpiexec did not finish within {limit + 30:g} s; stopped it\n")
+        prefix = f"hwdist {argv[0]}" if argv else "hwdist"  # the command's own error form
+        err.write(f"{prefix}: error: mpiexec did not finish within {limit + 30:g} s; stopped it\n")
         return 1

@@ -130,7 +130,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     import hwdist
     import hwdist.testing  # noqa: F401  (registers 'emu' for HWDIST_MPI_SUITE_BACKEND=emu)
 
-    timeout = float(os.environ.get("HWDIST_TEST_PG_TIMEOUT", "60"))
+    from hwdist import settings
+
+    timeout = float(settings.bounded("HWDIST_TEST_PG_TIMEOUT", 0.001, 1e7, default=60, what="seconds"))
     hwdist.init_dist("mpi", backend=backend, timeout=timeout)
     args = list(sys.argv[1:] if argv is None else argv) or ["tests/dist", "-q"]
     if comm.Get_rank() != 0:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
+from .. import settings as _settings
 from .harness import RankFailure, RankPool
 
 __all__ = ["world_sizes", "backends", "PoolCache", "capture_error"]
@@ -41,8 +42,7 @@ def capture_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Optional
 
 def world_sizes() -> list[int]:
     """World sizes to test, from ``HWDIST_TEST_WORLD_SIZES`` (default 1,2,3)."""
-    raw = os.environ.get("HWDIST_TEST_WORLD_SIZES", "1,2,3")
-    return [int(x) for x in raw.split(",") if x.strip()]
+    return _settings.integer_list("HWDIST_TEST_WORLD_SIZES", 1, 4096)
 
 
 def backends() -> list[str]:
@@ -106,7 +106,7 @@ def combo(request: Any) -> tuple[int, str]:
 @pytest.fixture(scope="session")
 def rank_pools() -> Iterator[PoolCache]:
     """The session's pool cache."""
-    cache = PoolCache(int(os.environ.get("HWDIST_TEST_MAX_POOLS", "6")))
+    cache = PoolCache(_settings.bounded("HWDIST_TEST_MAX_POOLS", 1, 1000, integer=True, what="rank pools"))
     yield cache
     cache.close()
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, overload
 import torch
 
 from .. import registry
-from ..info import barrier
+from ..collectives.tensor import barrier
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,7 +50,7 @@ def synchronized(func: Optional[F] = None, *, group: Optional[Any] = None) -> An
 
 
 def synchronize(group: Optional[Any] = None) -> None:
-    """Block until every rank of ``group`` arrives (vis4d's name for [`hwdist.barrier`][hwdist.info.barrier]).
+    """Block until every rank of ``group`` arrives (vis4d's name for ``hwdist.barrier``).
 
     No-op when not distributed.
     """

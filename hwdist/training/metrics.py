@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from .. import registry
-from ..collectives._calls import collective
+from ..collectives.call_entry import collective
 from ..collectives.params import all_reduce_dict, check_same_dicts
 from .arguments import distributed_size
 

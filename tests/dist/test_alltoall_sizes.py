@@ -1,4 +1,4 @@
-"""all_to_all with uneven splits on real ranks: the piece sizes agreed by prediction (issue 17).
+"""all_to_all with uneven splits on real ranks: the piece sizes agreed by prediction.
 
 On a backend with its own all_to_all (gloo, nccl, mpi) a call is torch's: one collective, no
 agreement (each rank's outputs give its sizes); the prediction serves backends without one
@@ -22,7 +22,7 @@ import torch
 
 import hwdist
 from hwdist import registry
-from hwdist.collectives import _engine, _sizes
+from hwdist.collectives import engine, _sizes
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
 PATTERNS = {
@@ -41,7 +41,7 @@ class Issued:
 
     def __enter__(self) -> "Issued":
         self.n = 0
-        self._saved = dict(_engine._ISSUE)
+        self._saved = dict(engine._ISSUE)
 
         def counting(fn):
             def call(c, a):
@@ -51,11 +51,11 @@ class Issued:
             return call
 
         for k, fn in self._saved.items():
-            _engine._ISSUE[k] = counting(fn)
+            engine._ISSUE[k] = counting(fn)
         return self
 
     def __exit__(self, *exc) -> None:
-        _engine._ISSUE.update(self._saved)
+        engine._ISSUE.update(self._saved)
 
 
 def _piece(pattern: str, call: int, j: int, r: int) -> torch.Tensor:

@@ -23,7 +23,9 @@ from ..unit.test_cli_io import SITE
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.mpi,
     pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="spawns its own MPI job; not inside the MPI suite"),
 ]
@@ -83,5 +85,6 @@ def test_bench_on_mpi_checks_its_results():
 def test_a_different_n_under_mpiexec_is_a_usage_error():
     proc = run(["mpiexec", "-n", "2", sys.executable, "-m", "hwdist", "check", "-n", "3", "--only", "dist_info"])
     assert proc.returncode == 2
-    assert "hwdist: error: -n 3 under an MPI job of 2 process(es); expected -n 2 or no -n" in proc.stderr
+    want = "hwdist check: error: -n 3 under an MPI job of 2 process(es); expected -n 2 or no -n"
+    assert want in proc.stderr
 

@@ -1,4 +1,4 @@
-"""Custom backends on real ranks: every group resolves to the driver that created it (issue 13).
+"""Custom backends on real ranks: every group resolves to the driver that created it.
 
 Each rank function registers its driver itself (the ranks are fresh spawned
 processes) and creates its process group through hwdist or plain torch.
@@ -17,6 +17,9 @@ import hwdist
 from hwdist.drivers.base import Driver, Plan
 from hwdist.testing import run_distributed
 from hwdist.testing.pytest_plugin import capture_error
+
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
 
 WORLD_SIZES = [1, 2, 3]
 

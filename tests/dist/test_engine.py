@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import hwdist
-from hwdist import _state, verify
-from hwdist.collectives import _calls, _engine
+from hwdist import _state
+from hwdist.collectives import verify
+from hwdist.collectives import call_entry, engine
 from hwdist.collectives.tensor import CollectiveHandle
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
@@ -116,7 +117,7 @@ def test_async_op_always_returns_a_collective_handle(dist, world_size, backend):
 # ---------------------------------------------------------------------------
 def test_without_a_process_group_every_collective_is_local():
     assert not torch.distributed.is_initialized()
-    assert _engine.view(None) is _engine.SERIAL
+    assert engine.view(None) is engine.SERIAL
     t = torch.tensor([1.0, 2.0])
     assert hwdist.all_reduce(t, "mean") is None and t.tolist() == [1.0, 2.0]
     assert hwdist.reduce(t, dst=5) is None  # any root is this process, as in mmengine
@@ -156,20 +157,20 @@ def test_without_a_process_group_every_collective_is_local():
 # verification mode: the engine's hook, and its call numbers in the group's state
 # ---------------------------------------------------------------------------
 def _hook_rank() -> dict:
-    out: dict = {"off": _calls.hook() is None}
+    out: dict = {"off": call_entry.hook() is None}
     seen: list = []
 
     def record(op, group, sample, fields):
         seen.append((op, fields))
 
     with verify.verification():
-        out["on"] = _calls.hook() is not None
+        out["on"] = call_entry.hook() is not None
         hwdist.all_reduce(torch.ones(2))
         hwdist.broadcast(torch.ones(2), src=0)
         state = _state.of(torch.distributed.GroupMember.WORLD)
         out["seq"] = vars(state).get("verify_seq", (None, None))[1]
         # a recording hook in place of verification's: it sees the raw arguments before they are checked
-        _engine.set_hook(record)
+        engine.set_hook(record)
         try:
             try:
                 hwdist.all_reduce([1.0, 2.0], op="Max")
@@ -184,9 +185,9 @@ def _hook_rank() -> dict:
                 elif hwdist.get_rank() == 1:
                     hwdist.recv(t, 0)
         finally:
-            _engine.set_hook(verify._hook)
+            engine.set_hook(verify._hook)
     out["seen"] = seen
-    out["off_again"] = _calls.hook() is None
+    out["off_again"] = call_entry.hook() is None
     # a mismatch through the hook: every rank raises, naming each rank's value
     with verify.verification():
         try:
@@ -222,11 +223,11 @@ def test_switching_verification_restarts_the_call_numbers():
     assert verify.verification_enabled() is False
     old = verify.set_verification(True, call_sites=False)
     try:
-        assert old is False and verify.verification_enabled() and _calls.hook() is verify._hook
+        assert old is False and verify.verification_enabled() and call_entry.hook() is verify._hook
         assert verify._call_sites is False
     finally:
         assert verify.set_verification(False) is True
-    assert _calls.hook() is None and verify._call_sites is True
+    assert call_entry.hook() is None and verify._call_sites is True
 
 
 # ---------------------------------------------------------------------------
@@ -236,12 +237,12 @@ _ENGINE_USERS = [
     "hwdist/collectives/tensor.py",
     "hwdist/collectives/_strategies.py",
     "hwdist/collectives/_alltoall.py",
-    "hwdist/collectives/_transport.py",
+    "hwdist/collectives/transport.py",
     "hwdist/collectives/_wire.py",
     "hwdist/collectives/_args.py",
     "hwdist/collectives/_handle.py",
     "hwdist/collectives/_fingerprints.py",
-    "hwdist/verify.py",
+    "hwdist/collectives/verify.py",
 ]
 _COLLECTIVES = {
     "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
@@ -270,8 +271,8 @@ def test_only_the_engine_issues_torch_collectives(path):
 def _view_cache_rank() -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     out: dict = {}
-    v = _engine.view(None)
-    out["kept"] = _engine.view(None) is v and v.ws == ws
+    v = engine.view(None)
+    out["kept"] = engine.view(None) is v and v.ws == ws
     t = torch.full((6,), float(r))
     hwdist.broadcast(t, src=ws - 1)  # a pass-through: its verdict is now kept by the view
     out["contiguous"] = t.tolist()
@@ -285,7 +286,7 @@ def _view_cache_rank() -> dict:
 
     hwdist.register_backend("thin_view_dummy", Dummy)
     try:
-        out["after_register"] = _engine.view(None) is not v
+        out["after_register"] = engine.view(None) is not v
     finally:
         hwdist.unregister_backend("thin_view_dummy")
     g = hwdist.all_gather(torch.tensor([r]), same_shape=True)
@@ -306,7 +307,7 @@ def test_default_view_cache_follows_the_registry(dist, world_size, backend):
 
 _REINIT = r"""
 import os, tempfile, torch, torch.distributed as tdist, hwdist
-from hwdist.collectives import _engine
+from hwdist.collectives import engine
 
 def init():
     fd, path = tempfile.mkstemp(); os.close(fd); os.unlink(path)
@@ -315,24 +316,24 @@ def init():
 init()
 t = torch.ones(2)
 hwdist.broadcast(t, 0)
-v = _engine.view(None)
-assert _engine.view(None) is v and v.ws == 1
+v = engine.view(None)
+assert engine.view(None) is v and v.ws == 1
 import gc, weakref
 old = weakref.ref(tdist.GroupMember.WORLD)
 hwdist.destroy()                       # hwdist's destroy: serial again
 gc.collect()
 # the kept view must not keep torch's group alive (gloo aborts at exit destroying a group left alive)
 assert old() is None, "the default view kept the destroyed group alive"
-assert _engine.view(None) is _engine.SERIAL
+assert engine.view(None) is engine.SERIAL
 hwdist.broadcast(t, 0)                 # mmengine's single-process result: nothing happens
 init()
-w = _engine.view(None)
+w = engine.view(None)
 assert w is not v and w.world() is tdist.GroupMember.WORLD
 hwdist.broadcast(t, 0)
 tdist.destroy_process_group()          # raw torch, behind hwdist's back
-assert _engine.view(None) is _engine.SERIAL
+assert engine.view(None) is engine.SERIAL
 init()
-assert _engine.view(None) is not w
+assert engine.view(None) is not w
 hwdist.all_reduce(t)
 assert t.tolist() == [1.0, 1.0]
 hwdist.destroy()

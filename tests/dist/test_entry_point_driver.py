@@ -23,6 +23,9 @@ import hwdist
 from hwdist import checks
 from hwdist.testing import run_distributed
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PACKAGE = '''\

@@ -1,4 +1,4 @@
-"""The tensor gathers with sizes agreed by prediction (issue 17, phase 2), on real ranks.
+"""The tensor gathers with sizes agreed by prediction, on real ranks.
 
 ``all_gather`` (default and ``same_shape=True``), ``gather`` and
 ``pad_to_largest_tensor`` on gloo and the emulated accelerator (whose process

@@ -43,9 +43,11 @@ SITES = {
     if (m := re.search(r"# SITE-([\w-]+)", line))
 }
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks; not run inside the mpiexec suite"
-)
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks; not run inside the mpiexec suite"),
+]
 
 
 def _site(name: str) -> str:
@@ -273,6 +275,16 @@ def test_rank_killed_mid_collective(backend, ws, tmp_path):
         assert diag.startswith(f"rank {last} did not answer (dead"), run
         assert f"all_reduce #3 ({_site('stuck-kill')})" in diag, run
         assert run.codes[r] == HANG_EXIT_CODE, run
+    # offline, from the dumps the others left: the killed rank "left no dump", not "did not answer"
+    out = subprocess.run(
+        [sys.executable, "-m", "hwdist", "trace", str(tmp_path / "flight")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"diagnosis: rank {last} left no dump (it died before dumping, or its file was not collected)" in (
+        out.stdout
+    ), out.stdout
+    assert "did not answer" not in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("late", ["", "0:3"], ids=["in-order", "other-rank-acts-first"])
@@ -377,11 +389,11 @@ def _record_rank() -> dict:
 
     import hwdist
     from hwdist import flight
-    from hwdist.collectives import _calls
+    from hwdist.collectives import call_entry
 
     # the ring full first (as on pooled ranks after earlier tests): it keeps recording, the oldest entries
     # go; so the new entries are picked by start time, not by position (a full ring's length does not grow)
-    ring = _calls.recorder().size  # type: ignore[union-attr]
+    ring = call_entry.recorder().size  # type: ignore[union-attr]
     one = torch.zeros(1)
     for _ in range(ring):
         hwdist.all_reduce(one)
@@ -439,3 +451,35 @@ def test_recorder_entries(dist, ws, backend):
         assert es[4]["state"] == "failed" and es[4]["error"].startswith(res["failed"]), es[4]
         assert all(e["end"] >= e["start"] for e in es)
         assert res["running"]  # the first collective started the watchdog (HWDIST_HANG_TIMEOUT default 300)
+
+
+def _numbered_mismatch_rank() -> dict:
+    import torch
+    import torch.distributed as tdist
+
+    import hwdist
+    from hwdist import flight, verify
+
+    with verify.verification():
+        sub = tdist.new_group(list(range(hwdist.get_world_size())))  # a group both count from its start
+        hwdist.all_reduce(torch.ones(1), group=sub)
+        hwdist.broadcast(torch.ones(1), 0, group=sub)
+        try:
+            hwdist.all_reduce(torch.ones(1 + (hwdist.get_rank() == 1)), group=sub)
+            msg = None
+        except verify.CollectiveMismatch as exc:
+            msg = str(exc)
+    hwdist.barrier()
+    label = f"group[{','.join(map(str, range(hwdist.get_world_size())))}]"
+    mine = [e for e in flight.snapshot() if e["group"] == label]
+    return {"msg": msg, "seqs": [e["seq"] for e in mine[-3:]], "state": mine[-1]["state"]}
+
+
+@pytest.mark.parametrize("backend", ["gloo", "emu"])
+@pytest.mark.parametrize("ws", [2, 3])
+def test_verification_and_the_recorder_number_calls_alike(dist, ws, backend):
+    # both count a group's calls from 1: the mismatch is call #3 in the error and in the flight record
+    for res in dist(_numbered_mismatch_rank, ws, backend):
+        assert res["msg"] is not None and res["state"] == "failed", res
+        assert "collective mismatch in 'all_reduce' (call #3 on this group)" in res["msg"], res
+        assert res["seqs"] == [1, 2, 3], res

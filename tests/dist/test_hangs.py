@@ -1,6 +1,6 @@
 """A rank that already knows a collective failed makes every rank raise within seconds.
 
-Rows of docs/reliability.md's fault table (issue 14, items 9 and 12):
+Rows of docs/reliability.md's fault table:
 
 * a payload the destination cannot decode (refused by the restricted
   serializer, or failing in the unpickler) in ``gather_object`` and
@@ -36,6 +36,9 @@ import torch
 import hwdist
 from hwdist.testing import RankFailure, run_distributed
 from hwdist.testing.pytest_plugin import backends
+
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
 
 #: A rank must raise within this many seconds (the pooled harness's group timeout is 30 s).
 FAST = 10.0
@@ -119,7 +122,7 @@ def test_undecodable_payload_raises_on_every_rank_fast(dist, backend, op):
 
 
 # ---------------------------------------------------------------------------
-# item 12: a dead peer, or a rank that left in the middle and stays alive
+# a dead peer, or a rank that left in the middle and stays alive
 # ---------------------------------------------------------------------------
 PG_TIMEOUT = 60  # the survivors must raise long before this
 

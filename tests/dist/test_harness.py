@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,11 @@ import torch
 import hwdist
 from hwdist.testing import RankFailure, RankPool, run_distributed
 from hwdist.testing.pytest_plugin import backends, world_sizes
+
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rank_and_sum() -> tuple[int, int, float]:
@@ -78,8 +86,19 @@ def test_a_hung_rank_is_named_with_its_stack():
 
 
 def test_skip_in_a_rank_skips_the_test():
-    with pytest.raises(pytest.skip.Exception, match="nothing to do here"):
+    with pytest.raises(pytest.skip.Exception, match="nothing to do here") as info:
         run_distributed(_skip_everywhere, 2, "gloo")
+    assert str(info.value) == "nothing to do here"  # the reason as the rank gave it
+
+
+def test_skip_in_a_rank_is_reported_at_the_ranks_line():
+    # pytest reports a skip at the innermost frame of its traceback (``SKIPPED [1] FILE:LINE: reason``)
+    with pytest.raises(pytest.skip.Exception) as info:
+        run_distributed(_skip_everywhere, 2, "gloo")
+    crash = info.traceback[-1]
+    line = _skip_everywhere.__code__.co_firstlineno + 1  # the pytest.skip(...) line
+    assert (str(crash.path), crash.lineno + 1) == (__file__, line), info.getrepr()
+    assert "pytest.skip(" in str(crash.statement)
 
 
 def test_pool_is_reused_and_refuses_work_after_a_failure():
@@ -111,3 +130,42 @@ def test_more_ranks_than_devices_is_a_skip_with_the_reason_before_any_spawn():
         assert _too_few_devices(3, "gloo") is None  # gloo: any number of ranks share the CPU
     finally:
         hwdist.unregister_backend("onedev")
+
+
+UNGUARDED = """
+import torch
+import hwdist
+from hwdist.testing import run_distributed
+
+
+def check_sum() -> float:
+    t = torch.tensor([float(hwdist.get_rank() + 1)])
+    hwdist.all_reduce(t)
+    return t.item()
+
+
+print(run_distributed(check_sum, 2, "gloo", timeout=60))
+"""
+
+
+def test_a_script_without_the_main_guard_is_told_about_it(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
+    assert proc.returncode != 0
+    last = [ln for ln in proc.stderr.splitlines() if "outside `if __name__" in ln]
+    assert last, proc.stderr[-3000:]
+    assert "(unguarded.py, line 13)" in proc.stderr  # the parent names the script's line
+    assert "HINT: put the call under the guard" in last[-1]
+
+
+def test_a_guarded_call_is_not_taken_for_an_unguarded_one(tmp_path):
+    script = tmp_path / "guarded.py"
+    script.write_text(UNGUARDED.replace("\nprint(", '\nif __name__ == "__main__":\n    print('))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[3.0, 3.0]"

@@ -1,8 +1,7 @@
-"""Issue 14's holes, on real ranks: shared tensors, poisoned metrics, integer ops, bad input on one rank.
+"""Hostile and one-sided input on real ranks: shared tensors, poisoned metrics, integer ops, bad input on one rank.
 
-One test per numbered item (5, 6, 7, 10, 11, 15, 16, 17; 14 and the environment parts of 16
-are in tests/unit/test_hostile_env.py); each is a row of the fault
-table in docs/reliability.md. Bad input is given on ONE rank (the last) where the item
+Each test is a row of the fault table in docs/reliability.md (the environment variables' rows
+are in tests/unit/test_hostile_env.py). Bad input is given on ONE rank (the last) where the row
 is about one rank, and every rank must raise within seconds: each case is timed on the
 rank and the harness's own call limit catches a hang.
 """
@@ -38,7 +37,7 @@ def _healthy() -> float:
 
 
 # ---------------------------------------------------------------------------
-# item 5: a tensor given twice, or tied weights, is reduced once (also in place, >= 1 MiB)
+# a tensor given twice, or tied weights, is reduced once (also in place, >= 1 MiB)
 # ---------------------------------------------------------------------------
 BIG = 300_000  # float32 elements: 1.2 MB, over gloo's 1 MiB in-place limit
 
@@ -88,7 +87,7 @@ def test_shared_tensors_are_reduced_once(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# item 6: a zero-weight NaN/inf on one rank does not poison average_metrics
+# a zero-weight NaN/inf on one rank does not poison average_metrics
 # ---------------------------------------------------------------------------
 def check_zero_weight_metrics() -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
@@ -113,7 +112,7 @@ def test_zero_weight_metrics_do_not_poison_the_average(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# item 7: integers are not reduce ops (5 was silently BAND, 2 PRODUCT)
+# integers are not reduce ops (5 was silently BAND, 2 PRODUCT)
 # ---------------------------------------------------------------------------
 def check_integer_ops() -> dict:
     r = hwdist.get_rank()
@@ -146,7 +145,7 @@ def test_integer_reduce_ops_are_refused(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# item 10 and item 16 (dst normalisation): gather's dst checked up front
+# dst normalisation: gather's dst checked up front
 # ---------------------------------------------------------------------------
 def check_gather_dst() -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
@@ -187,7 +186,7 @@ def test_gather_dst_is_checked_up_front(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# item 11: all_reduce_dict checks every value before any communication; one bad rank -> every rank raises
+# all_reduce_dict checks every value before any communication; one bad rank -> every rank raises
 # ---------------------------------------------------------------------------
 def _spoilers() -> dict[str, Callable[[dict], Any]]:
     return {
@@ -263,7 +262,7 @@ def test_all_reduce_dict_bad_value_on_one_rank_raises_everywhere(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# item 15: GradientSynchronizer's bucket config is part of the construction check
+# GradientSynchronizer's bucket config is part of the construction check
 # ---------------------------------------------------------------------------
 def check_synchronizer_config() -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
@@ -301,7 +300,7 @@ def test_gradient_synchronizer_config_differs_on_one_rank(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# item 16: complex gather, sparse tensors, ndarray values, a bad bucket size
+# complex gather, sparse tensors, ndarray values, a bad bucket size
 # ---------------------------------------------------------------------------
 def check_unclear_errors() -> dict:
     r = hwdist.get_rank()
@@ -361,10 +360,10 @@ def test_complex_gather_and_clear_errors(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# item 17: one thread per group at a time (as torch); a second thread's call while one is in flight raises
+# one thread per group at a time (as torch); a second thread's call while one is in flight raises
 # ---------------------------------------------------------------------------
 def check_two_threads() -> dict:
-    from hwdist.collectives import _calls
+    from hwdist.collectives import call_entry
 
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     out: dict = {}
@@ -380,7 +379,7 @@ def check_two_threads() -> dict:
         a = threading.Thread(target=slow_partner)
         a.start()
         deadline = time.monotonic() + 10
-        while 0 not in _calls._in_flight and time.monotonic() < deadline:
+        while 0 not in call_entry._in_flight and time.monotonic() < deadline:
             time.sleep(0.005)  # until thread a's all_reduce is in flight (rank 1 joins late)
         for name, call in {
             "all_reduce": lambda: hwdist.all_reduce(torch.ones(1)),
@@ -406,7 +405,7 @@ def check_two_threads() -> dict:
     t.start()
     t.join(60)
     out["handover"] = (results.get("handover"), _healthy())
-    out["left_marked"] = dict(_calls._in_flight)
+    out["left_marked"] = dict(call_entry._in_flight)
     torch_dist.destroy_process_group(own)
     return out
 

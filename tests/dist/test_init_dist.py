@@ -24,7 +24,8 @@ SCRIPT = ROOT / "tests" / "dist" / "launch_script.py"
 sys.path.insert(0, str(SCRIPT.parent))
 from launch_script import expected  # noqa: E402
 
-pytestmark = pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks")
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks")]
 
 TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -190,6 +191,7 @@ def _check_script_results(out_dir: Path, world: int, per_node: int, launcher: st
         info = res.pop("info")
         assert info["launcher"] == launcher and info["rank"] == r and info["world_size"] == world
         assert info["local_rank"] == r % per_node
+        assert info["node_rank"] == r // per_node  # a number on every launcher (mpiexec: from the hosts)
         assert info["backend"] == backend and info["torch_backend"] == backend
         want = expected(r, world, per_node)
         assert res == want, (r, res, want)

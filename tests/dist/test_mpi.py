@@ -23,6 +23,9 @@ import hwdist
 from hwdist.testing.mpi_suite import ENV_SUITE, MPI_AS_ROOT
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 IN_SUITE = os.environ.get(ENV_SUITE) == "1"
 

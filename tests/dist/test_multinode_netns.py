@@ -24,7 +24,9 @@ SCRIPT = ROOT / "tests" / "dist" / "launch_script.py"
 sys.path.insert(0, str(SCRIPT.parent))
 from launch_script import expected  # noqa: E402
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.netns,
     pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks"),
 ]

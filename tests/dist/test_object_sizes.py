@@ -1,4 +1,4 @@
-"""Object collectives with sizes agreed by prediction (issue 17) on real ranks: gloo and emu, 2 and 3 ranks.
+"""Object collectives with sizes agreed by prediction on real ranks: gloo and emu, 2 and 3 ranks.
 
 Each rank builds its objects from (pattern, call, rank) and returns what it got;
 the test rebuilds what every rank gave and compares. The collectives hwdist
@@ -52,9 +52,9 @@ class _Count:
     """Counts the collectives hwdist issues in this process (wraps the transport's ``issue``)."""
 
     def __init__(self) -> None:
-        from hwdist.collectives import _transport
+        from hwdist.collectives import transport
 
-        self.mod, self.orig, self.n = _transport, _transport.issue, 0
+        self.mod, self.orig, self.n = transport, transport.issue, 0
 
     def __enter__(self) -> "_Count":
         def counted(*args, **kwargs):

@@ -339,11 +339,11 @@ class _Calls:
 def _observed_calls() -> list:
     import shutil
 
-    from hwdist.collectives import _calls
+    from hwdist.collectives import call_entry
 
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
     seen = _Calls()
-    _calls.add_observer(seen)
+    call_entry.add_observer(seen)
     try:
         hwdist.all_gather_object(rank)
         hwdist.all_gather_object(rank, rank_zero_return_only=True)  # built on gather_object: seen once
@@ -356,7 +356,7 @@ def _observed_calls() -> list:
         hwdist.collect_results_cpu([rank], world, tmp)
         hwdist.collect_results_gpu([rank], world)
     finally:
-        _calls.remove_observer(seen)
+        call_entry.remove_observer(seen)
     hwdist.barrier()
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,6 +1,6 @@
 """The pass-through issued on the process group itself, without torch.distributed's Python wrapper.
 
-The default group's kept pass-through (``_engine.GroupView.run``'s hit path) calls the process group's own
+The default group's kept pass-through (``engine.GroupView.run``'s hit path) calls the process group's own
 ``allreduce`` / ``broadcast`` / ``allgather`` where torch's wrapper would do nothing but issue
 (``_compat.pg_direct``). These tests run on real gloo ranks and check, on the torch the suite runs on
 (CI runs the floor and the newest too):

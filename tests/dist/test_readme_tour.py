@@ -8,11 +8,16 @@ each of the 2 ranks prints every line.
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_VARS = (

@@ -31,10 +31,14 @@ import pytest
 import torch
 
 import hwdist
-from hwdist import _compat, verify
+from hwdist import _compat
+from hwdist.collectives import verify
 from hwdist.collectives import results as resmod
 from hwdist.testing import RankFailure, RankPool, run_distributed
 from hwdist.testing.pytest_plugin import backends
+
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
 
 # ---------------------------------------------------------------------------
 # verification mode: a mismatch in any collective raises on every rank, naming each rank's value

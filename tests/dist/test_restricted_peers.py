@@ -1,4 +1,4 @@
-"""A hostile peer on real gloo ranks: the restricted serializer's receiver raises instead of dying (issue 14).
+"""A hostile peer on real gloo ranks: the restricted serializer's receiver raises instead of dying.
 
 Rank 1 plays the attacker: its serializer emits the raw bytes of a hostile
 payload (tests/unit/restricted_probe.py) whatever the object, so they travel
@@ -8,8 +8,7 @@ and must raise ``UnpicklingRefused``, with its process intact (no signal,
 no changed global) and the group still usable. Before the restricted
 unpickler was rewritten, the numpy payloads killed rank 0 with SIGSEGV here.
 A crash of a rank fails the test through the harness (RankFailure), not the
-suite. The attacker learns of the refusal too: every rank raises (issue 14
-item 9), the sender with an ``ObjectCollectiveError`` naming the receiver's
+suite. The attacker learns of the refusal too: every rank raises, the sender with an ``ObjectCollectiveError`` naming the receiver's
 decode failure.
 """
 

@@ -10,18 +10,18 @@ from __future__ import annotations
 import pytest
 
 import hwdist
-from hwdist.collectives import _agree, _transport
+from hwdist.collectives import consensus, transport
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
 
 def _transport_rank():
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
     out = {}
-    out["ints"] = _transport.gather_ints([rank, rank * 10, -rank], None)
-    out["bytes"] = _transport.gather_bytes(b"x" * (rank * 7 + 1), None)
-    out["empty"] = _transport.gather_bytes(b"", None)
-    out["bcast"] = _transport.broadcast_bytes(b"hello from the last" if rank == world - 1 else None, world - 1)
-    out["maxmin"] = _transport.max_and_min([rank, 5 - rank], None, world, hwdist.resolve())
+    out["ints"] = transport.gather_ints([rank, rank * 10, -rank], None)
+    out["bytes"] = transport.gather_bytes(b"x" * (rank * 7 + 1), None)
+    out["empty"] = transport.gather_bytes(b"", None)
+    out["bcast"] = transport.broadcast_bytes(b"hello from the last" if rank == world - 1 else None, world - 1)
+    out["maxmin"] = transport.max_and_min([rank, 5 - rank], None, world, hwdist.resolve())
     return out
 
 
@@ -39,11 +39,11 @@ def test_transport_moves_what_each_rank_gave(dist, world_size, backend):
 def _agree_rank(bad_rank: int):
     rank = hwdist.get_rank()
     out = {}
-    got = _agree.agree("op", None, words=[7, rank % 2], flag=rank)
+    got = consensus.agree("op", None, words=[7, rank % 2], flag=rank)
     out["flag"], out["same"] = got.flag, got.same
     problem = ValueError("x must be positive, got -1") if rank == bad_rank else None
     try:
-        _agree.agree("op", None, problem=problem, words=[1])
+        consensus.agree("op", None, problem=problem, words=[1])
         out["raised"] = None
     except Exception as exc:  # noqa: BLE001 - the test compares the type and text
         out["raised"] = (type(exc).__name__, str(exc), isinstance(exc, ValueError), isinstance(exc, hwdist.HwdistError))
@@ -84,7 +84,7 @@ def _reducer_rank(gather_limit):
     try:
         out = {}
         like = torch.zeros(3, 2, dtype=torch.int32)
-        reducer = _transport.FlatReducer(like, "sum", None, world, driver)
+        reducer = transport.FlatReducer(like, "sum", None, world, driver)
         out["route"] = "gather" if reducer.gathered is not None else "all_reduce"
         sums = []
         for step in range(3):  # one reducer, many calls: new values each call (nothing stale kept)
@@ -108,7 +108,7 @@ def _reducer_rank(gather_limit):
         tuning.set_tuning(driver.name, tuning.tuning(driver))  # any set_tuning: the route may be stale
         out["current_after_set"] = reducer.current()
         maxed = torch.tensor([float(rank), -float(rank)])
-        _transport.reduce_buffer(maxed, "max", None, world, driver)  # one reducer for one call
+        transport.reduce_buffer(maxed, "max", None, world, driver)  # one reducer for one call
         out["max"] = maxed.tolist()
         return out
     finally:

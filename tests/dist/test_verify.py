@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hwdist
-from hwdist import verify
+from hwdist.collectives import verify
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
 
@@ -108,7 +108,7 @@ def test_a_skipped_call_with_the_same_signature_raises_on_every_rank(dist, backe
     for rank, res in enumerate(results):
         msg = res["raised"]
         assert msg is not None, (rank, res)
-        assert "collective mismatch in 'all_reduce' (call #0 on this group)" in msg, msg
+        assert "collective mismatch in 'all_reduce' (call #1 on this group)" in msg, msg
         lines = [f"rank {r}: test_verify.py:" for r in range(ws)]
         assert all(x in msg for x in lines) and "call site" in msg and "HINT: a rank skipped" in msg, msg
         assert res["b"] == [100.0, 100.0], res  # nobody's data was reduced

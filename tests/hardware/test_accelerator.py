@@ -95,7 +95,7 @@ def _kept_passthrough_body() -> dict:
     """On a rank: the kept pass-through of a device tensor, checked against the bound device."""
     import torch
 
-    from hwdist.collectives import _engine
+    from hwdist.collectives import engine
 
     dev = hwdist.get_comm_device()
     ws, rank = hwdist.get_world_size(), hwdist.get_rank()
@@ -103,7 +103,7 @@ def _kept_passthrough_body() -> dict:
     hwdist.all_reduce(t)
     first = t.cpu().tolist()
     hwdist.all_reduce(t)  # the second call takes the kept plan
-    kept = [v for k, v in (_engine.view(None).passthrough or {}).items() if k[-1] == t.device]
+    kept = [v for k, v in (engine.view(None).passthrough or {}).items() if k[-1] == t.device]
     b = torch.full((3,), float(rank), device=dev)
     hwdist.broadcast(b, 0)
     hwdist.broadcast(b, 0)
@@ -126,7 +126,7 @@ def test_device_passthrough_is_kept_per_bound_device(dist):
 
 # ---------------------------------------------------------------------------------------------------
 # Several ranks on one GPU: hwdist's paths for a non-CPU comm device, at 2 and 3 ranks.
-# NCCL refuses two ranks on one GPU, and a lent machine has one GPU, so this test-only driver moves
+# NCCL refuses two ranks on one GPU, and a one-GPU machine is the common case, so this test-only driver moves
 # CUDA tensors over gloo (which stages them through the host) with every rank bound to GPU 0. It is
 # not a way to run anything for real; it lets the gathers' size agreement, the object collectives and
 # the dict reduction run with a GPU comm device and several ranks, and checks where results land.

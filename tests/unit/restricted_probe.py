@@ -1,6 +1,6 @@
 """Hostile pickle payloads for the restricted unpickler, and a child process that loads them.
 
-The payloads reproduce the holes of issue 14 (items 1, 3, 4): each one
+The payloads reproduce known attacks on an allow-list unpickler: each one
 crashed, mutated or bloated a receiver that used the earlier restricted
 unpickler (a ``pickle.Unpickler`` with an allow-list). Tests run them with
 ``python -m tests.unit.restricted_probe`` in a child process, so a crash
@@ -52,7 +52,7 @@ def _g(module: str, name: str) -> bytes:
 
 
 def attacks(marker: str) -> dict[str, bytes]:
-    """The hostile payloads by name (issue 14 items 1, 3, 4 and their relatives)."""
+    """The hostile payloads by name (numpy tricks, class state, huge allocations, ...)."""
     obj_field = R(np.dtype, ("V8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 0))
     return {
         # 1a: a V8 dtype claiming an object field with flags 0, then _frombuffer over attacker bytes

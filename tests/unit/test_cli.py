@@ -19,6 +19,9 @@ import pytest
 import hwdist
 from hwdist import cli, cli_bench
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 #: What a subprocess needs on PYTHONPATH: the repository (the package, tests, benchmarks) (tests, benchmarks).
 SRC_PATH = str(ROOT)
@@ -45,10 +48,10 @@ def run_cli(
     )
 
 
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
+def one_error_line(proc: subprocess.CompletedProcess, command: str = "check") -> str:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, f"expected one error line, got:\n{proc.stderr}"
-    assert lines[0].startswith("hwdist: error: "), lines[0]
+    assert lines[0].startswith(f"hwdist {command}: error: "), lines[0]
     return lines[0]
 
 
@@ -260,7 +263,7 @@ def test_bench_table_and_plot():
         proc = run_cli("bench", "--ops", "broadcast", "--sizes", "1K:2K", "--iters", "2", "--plot", png)
         if importlib.util.find_spec("matplotlib") is None:
             assert proc.returncode == 2
-            assert "pip install matplotlib" in one_error_line(proc)
+            assert "pip install matplotlib" in one_error_line(proc, "bench")
             return
         assert proc.returncode == 0, proc.stderr
         with open(png, "rb") as fh:
@@ -286,7 +289,7 @@ def test_bench_table_and_plot():
 def test_usage_errors_exit_2_with_one_line(capsys, argv, needle):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("hwdist: error: ") and needle in err[0]
+    assert len(err) == 1 and err[0].startswith(f"hwdist {argv[0]}: error: ") and needle in err[0]
 
 
 def test_bad_nproc_is_an_argparse_error(capsys):

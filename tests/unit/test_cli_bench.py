@@ -11,6 +11,9 @@ from hwdist import cli, cli_bench
 
 from .test_cli import run_cli
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
+
 
 def test_every_op_is_checked_and_right_on_three_ranks():
     proc = run_cli(

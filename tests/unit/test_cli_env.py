@@ -177,13 +177,13 @@ def test_env_json_lists_the_settings():
 
 
 def test_launcher_variables_come_from_one_table(monkeypatch):
-    """info, the MPI launcher and hwdist env read hwdist.launch.resolvers' table; cli_env names no variable.
+    """info, the MPI launcher and hwdist env read hwdist.launch_env's table; cli_env names no variable.
     """
-    from hwdist import info
+    from hwdist import info, launch_env
     from hwdist.launch import mpi, resolvers
 
     assert info._LOCAL_RANK_VARS is resolvers.LOCAL_RANK_VARS
-    assert mpi.LOCAL_RANK_VARS == resolvers.MPI_LOCAL_RANK_VARS and mpi.SIZE_VARS == resolvers.MPI_SIZE_VARS
+    assert mpi.LOCAL_RANK_VARS == launch_env.MPI_LOCAL_RANK_VARS and mpi.SIZE_VARS == launch_env.MPI_SIZE_VARS
     for var in resolvers.LOCAL_RANK_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MV2_COMM_WORLD_LOCAL_RANK", "5")  # MVAPICH: once only the MPI launcher knew it
@@ -197,3 +197,17 @@ def test_launcher_variables_come_from_one_table(monkeypatch):
     source = open(cli_env.__file__).read()
     for word in ("OMPI_", "SLURM_", "PMI_", "LOCAL_RANK", "WORLD_SIZE"):
         assert word not in source
+
+
+def test_threads_are_shown_even_when_omp_num_threads_is_unset(monkeypatch):
+    import torch
+
+    from hwdist import cli_env
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    facts = cli_env.system_facts()
+    assert facts["torch_threads"] == torch.get_num_threads() and facts["omp_num_threads"] is None
+    line = [ln for ln in cli_env._system_line(facts) if ln.startswith("Threads:")]
+    assert line == [f"Threads: torch uses {torch.get_num_threads()} per process; OMP_NUM_THREADS=unset"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cli_env._system_line(cli_env.system_facts())[-1].endswith("OMP_NUM_THREADS=3")

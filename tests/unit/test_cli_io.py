@@ -23,6 +23,9 @@ from hwdist import cli, checks
 
 from .test_cli import ROOT, run_cli
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
+
 SITE = """
 import atexit, importlib.abc, importlib.util, os, sys
 _rank = ("--multiprocessing-fork" in sys.argv or "PMI_RANK" in os.environ
@@ -211,7 +214,7 @@ def test_ranks_that_do_not_start_in_time_name_the_limit_and_suggest_one(site):
     assert re.fullmatch(r"hwdist: still starting 2 rank\(s\): [5-8] s of 8 s", lines[1]), lines  # every 5 s
     line = lines[-1]
     assert line.startswith(
-        "hwdist: error: could not start 2 rank(s) on backend 'gloo' within 8 s (--timeout):"
+        "hwdist check: error: could not start 2 rank(s) on backend 'gloo' within 8 s (--timeout):"
     ), line
     assert "0 of 2 ready; rank(s) 0-1 still starting" in line
     assert "HINT:" in line and "--timeout 40" in line
@@ -224,7 +227,7 @@ def test_a_rank_that_fails_to_start_gives_its_error():
     )
     assert proc.returncode == 1
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith("hwdist: error: could not start 2 rank(s) on backend 'gloo': rank "), line
+    assert line.startswith("hwdist check: error: could not start 2 rank(s) on backend 'gloo': rank "), line
     assert "init_error:" in line and "nosuch0" in line  # gloo's own words about the interface
 
 
@@ -290,3 +293,76 @@ def test_every_json_key_is_an_identifier():
     for doc in docs:
         bad = [(where, k) for where, k in _keys(doc) if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
         assert not bad, bad
+
+
+# ---- one error form, did-you-mean, the extra to install, the table's columns --------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "--backend", "glooo"],
+        ["check", "--only", "nope"],
+        ["check", "-n", "0"],
+        ["check", "--onyl", "x"],
+        ["bench", "--sizes", "1Q"],
+        ["bench", "--ops", "nope"],
+        ["env", "--jsn"],
+        ["trace", "/no/such/directory"],
+    ],
+)
+def test_every_error_line_has_the_commands_prefix(capsys, argv):
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
+    assert lines and all(ln.startswith(f"hwdist {argv[0]}: error: ") for ln in lines), lines
+
+
+def test_no_module_writes_another_error_prefix():
+    # every error line is built by cli.error_line or names its command (argparse does the same)
+    for path in (ROOT / "hwdist").rglob("*.py"):
+        assert '"hwdist: error' not in path.read_text(), f"{path}: use hwdist.cli.error_line"
+    assert cli.error_line("check", "x") == "hwdist check: error: x"
+    assert cli.error_line(None, "x") == "hwdist: error: x"
+
+
+def test_a_misspelt_backend_gets_did_you_mean(capsys):
+    assert cli.main(["check", "--backend", "glooo"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown backend 'glooo'; did you mean 'gloo'?" in err
+    assert "Fix: pass --backend gloo" in err
+    assert "register_backend" not in err  # a typo, not a new backend
+
+
+def test_an_unknown_backend_far_from_any_name_suggests_registering_it(capsys):
+    assert cli.main(["check", "--backend", "qwertyuiop"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "hwdist.register_backend('qwertyuiop', ...)" in err
+
+
+def test_a_backend_missing_its_package_names_the_extra(capsys, monkeypatch):
+    import hwdist
+
+    name = "mpi"
+    if name not in cli._extras():
+        pytest.skip("hwdist's metadata declares no 'mpi' extra here (not installed as a package)")
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if mpi4py were not installed
+    if hwdist.get_driver(name).unavailable_reason() is None:
+        pytest.skip("this torch has MPI built in: the backend needs no extra")
+    assert cli.main(["check", "--backend", name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the Python package 'mpi4py' is not installed" in err
+    assert "Fix: pip install 'hwdist[mpi]', or pass --backend gloo" in err, err
+
+
+def test_check_rows_of_every_status_keep_the_columns_aligned():
+    rows = [checks.Row("all_reduce", "float32", status, 0.0123, "sum mean") for status in
+            ("pass", "FAIL", "n/a", checks.REFUSED)]  # fmt: skip
+    lines = [cli.CHECK_HEADER, *map(cli.render_row, rows)]
+    ends = {ln.index(" ms") + 3 if " ms" in ln else ln.index("TIME") + 4 for ln in lines}
+    assert len(ends) == 1, "\n".join(lines)  # the TIME column ends at the same place on every line
+    assert {ln.index("sum mean") for ln in lines[1:4]} == {lines[0].index("DETAIL")}
+    assert "refused" in lines[-1] and "as declared" in lines[-1]

@@ -42,6 +42,7 @@ LOSSLESS = {
     (torch.int16, torch.int32),
     (torch.int16, torch.int64),
     (torch.int32, torch.int64),
+    (torch.int32, torch.float64),  # an integer mean's sum where no wider integer reduces
     (torch.float16, torch.float32),
     (torch.float16, torch.float64),
     (torch.bfloat16, torch.float32),

@@ -1,4 +1,4 @@
-"""Issue 14, items 14 and 16: hostile or sloppy environment variables get bounded, clear errors.
+"""Hostile or sloppy environment variables get bounded, clear errors.
 
 Resolvers are pure (they read a mapping), so these run without a process group. The
 huge Slurm expansions are timed: a MemoryError or minutes of work would be the bug.
@@ -14,8 +14,8 @@ import time
 import pytest
 
 import hwdist
-from hwdist import verify
-from hwdist.detect import ENV_BACKEND, ENV_DEVICE
+from hwdist.collectives import verify
+from hwdist.detection import ENV_BACKEND, ENV_DEVICE
 from hwdist.launch import LauncherError
 from hwdist.launch.slurm import MAX_EXPANSION, SlurmLauncher, expand_hostlist, expand_tasks_per_node
 from hwdist.launch.torchrun import TorchrunLauncher

@@ -333,8 +333,69 @@ def test_init_dist_errors_before_touching_anything(monkeypatch, absent_backend):
     assert not hwdist.is_distributed()
 
 
-def test_init_dist_none_creates_nothing():
-    assert hwdist.init_dist("none", backend="gloo") is None
+def test_init_dist_none_creates_nothing_and_describes_the_process():
+    info = hwdist.init_dist("none", backend="gloo")
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.node_rank, info.backend) == (
+        "none", 0, 1, 0, 0, "gloo"
+    )
     assert not hwdist.is_distributed()
     hwdist.destroy()
     hwdist.destroy()  # safe twice, also without a group
+
+
+def test_clusters_page_example_runs_under_plain_python():
+    """docs/clusters.md's first block, as written, in a process without launcher variables."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = re.search(r"```python\n(.*?)```", (root / "docs" / "clusters.md").read_text(), flags=re.S).group(1)
+    assert "info = dist.init_dist()" in code and "info.node_rank" in code
+    launch_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_", "PMI_", "SLURM_", "MASTER_", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if not k.startswith((*launch_vars, "HWDIST_"))}
+    env["HWDIST_BACKEND"] = "gloo"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["0", "0", "0", "gloo"]
+
+
+def test_importing_hwdist_registers_no_exit_hook():
+    """The exit hook comes with a group hwdist starts or uses, never with the import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, traceback\n"
+        "seen = []\n"
+        "real = atexit.register\n"
+        "def spy(fn, *a, **k):\n"
+        "    seen.append(traceback.extract_stack()[-2].filename)\n"
+        "    return real(fn, *a, **k)\n"
+        "atexit.register = spy\n"
+        "import hwdist, hwdist.testing\n"
+        "from hwdist import _exit as exit_hook\n"
+        "print(exit_hook.installed(), [f for f in seen if 'hwdist' in f])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False []"
+
+
+def test_the_exit_hook_destroys_a_live_group_once_and_nothing_else(monkeypatch):
+    import torch
+    import torch.distributed as td
+
+    from hwdist import _exit as exit_hook
+
+    td.init_process_group("gloo", store=td.HashStore(), rank=0, world_size=1)
+    try:
+        hwdist.all_reduce(torch.ones(1))  # first use by hwdist of a group torch created
+        assert exit_hook.installed()
+        monkeypatch.setattr(exit_hook, "_ran", False)
+        exit_hook._at_exit()
+        assert not td.is_initialized()
+        exit_hook._at_exit()  # once: a second call (or a later group) is left alone
+    finally:
+        hwdist.destroy()

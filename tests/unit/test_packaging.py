@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = "import hwdist; print(hwdist.__file__); hwdist.register_backend; print(hwdist.__version__)"
 
@@ -54,8 +57,8 @@ def test_a_script_started_elsewhere_imports_the_install(tmp_path):
     if not _installed(tmp_path):
         pytest.skip("hwdist is not installed in this interpreter (pip install -e .); nothing to check")
     proc = _run(sys.executable, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(str(ROOT / "hwdist")) or "site-packages" in proc.stdout, proc.stdout
+    assert proc.returncode == 0, proc.stderr  # the probe reads hwdist.register_backend: the real package
+    assert proc.stdout.splitlines()[0].endswith("__init__.py"), proc.stdout
 
 
 def test_compat_mode_imports_the_real_package_from_the_clones_parent(tmp_path):

@@ -239,7 +239,7 @@ def test_bucket_tensors():
 
 
 # ---------------------------------------------------------------------------
-# capabilities as data, the pure planner, tuning (issue 15)
+# capabilities as data, the pure planner, tuning
 # ---------------------------------------------------------------------------
 
 

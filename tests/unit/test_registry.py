@@ -210,7 +210,7 @@ def test_launcher_entry_points_load_lazily(monkeypatch):
         hwdist.unregister_launcher("eplaunch")
 
 
-# ---------------------------------------------------------------- issue 13: bad input, group rule
+# ---------------------------------------------------------------- bad input, group rule
 
 
 def test_name_differing_only_by_case_is_the_same_backend(clean_name):
@@ -265,7 +265,7 @@ def test_shared_torch_name_is_no_alias(clean_name):
 
 
 def test_start_up_rule_without_process_group():
-    from hwdist.drivers._startup import fallback_process_group_factory, gloo_process_group
+    from hwdist.drivers.startup import fallback_process_group_factory, gloo_process_group
 
     class Accel(_ToyDriver):
         device_type = "toyaccel"
@@ -384,3 +384,182 @@ def test_byte_carrier_names_what_it_needs():
         "backend 'toy_floats' cannot carry bytes for 'broadcast' (object collectives need it)"
     )
     assert "none of uint8, int8, int16, int32, int64" in msg and "HINT: add one integer dtype" in msg
+
+
+# ---------------------------------------------------------------- torch's map, shared names, generic
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("cpu:gloo", {"cpu": "gloo"}),
+        ("cpu:gloo,cuda:nccl", {"cpu": "gloo", "cuda": "nccl"}),
+        (" CPU:Gloo , hpu:hccl ", {"cpu": "gloo", "hpu": "hccl"}),
+    ],
+)
+def test_torch_backend_strings_parse(spec, expected):
+    assert registry.parse_backend_config(spec) == expected
+
+
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ("gloo", "'gloo' is not 'DEVICE:BACKEND'"),
+        ("cpu=gloo", "'cpu=gloo' is not 'DEVICE:BACKEND'"),
+        ("cpu:gloo,", "'' is not 'DEVICE:BACKEND'"),
+        ("cpu:", "'cpu:' is not 'DEVICE:BACKEND'"),
+        ("cpu:gloo:x", "'cpu:gloo:x' is not 'DEVICE:BACKEND'"),
+        ("cpu:gloo,cpu:mpi", "device 'cpu' is named twice"),
+    ],
+)
+def test_unreadable_backend_strings_say_why(spec, why):
+    with pytest.raises(hwdist.BackendError) as info:
+        registry.parse_backend_config(spec)
+    assert str(info.value) == f"cannot parse backend string {spec!r}: {why}"
+
+
+@pytest.mark.parametrize(
+    "mapping, order, expected",
+    [
+        ({"cuda": "nccl"}, [], "cuda"),  # one backend: it
+        ({"cpu": "gloo", "cuda": "nccl"}, ["cuda", "cpu"], "cpu"),  # a CPU backend: it (torch's rule)
+        ({"cuda": "nccl", "cpu": "gloo"}, [], "cpu"),
+        ({"cuda": "nccl", "hpu": "hccl"}, ["hpu", "cuda"], "hpu"),  # no CPU: the first torch lists
+        ({"cuda": "nccl", "hpu": "hccl"}, [], "cuda"),
+    ],
+)
+def test_a_call_without_a_tensor_takes_torchs_object_collective_rule(mapping, order, expected):
+    assert registry._no_tensor_device(mapping, order) == expected
+
+
+def test_no_tensor_rule_is_torchs_own_where_torch_has_it():
+    """torch's ``_get_object_coll_device`` documents the rule hwdist applies (torch 2.2 through 2.15)."""
+    import inspect
+
+    from hwdist import _compat
+
+    if _compat.object_coll_device is None:
+        pytest.skip(f"torch {torch.__version__} has no _get_object_coll_device (torch >= 2.2)")
+    source = inspect.getsource(_compat.object_coll_device)
+    assert 'If "cpu" is among those pairs, use "cpu"' in source
+    assert 'torch.device("cpu") in devices' in source
+
+
+def test_a_tensor_on_a_device_the_backend_string_does_not_serve_is_refused():
+    assert hwdist.get_driver("cpu:gloo,cuda:nccl", "cpu").name == "gloo"
+    with pytest.raises(hwdist.BackendError) as info:
+        hwdist.get_driver("cpu:gloo,cuda:nccl", "meta")
+    msg = str(info.value)
+    assert msg.startswith("a tensor on device 'meta', but backend string 'cpu:gloo,cuda:nccl' has no backend")
+    assert "Fix: move the tensor to a device the group serves (cpu, cuda; e.g. tensor.to('cpu'))" in msg
+    assert "init_process_group(backend='cpu:gloo,cuda:nccl,meta:<backend>')" in msg
+
+
+def test_a_shared_torch_name_is_found_by_device_type():
+    """'hccl' is Ascend's on npu and Intel Gaudi's on hpu: two drivers, one torch name."""
+    assert hwdist.get_driver("hccl", "npu").name == "hccl"
+    assert hwdist.get_driver("hccl", "hpu").name == "gaudi"
+    assert hwdist.get_driver("hpu:hccl").name == "gaudi"
+    assert hwdist.get_driver("npu:hccl").name == "hccl"
+    assert hwdist.get_driver("cpu:gloo,hpu:hccl", "hpu").name == "gaudi"
+    assert hwdist.get_driver("cpu:gloo,hpu:hccl").name == "gloo"  # no tensor: the CPU backend
+    gaudi = hwdist.get_driver("gaudi")
+    assert (gaudi.device_type, gaudi.torch_name) == ("hpu", "hccl")
+    assert hwdist.get_driver("hccl").name == "hccl"  # the name alone: the driver registered under it
+
+
+def test_a_shared_name_alone_picks_the_one_available_driver(monkeypatch):
+    """``init_dist(backend="hccl")`` on a Gaudi machine (no torch_npu) starts Gaudi's HCCL."""
+    from hwdist.drivers.vendors import GaudiDriver, HcclDriver
+
+    monkeypatch.setattr(HcclDriver, "unavailable_reason", lambda self: "no torch_npu")
+    monkeypatch.setattr(GaudiDriver, "unavailable_reason", lambda self: None)
+    assert hwdist.get_driver("hccl").name == "gaudi"
+    monkeypatch.setattr(GaudiDriver, "unavailable_reason", lambda self: "no habana_frameworks")
+    assert hwdist.get_driver("hccl").name == "hccl"  # neither: the named one, whose error says why
+
+
+@pytest.fixture
+def torch_only_backend():
+    """A backend registered with torch only (once per process: torch 2.1 refuses a second one)."""
+    import torch.distributed as dist
+
+    from hwdist import _compat
+
+    name = "hwdist_unit_tonly"
+    if name not in dist.Backend.backend_list:
+        _compat.register_torch_backend(name, lambda *a: None, ["cpu"])
+    return name
+
+
+def test_a_backend_torch_knows_gets_a_generic_driver(torch_only_backend):
+    from hwdist.drivers.base import Post
+    from hwdist.drivers.generic import GENERIC_SUMMARY
+
+    name = torch_only_backend
+    drv = hwdist.get_driver(name)
+    assert registry.is_generic(drv) and (drv.name, drv.device_type, drv.torch_name) == (name, "cpu", name)
+    assert drv is hwdist.get_driver(name, "cpu") and name not in hwdist.list_backends()
+    assert drv.creator_module == __name__
+    assert not registry.is_generic(hwdist.get_driver("gloo"))
+    # the conservative table: widened, moved as bytes, emulated ...
+    mean = drv.plan("all_reduce", torch.float16, "mean")
+    assert (mean.comm_dtype, mean.reduce_op, mean.post) == (torch.float32, "sum", Post.DIVIDE)
+    assert drv.plan("all_reduce", torch.int8, "max").comm_dtype == torch.int32
+    assert drv.plan("all_gather", torch.int64).comm_dtype == torch.uint8
+    assert drv.plan("gather", torch.float32).native_op == "all_gather"
+    assert drv.plan("reduce_scatter", torch.float32, "sum").native_op == "all_reduce"
+    # ... or refused, naming the backend and how to measure its real table
+    for op, dtype, rop in (("all_reduce", torch.int64, "sum"), ("send", torch.float32, None),
+                           ("all_reduce", torch.float32, "product")):
+        with pytest.raises(hwdist.PlanError) as info:
+            drv.plan(op, dtype, rop)
+        msg = str(info.value)
+        assert f"backend '{name}'" in msg and GENERIC_SUMMARY in msg
+        assert f"`hwdist check --backend {name} --write-driver {name}_driver.py`" in msg
+
+
+def test_a_name_neither_knows_is_still_unknown():
+    with pytest.raises(hwdist.BackendError, match=r"^unknown backend 'nobody_knows'; registered: gloo"):
+        hwdist.get_driver("nobody_knows")
+
+
+class _Options:
+    """Stands in for torch's _DistributedBackendOptions."""
+
+    def __init__(self, ranks, rank=1, size=3):
+        self.store, self.group_rank, self.group_size, self.timeout = "store", rank, size, 30
+        self.group_id, self.global_ranks_in_group = "7", ranks
+
+
+def test_a_factory_gets_torchs_options_when_it_takes_them():
+    seen = []
+
+    def with_options(store, rank, size, timeout, *, options=None):
+        seen.append((store, rank, size, timeout, options.global_ranks_in_group, options.group_id))
+        return "pg"
+
+    def classic(store, rank, size, timeout):
+        seen.append((store, rank, size, timeout))
+        return "pg"
+
+    create = registry._torch_creator("mycl", with_options, ["cpu"], extended=True)
+    assert create(_Options([]), None) == "pg"  # torch's [] for the default group: filled in
+    assert create(_Options([0, 2], rank=1, size=2), None) == "pg"
+    assert seen == [("store", 1, 3, 30, [0, 1, 2], "7"), ("store", 1, 2, 30, [0, 2], "7")]
+    seen.clear()
+    assert registry._torch_creator("mycl", classic, ["cpu"], extended=True)(_Options([0, 1]), None) == "pg"
+    assert registry._torch_creator("mycl", classic, ["cpu"], extended=False)("s", 0, 2, 5) == "pg"
+    assert seen == [("store", 1, 3, 30), ("s", 0, 2, 5)]
+
+
+def test_a_factory_that_raises_names_the_backend_and_what_to_do():
+    def broken(store, rank, size, timeout):
+        raise RuntimeError("no device")
+
+    with pytest.raises(hwdist.BackendError) as info:
+        registry._torch_creator("mycl", broken, ["cpu"], extended=True)(_Options([0, 1], rank=1), None)
+    msg = str(info.value)
+    assert msg.startswith("backend 'mycl' could not create its process group on rank 1:")
+    assert "raised RuntimeError: no device" in msg and "hwdist check --backend mycl" in msg
+    assert "The group's backends: 'cpu:mycl' (device(s) cpu)" in msg

@@ -1,4 +1,4 @@
-"""Fuzzing the restricted unpickler for about a minute (issue 14): no signal, no code run, no global changed.
+"""Fuzzing the restricted unpickler for about a minute: no signal, no code run, no global changed.
 
 The fuzzer (tests/unit/restricted_fuzz.py, hypothesis) runs in a child
 process, so a crash fails this test instead of killing the suite, and the
@@ -15,6 +15,9 @@ import subprocess
 import sys
 
 import pytest
+
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+pytestmark = pytest.mark.slow
 
 FUZZ_SECONDS = float(os.environ.get("HWDIST_FUZZ_SECONDS", "45"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -159,3 +159,45 @@ def test_xccl_plans_on_the_real_torch():
     assert cplx.view and cplx.comm_dtype == torch.float32
     assert drv.plan("all_gather", torch.complex128).comm_dtype == torch.uint8
     assert drv.plan("all_reduce", torch.bool, "sum").reduce_op == "max"
+
+
+# ---- gaudi: Intel Gaudi's HCCL, read from its bridge's source and Intel's documentation ------------------
+
+
+def test_gaudi_names_agree_with_what_its_bridge_registers():
+    """habana_frameworks is not on PyPI, so no contract test can read the package: these check the
+    driver against what its source registers (read on GitHub, not run): 'hccl' on 'hpu', the torch
+    name Ascend's driver has on 'npu'; the two resolve by device type."""
+    drv = hwdist.get_driver("gaudi")
+    what = SOURCES["hpu-register"].what
+    assert "register_backend('hccl'" in what and "devices=['hpu']" in what
+    assert (drv.torch_name, drv.device_type) == ("hccl", "hpu")
+    assert drv.process_group_factory is None and drv.vendor_module == "habana_frameworks.torch"
+    ascend = hwdist.get_driver("hccl")
+    assert (ascend.torch_name, ascend.device_type) == ("hccl", "npu")
+    assert hwdist.get_driver("hccl", "hpu") is drv and hwdist.get_driver("hccl", "npu") is ascend
+    assert drv.unavailable_reason() == "the Python package 'habana_frameworks.torch' is not installed"
+
+
+def test_gaudi_table_comes_from_source_and_documentation_not_from_a_run():
+    for fact in FACTS["gaudi"]:
+        assert fact.sources, fact
+        for key in fact.sources:
+            src = SOURCES[key]
+            assert "(read, not run)" in src.release or "documentation only" in src.where, (key, src)
+    assert any("documentation only" in SOURCES[k].where for f in FACTS["gaudi"] for k in f.sources)
+    text = (ROOT / "docs" / "hardware.md").read_text()
+    assert "nothing in it has\nrun on a Gaudi" in text or "nothing in it has run on a Gaudi" in text
+
+
+def test_gaudi_plans_never_reduce_through_a_lossy_cast():
+    drv = hwdist.get_driver("gaudi")
+    mean = drv.plan("all_reduce", torch.float16, "mean")  # widened by hwdist, as the bridge would
+    assert (mean.comm_dtype, mean.reduce_op, mean.post) == (torch.float32, "sum", Post.DIVIDE)
+    for dtype in (torch.int32, torch.int8, torch.bool, torch.int64):  # the bridge reduces them in float32
+        with pytest.raises(PlanError, match="backend 'gaudi'"):
+            drv.plan("all_reduce", dtype, "max")
+    with pytest.raises(PlanError, match="reduce op not supported"):
+        drv.plan("all_reduce", torch.float32, "product")
+    assert drv.plan("all_gather", torch.int64).view and drv.plan("broadcast", torch.float64).view
+    assert drv.plan("gather", torch.float32).native_op == "gather"

@@ -1,7 +1,7 @@
 """The one entry every public collective goes through: the one-thread guard and the call observers.
 
 Every public collective (tensor, object, results, dict/params, barrier, p2p)
-is decorated with [`collective`][hwdist.collectives._calls.collective]. The
+is decorated with [`collective`][hwdist.collectives.call_entry.collective]. The
 decorator does two things, and nothing else:
 
 1. **One thread per process group at a time.** torch.distributed pairs the
@@ -14,19 +14,19 @@ decorator does two things, and nothing else:
    The default group is tracked under ``group=None``; passing the default
    group object explicitly is tracked apart from ``None``.
 2. **Observers.** Objects registered with
-   [`add_observer`][hwdist.collectives._calls.add_observer] see the outermost
+   [`add_observer`][hwdist.collectives.call_entry.add_observer] see the outermost
    public call of each thread: ``begin(op, group, args, kwargs)`` before it
    runs, ``end(token, error)`` after it returned or raised (``error`` is None
    on success). A collective built on another (``broadcast_object`` on
    ``broadcast_object_list``, ...) is seen once, as the outer call. Observers
    must never raise; one that does is removed and a warning printed. The flight
-   recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives._calls.set_recorder]), called
+   recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives.call_entry.set_recorder]), called
    first without the generic loop; verification mode is an observer. The slot's ``end`` may
    return an exception for a call that raised: the call raises that one instead (chained to its
    own). The hang doctor's ``raise`` action uses it so that a call failing because the hang's
    other ranks already acted raises [`HangDetected`][hwdist.flight.watchdog.HangDetected] too.
 3. **The verification hook.** A collective decorated with a ``describe``
-   function hands the hook in the hook slot ([`set_hook`][hwdist.collectives._calls.set_hook],
+   function hands the hook in the hook slot ([`set_hook`][hwdist.collectives.call_entry.set_hook],
    filled by ``hwdist.verify`` while the mode is on) each call's
    ``(group, sample tensor, fields)`` before its own argument checks run.
 
@@ -56,7 +56,7 @@ _local = threading.local()
 
 
 class Observer(Protocol):
-    """What [`add_observer`][hwdist.collectives._calls.add_observer] accepts."""
+    """What [`add_observer`][hwdist.collectives.call_entry.add_observer] accepts."""
 
     def begin(self, op: str, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Called before the outermost public call runs; returns a token handed to ``end``."""
@@ -104,6 +104,11 @@ def set_recorder(recorder: Optional[Observer]) -> Optional[Observer]:
 def recorder() -> Optional[Observer]:
     """The observer in the recorder slot (None when it is empty)."""
     return _recorder
+
+
+def in_call() -> bool:
+    """Whether this thread is inside a public hwdist collective now, on any group."""
+    return _get_ident() in _in_flight.values() or bool(getattr(_local, "depth", 0))
 
 
 def add_observer(observer: Observer) -> None:
@@ -217,7 +222,7 @@ def collective(
         name: the op name observers see (default: the function's name).
         describe: for the verification hook: takes the collective's own arguments and returns the
             call's ``(group, sample tensor or None, fields)``; it runs only while a hook is set.
-            None: the hook is not called (the function reaches it itself, through ``_engine.check``).
+            None: the hook is not called (the function reaches it itself, through ``engine.check``).
     """
 
     def decorate(fn: F) -> F:

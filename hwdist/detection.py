@@ -1,18 +1,33 @@
 """Hardware detection: which device and backend this process would use, and why.
 
-Drivers are tried in priority order (data on each driver, not line order).
-``HWDIST_BACKEND`` names a backend to use; ``HWDIST_DEVICE`` names a device
-type (the highest-priority available driver for it is chosen). Both are
-checked against what is available and refused with a clear error otherwise.
+The order, first match wins:
+
+1. ``HWDIST_BACKEND`` names a backend to use;
+2. ``HWDIST_DEVICE`` names a device type (the highest-priority available driver for it);
+3. torch's own answer (torch >= 2.6): the device ``torch.accelerator`` names, when devices of it are
+   visible, and the highest-priority driver for that device, else the backend torch itself uses on it
+   (``get_default_backend_for_device``: a backend registered only with torch gets a generic driver);
+4. drivers in priority order (data on each driver, not line order): how torch < 2.6 detects, and what
+   finds a vendor extension that torch does not load by itself;
+5. gloo.
+
+Overrides are checked against what is available and refused with a clear error otherwise. Detection
+initialises no device: torch's accelerator is read as built (``current_accelerator()`` without
+``check_available``), and a driver is available when its device module counts devices, which on CUDA is
+the NVML-based count (what torch itself does under ``PYTORCH_NVML_BASED_CUDA_CHECK=1``), so processes
+forked after ``detect()`` can still use the device.
+
+This module is ``hwdist.detection``; ``hwdist.detect`` is the function.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Optional
 
-from . import registry, settings
+from . import _compat, registry, settings
 from .drivers import FALLBACK_BACKEND
+from .drivers.base import Driver
 
 __all__ = ["Detection", "detect", "get_device", "ENV_BACKEND", "ENV_DEVICE"]
 
@@ -22,7 +37,7 @@ ENV_DEVICE = "HWDIST_DEVICE"
 
 @dataclass(frozen=True)
 class Detection:
-    """The outcome of [`detect`][hwdist.detect.detect].
+    """The outcome of [`detect`][hwdist.detection.detect].
 
     Attributes:
         device_type: device type computation runs on (cuda, npu, cpu, ...).
@@ -51,8 +66,10 @@ class Detection:
 def detect() -> Detection:
     """Decide the device and backend for this process.
 
+    Initialises no device driver: a process forked afterwards can still use the device.
+
     Returns:
-        A [`Detection`][hwdist.detect.Detection]. Environment overrides win over auto-detection;
+        A [`Detection`][hwdist.detection.Detection]. Environment overrides win over auto-detection;
         an override naming something unavailable raises.
 
     Raises:
@@ -84,19 +101,61 @@ def detect() -> Detection:
             + (f" ({reasons})" if reasons else f"; known device types: {', '.join(known)}")
             + f". Available backends: {', '.join(registry.available_backends())}"
         )
-    for drv in registry.drivers():
-        if drv.priority < 0:
-            continue  # opt-in backends (e.g. MPI) are never picked automatically
-        if drv.is_available():
+    return _auto()
+
+
+def _auto() -> Detection:
+    """Detection without an override: torch's accelerator first, then the drivers by priority."""
+    accelerator = _compat.accelerator_type()
+    if accelerator is not None:
+        drv = _first_available(accelerator)
+        why = "its highest-priority driver"
+        if drv is None:
+            drv, why = _torch_default(accelerator), "the backend torch uses on it"
+        if drv is not None:
             return Detection(
                 drv.compute_device_type(),
                 drv.name,
                 "auto",
-                f"highest-priority available driver ({drv.description})",
+                f"torch.accelerator names {accelerator!r}; {why} ({drv.description})",
                 drv.device_count(),
             )
+    drv = _first_available(None)
+    if drv is not None:
+        return Detection(
+            drv.compute_device_type(),
+            drv.name,
+            "auto",
+            f"highest-priority available driver ({drv.description})",
+            drv.device_count(),
+        )
     fallback = registry.get_driver(FALLBACK_BACKEND)
     return Detection(fallback.device_type, fallback.name, "auto", "no driver reported itself available", 1)
+
+
+def _first_available(device_type: Optional[str]) -> Optional[Driver]:
+    """The highest-priority available driver (of ``device_type`` if given); opt-in drivers never."""
+    for drv in registry.drivers():
+        if drv.priority < 0:
+            continue  # opt-in backends (e.g. MPI) are never picked automatically
+        if device_type is not None and drv.device_type != device_type:
+            continue
+        if drv.is_available():
+            return drv
+    return None
+
+
+def _torch_default(device_type: str) -> Optional[Driver]:
+    """The driver of the backend torch uses on ``device_type`` if it can run here (a generic driver for a
+    backend only torch knows), else None."""
+    name = _compat.default_backend_for_device(device_type)
+    if name is None:
+        return None
+    try:
+        drv = registry.get_driver(name, device_type)
+    except registry.BackendError:
+        return None
+    return drv if drv.is_available() else None
 
 
 def get_device() -> str:

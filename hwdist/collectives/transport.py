@@ -15,7 +15,7 @@ A driver whose tuning has ``reduce_by_gather_max_bytes`` (gloo;
 reduction: every rank reduces the same rows in the same order, so every rank gets the same bits.
 
 Every exchange is issued by the collective engine
-([`issue`][hwdist.collectives._engine.issue]); nothing here calls
+([`issue`][hwdist.collectives.engine.issue]); nothing here calls
 torch.distributed.
 """
 
@@ -31,8 +31,8 @@ from ..drivers import tuning as _tuning
 from ..drivers.base import byte_carrier
 from ..drivers.tuning import tuning
 from ..errors import PlanError
-from ._engine import issue, view, wire_call
-from ._wire import itemsize
+from .engine import issue, view, wire_call
+from ._wire import byte_view, itemsize, retype
 
 Tensor = torch.Tensor
 
@@ -74,7 +74,7 @@ class FlatReducer:
     The route (one all_gather plus a local reduction, or one all_reduce: ``reduce_by_gather_max_bytes``),
     the gathered rows' buffer and the wire call are chosen and made once; each call then issues one
     collective (and the local reduction). What ``all_reduce_dict`` keeps per layout; a one-off reduction
-    is [`reduce_buffer`][hwdist.collectives._transport.reduce_buffer]. A keeper checks ``current()``
+    is [`reduce_buffer`][hwdist.collectives.transport.reduce_buffer]. A keeper checks ``current()``
     before each call: False once ``set_tuning`` has changed the table the route was chosen from.
 
     Args:
@@ -130,7 +130,7 @@ class FlatReducer:
 def reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
     """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...).
 
-    One call's [`FlatReducer`][hwdist.collectives._transport.FlatReducer] (made and dropped).
+    One call's [`FlatReducer`][hwdist.collectives.transport.FlatReducer] (made and dropped).
     """
     FlatReducer(buf, reduce_op, group, world_size, driver)(buf)
 
@@ -142,15 +142,22 @@ def max_and_min(values: list[int], group: Any, world_size: int, driver: Any) -> 
     """Element-wise max and min over the ranks of 31-bit ints: one small MAX of ``values`` and negations.
 
     Travels as int32, or as a lossless widening the driver plans, or as float64 (which holds 31-bit
-    values exactly) where the driver has no integer MAX.
+    values exactly) where the driver has no integer MAX; where it has neither (a backend that reduces
+    only float32 and bfloat16), every rank's values are gathered as bytes and reduced here.
     """
-    plan = _MAX_PLANS.get(driver)
+    plan: Any = _MAX_PLANS.get(driver)
     if plan is None:
         try:
             plan = driver.plan("all_reduce", torch.int32, "max")
         except TypeError:  # PlanError: no integer MAX here
-            plan = driver.plan("all_reduce", torch.float64, "max")
+            try:
+                plan = driver.plan("all_reduce", torch.float64, "max")
+            except TypeError:  # nor a float64 MAX: gather and reduce locally
+                plan = False
         _MAX_PLANS[driver] = plan
+    if plan is False:
+        table = gather_ints(values, group, driver)
+        return [max(col) for col in zip(*table)], [min(col) for col in zip(*table)]
     buf = torch.tensor(values + [-v for v in values], dtype=torch.int32)
     buf = buf.to(device=driver.comm_device(), dtype=plan.comm_dtype)
     reduce_buffer(buf, plan.reduce_op or "max", group, world_size, driver)
@@ -263,7 +270,7 @@ def _wire(data: np.ndarray, carrier: torch.dtype, dev: torch.device) -> Tensor:
         pad = -t.numel() % k
         if pad:
             t = torch.cat([t, t.new_zeros(pad)])
-        t = t.view(carrier)
+        t = retype(t, carrier)
     return t if t.device == dev else t.to(dev)
 
 
@@ -272,7 +279,7 @@ def _room(n: int, carrier: torch.dtype, dev: torch.device) -> Tensor:
 
 
 def _host(t: Tensor, n: int) -> np.ndarray:
-    host = t.cpu().numpy() if t.dtype == torch.uint8 else t.view(torch.uint8).cpu().numpy()
+    host = byte_view(t).cpu().numpy()
     return host if host.size == n else host[:n]
 
 

@@ -1,17 +1,17 @@
 """The collective engine: the one module of ``hwdist.collectives`` that calls torch.distributed collectives.
 
 Every tensor collective is a thin public function (argument checks, then one
-call of [`GroupView.run`][hwdist.collectives._engine.GroupView.run]) and every
-internal exchange (``_transport``) issues through [`issue`][hwdist.collectives._engine.issue].
+call of [`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every
+internal exchange (``transport``) issues through [`issue`][hwdist.collectives.engine.issue].
 One call goes through the same steps whatever the op (docs/architecture.md):
 
-1. **resolve**: [`view`][hwdist.collectives._engine.view] gives the group's view:
-   the serial null object [`SERIAL`][hwdist.collectives._engine.SERIAL] when
+1. **resolve**: [`view`][hwdist.collectives.engine.view] gives the group's view:
+   the serial null object [`SERIAL`][hwdist.collectives.engine.SERIAL] when
    torch.distributed is not initialised (each strategy's ``serial`` gives
-   mmengine's single-process result), else a [`GroupView`][hwdist.collectives._engine.GroupView];
+   mmengine's single-process result), else a [`GroupView`][hwdist.collectives.engine.GroupView];
    then ``registry.resolve(group, device)`` gives the driver.
 2. **plan**: ``driver.plan(op, dtype, reduce_op)`` (cached by the driver).
-3. **to wire format**: the strategy's ``to_wire`` fills a [`Call`][hwdist.collectives._engine.Call]
+3. **to wire format**: the strategy's ``to_wire`` fills a [`Call`][hwdist.collectives.engine.Call]
    with the buffers and the torch op to issue (no copy where none is needed).
 4. **issue**: one torch.distributed call, chosen by ``call.native`` (async where the driver supports it).
 5. **finish**: the strategy's ``finish`` (division, copy back, the result).
@@ -24,7 +24,7 @@ default group's view keeps its verdict, on the process group's own method where
 torch's function would only issue (``_compat.pg_direct``; docs/architecture.md).
 
 Verification mode is a hook: a public collective's entry
-(``@collective(..., describe=...)``, hwdist/collectives/_calls.py) hands the
+(``@collective(..., describe=...)``, hwdist/collectives/call_entry.py) hands the
 call's description to it, while a hook is set (``hwdist.verify`` sets it when
 the mode is on), before the argument checks run.
 """
@@ -40,7 +40,7 @@ import torch.distributed as torch_dist
 
 from .. import _compat, registry
 from ..drivers.base import Driver, Plan, Post
-from . import _calls
+from . import call_entry
 from ._handle import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device, comm_index_source, fixed_comm_device
 
@@ -53,16 +53,16 @@ Tensor = torch.Tensor
 
 _NO_POST = Post.NONE
 _pg_direct, _pg_options = _compat.pg_direct, _compat.pg_options
-_hook = _calls.hook
+_hook = call_entry.hook
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
 
 
 # ---------------------------------------------------------------------------
-# the verification hook (its slot is the call entry's: ``_calls``)
+# the verification hook (its slot is the call entry's: ``call_entry``)
 # ---------------------------------------------------------------------------
 def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) -> None:
     """Install (or with None remove) the hook every described collective calls first (verification mode)."""
-    _calls.set_hook(hook)
+    call_entry.set_hook(hook)
 
 
 def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]]) -> bool:
@@ -175,7 +175,7 @@ def _weak(obj: Any) -> Callable[[], Any]:
 class GroupView:
     """A process group as the collectives see it (distributed).
 
-    The default group's view is kept between calls (see [`view`][hwdist.collectives._engine.view]):
+    The default group's view is kept between calls (see [`view`][hwdist.collectives.engine.view]):
     it holds its world size, the group's driver (and comm device) per device and the pass-through
     verdicts, so a call on the default group asks torch and the registry nothing. Another group's
     view is made per call and holds none of them.
@@ -410,7 +410,7 @@ _world: Callable[[], Any] = _compat.default_group if _compat.DIST_AVAILABLE else
 
 
 def view(group: Any) -> Any:
-    """The view of ``group`` (None: the default group); [`SERIAL`][hwdist.collectives._engine.SERIAL]
+    """The view of ``group`` (None: the default group); [`SERIAL`][hwdist.collectives.engine.SERIAL]
     when torch.distributed is not initialised.
 
     The default group's view is made once per default group object and registry generation
@@ -526,7 +526,7 @@ def wire_call(
     driver: Optional[Driver] = None,
     reduce_op: Optional[str] = None,
 ) -> Call:
-    """A ``Call`` for hwdist's own traffic (``_transport``), for [`issue`][hwdist.collectives._engine.issue].
+    """A ``Call`` for hwdist's own traffic (``transport``), for [`issue`][hwdist.collectives.engine.issue].
 
     ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions.
     """

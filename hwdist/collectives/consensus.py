@@ -2,7 +2,7 @@
 
 A collective that checks its arguments on each rank alone would let one rank
 raise while the others wait forever in the collective it skipped.
-[`agree`][hwdist.collectives._agree.agree] runs on every rank before the real
+[`agree`][hwdist.collectives.consensus.agree] runs on every rank before the real
 work: one small MAX/MIN exchange (through the transport) of
 
 - whether this rank's arguments were invalid (and the lowest rank that was),
@@ -26,7 +26,7 @@ import torch.distributed as torch_dist
 
 from .. import registry
 from ..errors import CollectiveArgumentError
-from . import _transport
+from . import transport
 
 __all__ = ["Agreement", "agree", "Raiser"]
 
@@ -40,7 +40,7 @@ _WORD = (1 << 31) - 1  # words travel as 31-bit ints (negations fit int32)
 
 @dataclass(frozen=True)
 class Agreement:
-    """What every rank learned from one [`agree`][hwdist.collectives._agree.agree] call.
+    """What every rank learned from one [`agree`][hwdist.collectives.consensus.agree] call.
 
     Attributes:
         flag: the maximum of ``flag`` over the ranks.
@@ -79,7 +79,7 @@ def agree(
             keep an older form (``all_reduce_dict``: the same message on every rank).
 
     Returns:
-        An [`Agreement`][hwdist.collectives._agree.Agreement]; deciding what a difference in
+        An [`Agreement`][hwdist.collectives.consensus.Agreement]; deciding what a difference in
         ``words`` means is the caller's job.
 
     Raises:
@@ -96,10 +96,10 @@ def agree(
         *[0 if bad else (int(w) & _WORD) for w in words],
     ]
     driver = driver if driver is not None else registry.resolve(group)
-    highest, lowest = _transport.max_and_min(mine, group, torch_dist.get_world_size(group), driver)
+    highest, lowest = transport.max_and_min(mine, group, torch_dist.get_world_size(group), driver)
     if highest[0]:
         first = -highest[1]
-        texts = _transport.gather_bytes(
+        texts = transport.gather_bytes(
             f"{type(problem).__name__}: {problem}".encode() if bad else b"", group, driver
         )
         if raise_as is not None:

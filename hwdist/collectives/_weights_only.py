@@ -1,0 +1,133 @@
+"""``weights_only=``: torch's keyword on the object collectives, on every torch hwdist supports.
+
+torch (2.14 and later) gives its object collectives ``weights_only=False``; with
+``True`` the receivers read payloads with the loader behind
+``torch.load(weights_only=True)``, which builds only tensors, standard
+containers and the types registered with
+``torch.serialization.add_safe_globals`` / ``safe_globals``. hwdist gives the
+same keyword, with the same default, to each of its object collectives, on every
+torch it supports.
+
+With ``weights_only=True`` hwdist reads payloads with its restricted loader
+(``_restricted.py``: hwdist's allow-list, the types registered with
+[`register_safe_class`][hwdist.collectives._restricted.register_safe_class],
+and the types registered with torch's ``add_safe_globals`` at the moment of
+the call). torch's own loader was measured against hwdist's hostile payloads
+and is not used: it cannot read hwdist's frames (protocol 5, out-of-band
+buffers), and it crashed or allocated a gigabyte on some of them
+(``docs/reliability.md``).
+
+Each sender also reads its own object back through the same loader before it
+sends it, so an object holding a type that is not allowed fails on every rank
+with [`WeightsOnlyRefused`][hwdist.errors.WeightsOnlyRefused] (a
+``pickle.UnpicklingError``, the type torch raises) naming the type, instead of
+on the receivers only. Receivers still check every payload (a peer may not
+run hwdist).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from .. import _compat
+from ..errors import CollectiveArgumentError, UnpicklingRefused
+from ._restricted import pair
+from .serialization import (
+    OOB_THRESHOLD,
+    Frame,
+    PickleSerializer,
+    RestrictedPickleSerializer,
+    Serializer,
+    get_serializer,
+)
+
+__all__ = ["WeightsOnlySerializer", "for_call", "torch_safe_pairs", "check_own", "HINT"]
+
+HINT = (
+    "with weights_only=True, register a type on every rank with torch.serialization.add_safe_globals([T])"
+    " (torch >= 2.4) or hwdist.register_safe_class(T), or pass weights_only=False if every sender is trusted"
+)
+
+
+def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
+    """``(module, name)`` of every type torch's ``add_safe_globals`` / ``safe_globals`` allow now."""
+    out = []
+    for entry in _compat.torch_safe_globals():
+        try:
+            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
+                out.append(pair("add_safe_globals", entry[1]))  # (obj, "module.Name") as torch allows
+            else:
+                out.append(pair("add_safe_globals", entry))
+        except (TypeError, ValueError):  # an entry without a name: no payload can name it either
+            continue
+    return tuple(out)
+
+
+class WeightsOnlySerializer(RestrictedPickleSerializer):
+    """The serializer a ``weights_only=True`` call uses: restricted, plus torch's safe globals.
+
+    Args:
+        extra: ``(module, name)`` pairs allowed by the serializer it stands in for.
+        oob_threshold: as [`PickleSerializer`][hwdist.collectives.serialization.PickleSerializer].
+    """
+
+    def __init__(self, extra: Sequence[tuple[str, str]] = (), oob_threshold: int = OOB_THRESHOLD) -> None:
+        super().__init__((), oob_threshold)
+        self.extra = tuple(extra)
+
+    def loads(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
+        """Unpickle through the restricted loader with torch's safe globals of this moment.
+
+        Raises:
+            UnpicklingRefused: a type is not allowed (the message names it and how to allow it).
+        """
+        try:
+            return super().loads(stream, buffers)
+        except UnpicklingRefused as exc:
+            raise UnpicklingRefused(f"{exc}. {HINT[0].upper()}{HINT[1:]}") from None
+
+
+_DEFAULT_WO = WeightsOnlySerializer()
+
+
+def for_call(serializer: Optional[Serializer], weights_only: Any, where: str) -> Optional[Serializer]:
+    """The serializer a call uses: ``serializer`` unchanged unless ``weights_only`` is true.
+
+    Raises:
+        CollectiveArgumentError: ``weights_only`` is not a bool, or ``serializer`` is not a pickle serializer.
+    """
+    if weights_only is False or weights_only is None:
+        return serializer
+    if weights_only is not True:
+        raise CollectiveArgumentError(
+            f"{where}: weights_only must be True or False,"
+            f" got {type(weights_only).__name__}: {weights_only!r}"
+        )
+    base = serializer if serializer is not None else get_serializer()
+    if isinstance(base, WeightsOnlySerializer):
+        return base
+    if type(base) is PickleSerializer and base.oob_threshold == OOB_THRESHOLD and not _custom(base):
+        return _DEFAULT_WO
+    if isinstance(base, PickleSerializer):
+        made = WeightsOnlySerializer(tuple(getattr(base, "extra", ())), base.oob_threshold)
+        made.reducers.update(base.reducers)  # the sender pickles as the serializer it stands in for
+        return made
+    raise CollectiveArgumentError(
+        f"{where}: weights_only=True reads pickle payloads, but serializer is a {type(base).__name__};"
+        " pass weights_only=False with that serializer, or a hwdist PickleSerializer"
+    )
+
+
+def _custom(base: PickleSerializer) -> bool:
+    return len(base.reducers) != 2
+
+
+def check_own(frame: Frame, serializer: Optional[Serializer]) -> Optional[str]:
+    """Why a ``weights_only=True`` receiver would refuse this rank's own ``frame``, or None."""
+    if not isinstance(serializer, WeightsOnlySerializer):
+        return None
+    try:
+        serializer.loads(frame.stream, frame.buffers)
+    except UnpicklingRefused as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,317 @@
+"""Cross-rank verification mode: catch mismatched collectives before they hang.
+
+When on (``HWDIST_DEBUG=1`` in the environment, or
+[`verification`][hwdist.collectives.verify.verification] /
+[`set_verification`][hwdist.collectives.verify.set_verification] in code), every hwdist
+collective first exchanges a compact fingerprint of the call on every rank of the group: op name, call
+sequence number, the calling line of user code, shapes, dtypes, devices, dict
+keys, object-collective role.
+If the ranks disagree, every rank raises
+[`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing each rank's value,
+e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
+instead of hanging or returning garbage.
+
+Every collective reaches the check through the collective engine's hook
+(``collectives.engine.set_hook``), installed only while the mode is on: the
+tensor collectives through ``@collective(..., describe=...)``, the object, results, dict and
+params collectives through ``engine.check`` (all_to_all's piece-size check through
+``engine.when_checking``); no other module reads the mode. The
+mode is a ``settings.Switch`` and each group's call
+numbers live in its state (``hwdist._state``). Cost when off: one global read
+per call. Cost when on: one all_reduce
+(MAX) of ten int32 per collective (a 124-bit digest of the description and
+its length, and their negations: every rank agrees iff max == -max(-x)), plus
+an exchange of the full descriptions only when they differ (figures in
+docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import operator
+import os
+import struct
+import sys
+import warnings
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as torch_dist
+
+from .. import _state, registry, settings
+from ..errors import CollectiveMismatch
+from . import engine, transport
+
+__all__ = [
+    "CollectiveMismatch",
+    "verification",
+    "set_verification",
+    "verification_enabled",
+    "describe_tensor",
+    "describe_dtype",
+    "check_call",
+    "ENV_DEBUG",
+]
+
+ENV_DEBUG = "HWDIST_DEBUG"
+
+
+def _env_flag(name: str) -> bool:
+    """``settings.flag(name)``: off for unset, empty, 0, false, no, off; on for 1, 2, ..., true, yes, on.
+
+    A value that is none of those words turns the mode on with a warning: asking for debugging
+    and silently not getting it is the worse mistake (docs/reliability.md).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        on = settings.flag(name)
+    if caught:
+        warnings.warn(
+            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off)"
+            " or 1/2/.../true/yes/on (on);"
+            " verification mode is ON",
+            stacklevel=2,
+        )
+    return on
+
+
+def _check_mode(value: Any) -> tuple[bool, bool]:
+    enabled, call_sites = value
+    return bool(enabled), bool(call_sites)
+
+
+def _mode_changed() -> None:
+    """The switch moved: mirror it, restart the call numbers, install or remove the engine's hook."""
+    global _enabled, _call_sites, _generation
+    _enabled, _call_sites = _MODE.get()
+    _generation += 1
+    engine.set_hook(_hook if _enabled else None)
+
+
+#: Verification mode as (enabled, call_sites): ``HWDIST_DEBUG`` gives the initial value.
+_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
+    lambda: (_env_flag(ENV_DEBUG), True), _check_mode, _mode_changed
+)
+_enabled: bool  # mirror of _MODE (read by check_call; other modules reach the mode through the engine's hook)
+# whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
+_call_sites: bool
+_generation = 0  # bumped on every switch: a group's call numbers restart
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def verification_enabled() -> bool:
+    """Whether verification mode is on in this process."""
+    return _MODE.get()[0]
+
+
+def set_verification(enabled: bool, *, call_sites: bool = True) -> bool:
+    """Switch verification mode on or off (all ranks must agree); returns the old value.
+
+    Args:
+        enabled: on or off.
+        call_sites: also compare the line of user code each rank calls the
+            collective from (default). Pass False for programs whose ranks
+            call one collective from different lines on purpose.
+
+    Examples:
+        >>> hwdist.set_verification(True)   # same on every rank
+        False
+    """
+    return _MODE.set((enabled, call_sites))[0]
+
+
+@contextlib.contextmanager
+def verification(enabled: bool = True, *, call_sites: bool = True) -> Iterator[None]:
+    """Context manager: verification mode on (or off) inside the block, on every rank.
+
+    Examples:
+        >>> with hwdist.verification():
+        ...     hwdist.all_reduce(t)   # raises on every rank if shapes differ
+    """
+    with _MODE.override((enabled, call_sites)):
+        yield
+
+
+def _hook(op: str, group: Any, sample: Any, fields: dict[str, Any]) -> None:
+    """The engine's hook while the mode is on: check the call described by a tensor collective."""
+    if not torch_dist.is_initialized():
+        return
+    device = sample.device if isinstance(sample, torch.Tensor) else None
+    check_call(op, group, registry.resolve(group, device), **fields)
+
+
+def describe_tensor(t: Any) -> str:
+    """A short description such as ``float32[4, 3]@cpu`` (the type name for a non-tensor)."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    dtype = str(t.dtype)[6:]  # drop "torch."
+    text = f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
+    return text if t.layout is torch.strided else f"{text}/{str(t.layout)[6:]}"  # a sparse value differs too
+
+
+def rank_field(value: Any) -> Any:
+    """A ``src``/``dst`` argument as the fingerprint shows it.
+
+    An int for any integer (``np.int64(0)`` is ``0``), else its repr.
+    """
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    return repr(value)
+
+
+def describe_dtype(t: Any) -> str:
+    """``float32@cpu`` for a tensor (shape left out), the type name otherwise."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{str(t.dtype)[6:]}@{t.device.type}"
+
+
+def _call_site() -> str:
+    """``file.py:LINE`` of the first caller outside hwdist (the user's call of the collective)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _next_seq(group: Any) -> int:
+    """This group's next call number, counted from 1 as the flight recorder counts (``#1`` is the first call).
+
+    Kept in the group's state; restarts when the mode is switched.
+    """
+    state = _state.of(group if group is not None else torch_dist.GroupMember.WORLD)
+    gen, seq = getattr(state, "verify_seq", (-1, 0))
+    if gen != _generation:
+        seq = 0
+    vars(state)["verify_seq"] = (_generation, seq + 1)
+    return seq + 1
+
+
+def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
+    """Verify that every rank of ``group`` makes the same call; no-op when off.
+
+    The collectives reach it through the engine's hook, installed only
+    while the mode is on, so they pay nothing when it is off. Every rank of the
+    group must reach this call (it is itself a collective: one small MAX
+    reduction of ten int32).
+
+    Args:
+        op: the collective's name.
+        group: the process group (None: default).
+        driver: the group's driver (decides the device the digest travels on).
+        **fields: what must agree across ranks (JSON-able values; dicts and
+            lists are compared item by item in the error message).
+
+    Raises:
+        CollectiveMismatch: on every rank, listing each rank's differing values.
+    """
+    if not _enabled:
+        return
+    seq = _next_seq(group)
+    world = torch_dist.get_world_size(group)
+    if world == 1:
+        return
+    desc = {**fields, "op": op, "seq": seq}
+    if _call_sites:
+        desc["call site"] = _call_site()
+    text = json.dumps(desc, sort_keys=True, default=str)
+    raw = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    # 31-bit words (so that negating them cannot overflow int32): 4 of the digest, 1 of the length.
+    words = [w >> 1 for w in struct.unpack("<4I", raw)] + [len(text) & 0x7FFFFFFF]
+    if not _digests_agree(words, group, driver, world):
+        everyone = _exchange_descriptions(text, group, driver, world)
+        raise CollectiveMismatch(_format_mismatch(op, everyone))
+
+
+def _digests_agree(words: list[int], group: Any, driver: Any, world: int) -> bool:
+    """One small MAX of ``words`` and their negations: every rank agrees iff max == min."""
+    highest, lowest = transport.max_and_min(words, group, world, driver)
+    return highest == lowest
+
+
+def _exchange_descriptions(text: str, group: Any, driver: Any, world: int) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in transport.gather_bytes(text.encode(), group, driver)]
+
+
+_MISSING = "(missing)"
+_MAX_LINES = 8
+
+
+def _format_mismatch(op: str, everyone: list[dict[str, Any]]) -> str:
+    ops = [d.get("op") for d in everyone]
+    seqs = [d.get("seq") for d in everyone]
+    keys = sorted({k for d in everyone for k in d} - {"seq"})
+    parts: list[str] = []
+    for k in keys:
+        values = [d.get(k, _MISSING) for d in everyone]
+        if all(v == values[0] for v in values):
+            continue
+        if k != "op" and any(o != ops[0] for o in ops):
+            continue  # different collectives: their arguments differ anyway
+        parts.extend(_diff(k, values))
+    if any(s != seqs[0] for s in seqs):
+        parts.append("call number: " + "; ".join(f"rank {r}: {s}" for r, s in enumerate(seqs)))
+    if len(parts) > _MAX_LINES:
+        parts = parts[:_MAX_LINES] + [f"... and {len(parts) - _MAX_LINES} more differences"]
+    lines = "\n  ".join(parts) if parts else "(descriptions differ)"
+    hint = ""
+    if all(p.startswith("call site") for p in parts):
+        hint = (
+            "\nHINT: a rank skipped one of several equal calls (its data met another call's data), or ranks"
+            " call this collective from different lines on purpose: then pass call_sites=False to"
+            " hwdist.verification() / hwdist.set_verification()"
+        )
+    return (
+        f"collective mismatch in '{op}' (call #{seqs[0]} on this group) across ranks"
+        f" (verification mode):\n  {lines}{hint}"
+    )
+
+
+def _diff(name: str, values: list[Any]) -> list[str]:
+    """Lines naming each rank's value of ``name``; dicts and equal-length lists item by item."""
+    if all(isinstance(v, dict) for v in values):
+        subkeys = sorted({s for v in values for s in v})
+        out = []
+        for s in subkeys:
+            items = [v.get(s, _MISSING) for v in values]
+            if any(i != items[0] for i in items):
+                out.append(_line(f"{name}[{s}]", items))
+        return out
+    if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
+        out = []
+        for i in range(len(values[0])):
+            items = [v[i] for v in values]
+            if any(x != items[0] for x in items):
+                out.append(_line(f"{name}[{i}]", items))
+        return out
+    return [_line(name, values)]
+
+
+def _line(name: str, values: list[Any]) -> str:
+    return f"{name}: " + "; ".join(f"rank {r}: {_show(v)}" for r, v in enumerate(values))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        text = ", ".join(map(str, value)) if value else "[]"
+        return text if len(text) <= 200 else text[:200] + f"... ({len(value)} items)"
+    return str(value)
+
+
+def seq_reset(group: Optional[Any] = None) -> None:
+    """Forget call sequence numbers (all groups, or one)."""
+    global _generation
+    if group is None:
+        _generation += 1
+    else:
+        vars(_state.of(group)).pop("verify_seq", None)
+
+
+_mode_changed()  # the initial value (HWDIST_DEBUG): mirrors and the engine's hook

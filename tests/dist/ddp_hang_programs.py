@@ -1,0 +1,108 @@
+"""One rank of a DDP/FSDP hang (tests/dist/test_torch_hooks.py starts one process per rank).
+
+Usage: ``python ddp_hang_programs.py SCENARIO STORE_FILE`` with ``RANK``/``WORLD_SIZE`` set. The
+training loop uses torch only (DDP, FSDP2); hwdist is imported and its recorder switched on after
+``init_process_group``, as a user would. The last rank misbehaves:
+
+* ``skip_backward``: it skips ``loss.backward()`` on step 1;
+* ``uneven``: its data ends one step early (the classic uneven-input hang);
+* ``fsdp_skip_forward``: an FSDP2 model; it skips the forward (and backward) of step 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import hwdist
+
+
+def idle() -> None:
+    """Where a rank that finished waits: the watchdog of the others reports meanwhile."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        time.sleep(0.05)  # SITE-idle
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+
+def skip_backward(rank: int, last: int, steps: int = 3) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        loss = model(torch.ones(4, 8) * (rank + step)).sum()
+        if rank == last and step == 1:
+            continue  # this rank forgot its backward
+        loss.backward()  # SITE-backward
+        opt.step()
+        opt.zero_grad()
+
+
+def uneven(rank: int, last: int) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = 2 if rank == last else 3
+    for step in range(batches):
+        loss = model(torch.ones(4, 8) * (rank + step)).sum()
+        loss.backward()  # SITE-uneven-backward
+        opt.step()
+        opt.zero_grad()
+
+
+def fsdp_skip_forward(rank: int, last: int) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        if rank == last and step == 1:
+            continue  # this rank skips a whole step
+        loss = model(torch.ones(4, 8) * (rank + step)).sum()  # SITE-fsdp-forward
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+SCENARIOS = {"skip_backward": skip_backward, "uneven": uneven, "fsdp_skip_forward": fsdp_skip_forward}
+
+
+def main() -> None:
+    name, store = sys.argv[1:3]
+    logs = os.environ.get("HANG_LOGS")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if logs:
+        fd = os.open(os.path.join(logs, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    hwdist.flight.enable(torch_calls=True)  # record torch's own collectives from here on
+    if os.environ.get("HANG_DEBUG"):
+        import threading
+
+        def show() -> None:
+            time.sleep(float(os.environ["HANG_DEBUG"]))
+            from hwdist.flight import torch_hooks
+
+            print("attached:", torch_hooks.attached_groups(), file=sys.stderr)
+            for e in hwdist.flight.snapshot():
+                print(e["seq"], e["op"], e["state"], e["site"], file=sys.stderr, flush=True)
+
+        threading.Thread(target=show, daemon=True).start()
+    print(f"rank {rank}: started at {time.time()}", file=sys.stderr, flush=True)
+    SCENARIOS[name](rank, world - 1)
+    idle()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
