@@ -189,7 +189,7 @@ def choose_backend(name: Optional[str]) -> Any:
     if why is not None:
         available = hwdist.available_backends()
         fix = f"pass --backend {available[0]}" if available else "install a backend's support package"
-        if driver.name in _extras():  # the package's own extra installs what the backend needs
+        if driver.name in extras():  # the package's own extra installs what the backend needs
             fix = f"pip install 'hwdist[{driver.name}]'" + (f", or {fix}" if available else "")
         raise UsageError(
             f"backend {driver.name!r} is not available here: {why}. Available: {', '.join(available)}."
@@ -198,7 +198,7 @@ def choose_backend(name: Optional[str]) -> Any:
     return driver
 
 
-def _extras() -> list[str]:
+def extras() -> list[str]:
     """The optional-dependency extras the installed hwdist declares (``[]`` if its metadata is absent)."""
     from importlib import metadata
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hwdist import cli, checks
+from hwdist import checks, cli, cli_ranks
 
 from .test_cli import ROOT, run_cli
 
@@ -347,7 +347,7 @@ def test_a_backend_missing_its_package_names_the_extra(capsys, monkeypatch):
     import hwdist
 
     name = "mpi"
-    if name not in cli._extras():
+    if name not in cli_ranks.extras():
         pytest.skip("hwdist's metadata declares no 'mpi' extra here (not installed as a package)")
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if mpi4py were not installed
     if hwdist.get_driver(name).unavailable_reason() is None:
