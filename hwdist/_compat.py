@@ -334,7 +334,7 @@ def pg_options(kind: str, value: Any, async_op: bool) -> Any:
 
 
 # torch.accelerator (torch>=2.6) names the accelerator this torch was built for, or a registered
-# PrivateUse1 extension (torch_npu's 'npu'). current_accelerator() without check_available reads that at
+# PrivateUse1 extension (a vendor's device). current_accelerator() without check_available reads that at
 # compile time and initialises no device (check_available=True, from 2.7, calls the device module's
 # is_available, which initialises CUDA unless PYTORCH_NVML_BASED_CUDA_CHECK=1). Its device_count() is not
 # used: on 2.6 it is a C++ call that initialises CUDA; the device module's own count (NVML-based on CUDA)
