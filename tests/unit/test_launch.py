@@ -374,9 +374,10 @@ def test_importing_hwdist_registers_no_exit_hook():
         "    seen.append(traceback.extract_stack()[-2].filename)\n"
         "    return real(fn, *a, **k)\n"
         "atexit.register = spy\n"
-        "import hwdist, hwdist.testing\n"
+        "import os, hwdist, hwdist.testing\n"
         "from hwdist import _exit as exit_hook\n"
-        "print(exit_hook.installed(), [f for f in seen if 'hwdist' in f])\n"
+        "pkg = os.path.dirname(hwdist.__file__) + os.sep\n"
+        "print(exit_hook.installed(), [f for f in seen if f.startswith(pkg)])\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
