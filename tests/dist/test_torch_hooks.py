@@ -45,10 +45,22 @@ def _here() -> int:
     return sys._getframe(1).f_lineno
 
 
+def _since(last: object) -> list:
+    """The ring's entries after ``last`` ((group, seq) of the newest one before; None: all).
+
+    The ring is bounded: in a pool that has run many collectives it is full, so a count taken
+    before would point past its end.
+    """
+    entries = hwdist.flight.snapshot()
+    keys = [(e["group"], e["seq"]) for e in entries]
+    return entries[keys.index(last) + 1:] if last in keys else entries
+
+
 def _ring_sees_torch_calls() -> dict:
     hwdist.flight.enable(torch_calls=True)
     try:
-        start = len(hwdist.flight.snapshot())
+        before = hwdist.flight.snapshot()
+        last = (before[-1]["group"], before[-1]["seq"]) if before else None
         t = torch.ones(4)
         torch_dist.all_reduce(t)
         line_raw = _here() - 1
@@ -58,11 +70,11 @@ def _ring_sees_torch_calls() -> dict:
         torch_dist.barrier()  # a group torch made later is attached at the next call on an attached group
         torch_dist.broadcast(t, src=0, group=sub)
         line_sub = _here() - 1
-        entries = hwdist.flight.snapshot()[start:]
+        entries = _since(last)
         deadline = time.time() + 10
         while any(e["state"] == "issued" for e in entries) and time.time() < deadline:
             time.sleep(0.01)  # the end time comes from the work's future, on a backend thread
-            entries = hwdist.flight.snapshot()[start:]
+            entries = _since(last)
         return {
             "entries": [(e["group"], e["op"], e["args"], e["site"], e["state"]) for e in entries],
             "seqs": [e["seq"] for e in entries if e["group"] == "default"],
