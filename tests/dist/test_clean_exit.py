@@ -68,10 +68,17 @@ def test_index_example_exits_cleanly_every_time_under_torchrun(tmp_path):
 
 
 # Registered before the group exists, so it runs after hwdist's hook (atexit runs last-registered first).
+# Each line goes out in one os.write: both ranks share torchrun's stdout, and print() writes its
+# arguments one by one, so two ranks' lines could interleave mid-line.
 _REPORT_AT_EXIT = """
 import atexit
+import os
 import torch.distributed as td
-atexit.register(lambda: print("at exit, group alive:", td.is_initialized(), flush=True))
+
+def say(*parts):
+    os.write(1, (" ".join(map(str, parts)) + "\\n").encode())
+
+atexit.register(lambda: say("at exit, group alive:", td.is_initialized()))
 """
 
 
@@ -85,7 +92,7 @@ def test_group_made_by_torch_and_used_by_hwdist_is_torn_down_at_exit(tmp_path):
         assert not exit_hook.installed()  # torch made the group; hwdist has not used it yet
         t = torch.ones(1)
         hwdist.all_reduce(t)
-        print("hook:", exit_hook.installed(), t.item(), flush=True)
+        say("hook:", exit_hook.installed(), t.item())
     """))
     p = _torchrun(script)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
