@@ -209,3 +209,15 @@ def test_ddp_uneven_inputs_hang_names_the_rank_whose_data_ended(tmp_path):
 def test_ddp_rank_that_skips_backward_is_named(tmp_path):
     _check_hang("skip_backward", tmp_path, stuck=0, missing=1)
     assert f"ddp_hang_programs.py:{_line('backward')}" in _pending(tmp_path, 0)["site"]
+
+
+def test_fsdp2_rank_that_skips_a_forward_is_named(tmp_path):
+    pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
+    from torch.distributed import fsdp
+
+    if not hasattr(fsdp, "fully_shard"):
+        pytest.skip(f"torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+    _check_hang("fsdp_skip_forward", tmp_path, stuck=0, missing=1)
+    pending = _pending(tmp_path, 0)
+    assert pending["op"] == "all_gather_into_tensor", pending  # FSDP2 gathers the next step's parameters
+    assert f"ddp_hang_programs.py:{_line('fsdp-forward')}" in pending["site"], pending
