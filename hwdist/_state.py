@@ -13,20 +13,42 @@ old entry.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 __all__ = ["GroupState", "of", "clear"]
 
 
+@dataclass(eq=False)
 class GroupState:
-    """The state hwdist keeps for one process group: a namespace, one attribute per user module.
+    """The state hwdist keeps for one process group, every field declared here.
 
-    Modules store what they need under their own attribute name
-    (``state.of(group).verify_seq``) and read it with ``getattr(..., default)``.
+    The field types that belong to other parts of the package are written as ``Any`` so that
+    this module imports nothing of hwdist (it sits below every part that uses it); each field
+    names its owner and type.
+
+    Attributes:
+        verify_seq: verification mode's ``(generation, last call number)`` for this group
+            (``collectives/verify.py``); None before the first verified call.
+        all_reduce_dict: ``all_reduce_dict``'s agreement on the dicts' layout
+            (``collectives/params.py``); None before the first call.
+        sizes: the size histories of the predicted gathers, keyed by ``(op, *key)``
+            (``collectives/_sizes.py``, ``SizeHistory`` values).
+        gathers: the gathers' reusable buffers and routes, keyed like ``sizes``
+            (``collectives/_gather.py``).
+        flight: the flight recorder's ``GroupInfo`` (name, ranks, sequence numbers) for this
+            group (``flight/recorder.py``); None until the first recorded call.
+        torch_hooks: the ``GroupHooks`` through which the recorder sees torch's own
+            collectives on this group (``flight/torch_hooks.py``, torch >= 2.14); None when
+            not attached.
     """
 
-    def __repr__(self) -> str:
-        return f"GroupState({', '.join(sorted(vars(self)))})"
+    verify_seq: Optional[tuple[int, int]] = None
+    all_reduce_dict: Any = None
+    sizes: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    gathers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    flight: Any = None
+    torch_hooks: Any = None
 
 
 class _DefaultGroup:

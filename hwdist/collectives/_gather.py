@@ -193,11 +193,7 @@ class _Site:
 
 
 def _site(group: Any, op: str, key: tuple[Any, ...]) -> _Site:
-    st = _state.of(group)
-    table: Optional[dict[tuple[Any, ...], _Site]] = getattr(st, "gathers", None)
-    if table is None:
-        table = {}
-        setattr(st, "gathers", table)  # noqa: B010 - GroupState is a namespace
+    table: dict[tuple[Any, ...], _Site] = _state.of(group).gathers
     site = table.get((op,) + key)
     if site is None:
         site = table[(op,) + key] = _Site(_sizes.history(group, op, key))

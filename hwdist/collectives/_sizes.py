@@ -446,11 +446,7 @@ class SizeHistory:
 
 def history(group: Any, op: str, key: tuple[Any, ...] = ()) -> SizeHistory:
     """The [`SizeHistory`][hwdist.collectives._sizes.SizeHistory] of ``(op, key)`` in ``group``'s state."""
-    st = _state.of(group)
-    table: Optional[dict[tuple[Any, ...], SizeHistory]] = getattr(st, "sizes", None)
-    if table is None:
-        table = {}
-        setattr(st, "sizes", table)  # noqa: B010 - GroupState is a namespace
+    table: dict[tuple[Any, ...], SizeHistory] = _state.of(group).sizes
     full = (op,) + tuple(key)
     hist = table.get(full)
     if hist is None:

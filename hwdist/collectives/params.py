@@ -210,12 +210,12 @@ def all_reduce_dict(
         # kept by the group object (not None): a default group made by a new init gets a new history
         owner = group if group is not None else _compat.default_group()
         state = _state.of(owner)
-        agreement = getattr(state, "all_reduce_dict", None)
+        agreement = state.all_reduce_dict
         if agreement is None:
             hist = _sizes.history(owner, "all_reduce_dict")
             ws = torch_dist.get_world_size(group)
             agreement = _layouts.LayoutAgreement(group, ws, check_same_dicts, hist)
-            setattr(state, "all_reduce_dict", agreement)  # noqa: B010 (GroupState is a namespace)
+            state.all_reduce_dict = agreement
         ws = agreement.ws
     if alone is not None and (not checked or ws == 1):
         raise alone

@@ -187,10 +187,10 @@ def _next_seq(group: Any) -> int:
     Kept in the group's state; restarts when the mode is switched.
     """
     state = _state.of(group if group is not None else torch_dist.GroupMember.WORLD)
-    gen, seq = getattr(state, "verify_seq", (-1, 0))
+    gen, seq = state.verify_seq or (-1, 0)
     if gen != _generation:
         seq = 0
-    vars(state)["verify_seq"] = (_generation, seq + 1)
+    state.verify_seq = (_generation, seq + 1)
     return seq + 1
 
 
@@ -311,7 +311,7 @@ def seq_reset(group: Optional[Any] = None) -> None:
     if group is None:
         _generation += 1
     else:
-        vars(_state.of(group)).pop("verify_seq", None)
+        _state.of(group).verify_seq = None
 
 
 _mode_changed()  # the initial value (HWDIST_DEBUG): mirrors and the engine's hook

@@ -52,7 +52,7 @@ class GroupInfo:
 def _group_info(group: Any) -> Optional[GroupInfo]:
     """The group's info, made on first use; None when no process group is initialised (a no-op call)."""
     st = _state.of(group)
-    info: Optional[GroupInfo] = getattr(st, "flight", None)
+    info: Optional[GroupInfo] = st.flight
     if info is not None:
         return info
     import torch.distributed as torch_dist
@@ -78,7 +78,7 @@ def _group_info(group: Any) -> Optional[GroupInfo]:
                 ranks = None
             label = f"group[{','.join(map(str, ranks))}]" if ranks is not None else f"group@{id(group):x}"
             info = GroupInfo(label, ranks, backend)
-    st.flight = info  # type: ignore[attr-defined]  # GroupState is a namespace
+    st.flight = info
     return info
 
 
@@ -146,7 +146,7 @@ class Recorder:
                 if info is None:
                     info = self._world()
             else:
-                info = getattr(_state.of(group), "flight", None)
+                info = _state.of(group).flight
                 if info is None:
                     info = _group_info(group)
                     if info is not None:

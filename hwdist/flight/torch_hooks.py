@@ -202,7 +202,7 @@ def attach(recorder: _rec.Recorder, group: Any = None) -> Optional[GroupHooks]:
     pg: Any = target
     st = _state.of(group)
     with _lock:
-        hooks: Optional[GroupHooks] = getattr(st, "torch_hooks", None)
+        hooks: Optional[GroupHooks] = st.torch_hooks
         if hooks is not None and hooks.recorder is recorder:
             return hooks
         info = _rec.group_info(group)
@@ -215,7 +215,7 @@ def attach(recorder: _rec.Recorder, group: Any = None) -> Optional[GroupHooks]:
         except Exception:
             hooks.detach()
             return None
-        st.torch_hooks = hooks  # type: ignore[attr-defined]  # GroupState is a namespace
+        st.torch_hooks = hooks
         _attached.append(hooks)
         return hooks
 
@@ -246,8 +246,8 @@ def detach_all() -> None:
         try:
             group = h.group()
             st = _state.of(None if group is _compat.default_group() else group)
-            if getattr(st, "torch_hooks", None) is h:
-                del st.torch_hooks  # type: ignore[attr-defined]  # GroupState is a namespace
+            if st.torch_hooks is h:
+                st.torch_hooks = None
         except Exception:
             pass
 

@@ -168,7 +168,7 @@ def _hook_rank() -> dict:
         hwdist.all_reduce(torch.ones(2))
         hwdist.broadcast(torch.ones(2), src=0)
         state = _state.of(torch.distributed.GroupMember.WORLD)
-        out["seq"] = vars(state).get("verify_seq", (None, None))[1]
+        out["seq"] = (state.verify_seq or (None, None))[1]
         # a recording hook in place of verification's: it sees the raw arguments before they are checked
         engine.set_hook(record)
         try:

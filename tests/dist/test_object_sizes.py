@@ -88,7 +88,7 @@ def _run_patterns() -> dict:
     out: dict = {}
     for op in OPS:
         for pattern in PATTERNS:
-            _state.of(None).sizes = {}  # every rank at the same point: each pattern starts without history
+            _state.of(None).sizes.clear()  # every rank at the same point: each pattern starts without history
             got, counts = [], []
             for call in range(CALLS):
                 with _Count() as c:

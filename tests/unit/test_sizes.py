@@ -237,3 +237,17 @@ def test_object_slots_frame_and_parse_as_the_mechanism_does():
     assert got_heads == want_heads == heads
     assert [v.tobytes() for v in views] == [v.numpy().tobytes() for v in want_views]
     assert [v.tobytes() for v in views] == [p[:cap].tobytes() for p in payloads]
+
+
+def test_group_state_is_one_typed_object_with_declared_fields():
+    """Every per-group cache is a declared field: a misspelt field fails in mypy, not at run time."""
+    import dataclasses
+
+    st = _state.of(None)
+    assert {f.name for f in dataclasses.fields(st)} == {
+        "verify_seq", "all_reduce_dict", "sizes", "gathers", "flight", "torch_hooks"
+    }
+    st.sizes[("probe",)] = 1
+    assert _state.of(None) is st
+    _state.clear()
+    assert _state.of(None) is not st and _state.of(None).sizes == {}
