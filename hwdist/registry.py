@@ -18,7 +18,7 @@ from . import _compat
 from ._plugins import load_plugins, register_or_decorate
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
 from .drivers.startup import fallback_process_group_factory
-from .drivers.base import ALL_OPS, REDUCE_OP_NAMES, REDUCE_OPS, Driver, Plan, PlanError, Post
+from .drivers.base import Driver
 
 __all__ = [
     "register_backend",
@@ -155,7 +155,6 @@ def _register(name: str, driver: Any, override: bool) -> Driver:
     # The registered name wins; one driver class registered under a second name gets its own instance name.
     inst.name = key
     _check_torch_name(key, inst)
-    _guard_plan(inst)
     with _lock:
         if key in _drivers and not override:
             same = "" if name == key else f" as {key!r} (backend names are case-insensitive)"
@@ -811,87 +810,6 @@ def _guard_torch_creator(backend: str) -> None:
 
 
 # --------------------------------------------------------------------------- plan guard
-class _CheckedPlan:
-    """A driver's own ``plan`` method, checked: the driver is named when it breaks its contract.
-
-    ``plan`` must return a [`Plan`][hwdist.drivers.base.Plan] for the op and dtype asked, or raise
-    [`PlanError`][hwdist.drivers.base.PlanError] (no plan) or ValueError (an unknown op or reduce-op name).
-    Anything else raises [`BackendError`][hwdist.registry.BackendError] naming the driver; collectives
-    ask for their plan before communicating, so every rank raises it there. Only drivers that override
-    [`Driver.plan`][hwdist.drivers.base.Driver.plan] get it: the planner's own plans need no check.
-    """
-
-    __slots__ = ("_driver", "_raw", "_ok")
-
-    def __init__(self, driver: Driver, raw: Any = None) -> None:
-        self._driver = driver
-        self._raw = raw
-        self._ok: dict[tuple[Any, Any, Any], Plan] = {}
-
-    def __call__(self, op: str, dtype: torch.dtype, reduce_op: Optional[str] = None) -> Plan:
-        drv = self._driver
-        try:
-            if self._raw is not None:
-                plan = self._raw(op, dtype, reduce_op)
-            else:
-                plan = type(drv).plan(drv, op, dtype, reduce_op)
-        except (PlanError, ValueError):
-            raise
-        except Exception as exc:
-            raise BackendError(
-                f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r}) raised"
-                f" {type(exc).__name__}: {exc}; a driver's plan must return a hwdist.Plan or raise PlanError"
-            ) from exc
-        key = (op, dtype, reduce_op)
-        if self._ok.get(key) is not plan:
-            why = _malformed(plan, op, dtype)
-            if why:
-                raise BackendError(
-                    f"driver {drv.name!r} ({type(drv).__name__}): plan({op!r}, {dtype}, {reduce_op!r})"
-                    " returned"
-                    f" a malformed plan: {why}"
-                )
-            self._ok[key] = plan
-        return plan
-
-    def __reduce__(self) -> Any:
-        return (_CheckedPlan, (self._driver,))
-
-
-def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
-    """Why ``plan`` is not a valid answer to ``plan(op, dtype, ...)``, or ''."""
-    if not isinstance(plan, Plan):
-        return f"expected a hwdist.Plan, got {type(plan).__name__}: {plan!r}"
-    if plan.op != op or plan.dtype != dtype:
-        return f"it is for {plan.op!r} on {plan.dtype}, not {op!r} on {dtype}"
-    if plan.native_op not in ALL_OPS:
-        return f"native_op {plan.native_op!r} is not an op ({', '.join(sorted(ALL_OPS))})"
-    if not isinstance(plan.comm_dtype, torch.dtype):
-        return f"comm_dtype must be a torch.dtype, got {plan.comm_dtype!r}"
-    if not isinstance(plan.post, Post):
-        return f"post must be a hwdist Post, got {plan.post!r}"
-    if plan.native_op in REDUCE_OPS and plan.reduce_op not in (*REDUCE_OP_NAMES, "avg"):
-        return f"reduce_op {plan.reduce_op!r} is not a reduce op ({', '.join(REDUCE_OP_NAMES)}, avg)"
-    if plan.view:
-        size = torch.empty((), dtype=dtype).element_size()
-        comm = torch.empty((), dtype=plan.comm_dtype).element_size()
-        if size % comm:
-            return f"a {dtype} element ({size} bytes) cannot be viewed as {plan.comm_dtype} ({comm} bytes)"
-    return ""
-
-
-def _guard_plan(driver: Driver) -> None:
-    """Wrap the planning method of a driver that overrides ``Driver.plan`` in a
-    [`_CheckedPlan`][hwdist.registry._CheckedPlan] (once).
-    """
-    own = getattr(driver, "__dict__", None)
-    if own is None or type(driver).plan is Driver.plan:
-        return  # the planner's plans (or a driver with __slots__ and no __dict__: left as it is)
-    if isinstance(own.get("plan"), _CheckedPlan):
-        return
-    own["plan"] = _CheckedPlan(driver, own.get("plan"))
-
-
 for _cls in BUILTIN_DRIVERS:
     _register(_cls.name, _cls, override=False)
 del _cls

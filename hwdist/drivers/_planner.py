@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from ..errors import PlanError
+from ..errors import BackendError, PlanError
 
 __all__ = [
     "Capabilities",
@@ -297,3 +297,69 @@ def _widen(caps: Capabilities, dtype: torch.dtype, where: str) -> torch.dtype:
         f"{where}: the backend cannot reduce {dtype_name(dtype)} and no lossless cast exists"
         " (hwdist never casts lossily, e.g. int64 -> int32)"
     )
+
+
+# ---- a driver's own plan method, checked ----------------------------------------------------------
+
+#: (op, dtype, reduce_op) -> the last plan found well-formed for it: a driver that returns the same
+#: plan object again (its cache) is not checked again. A plan's validity depends only on the key.
+_valid: dict[tuple[Any, ...], Plan] = {}
+
+
+def _malformed(plan: Any, op: str, dtype: torch.dtype) -> str:
+    """Why ``plan`` is not a valid answer to ``plan(op, dtype, ...)``, or ''."""
+    if not isinstance(plan, Plan):
+        return f"expected a hwdist.Plan, got {type(plan).__name__}: {plan!r}"
+    if plan.op != op or plan.dtype != dtype:
+        return f"it is for {plan.op!r} on {plan.dtype}, not {op!r} on {dtype}"
+    if plan.native_op not in ALL_OPS:
+        return f"native_op {plan.native_op!r} is not an op ({', '.join(sorted(ALL_OPS))})"
+    if not isinstance(plan.comm_dtype, torch.dtype):
+        return f"comm_dtype must be a torch.dtype, got {plan.comm_dtype!r}"
+    if not isinstance(plan.post, Post):
+        return f"post must be a hwdist Post, got {plan.post!r}"
+    if plan.native_op in REDUCE_OPS and plan.reduce_op not in (*REDUCE_OP_NAMES, "avg"):
+        return f"reduce_op {plan.reduce_op!r} is not a reduce op ({', '.join(REDUCE_OP_NAMES)}, avg)"
+    if plan.view:
+        size = torch.empty((), dtype=dtype).element_size()
+        comm = torch.empty((), dtype=plan.comm_dtype).element_size()
+        if size % comm:
+            return f"a {dtype} element ({size} bytes) cannot be viewed as {plan.comm_dtype} ({comm} bytes)"
+    return ""
+
+
+def checked_plan(raw: Any) -> Any:
+    """A driver class's own ``plan`` method, checked: the driver is named when it breaks its contract.
+
+    ``plan`` must return a [`Plan`][hwdist.drivers.base.Plan] for the op and dtype asked, or raise
+    [`PlanError`][hwdist.errors.PlanError] (no plan) or ValueError (an unknown op or reduce-op name).
+    Anything else raises [`BackendError`][hwdist.errors.BackendError] naming the driver; collectives
+    ask for their plan before communicating, so every rank raises it there. ``Driver.__init_subclass__``
+    applies it to every class outside hwdist's own drivers that defines ``plan``: the check is part of
+    the class, so it holds for drivers with ``__slots__`` and for instances made after registration.
+    """
+
+    @functools.wraps(raw)
+    def plan(self: Any, op: str, dtype: torch.dtype, reduce_op: Optional[str] = None) -> Plan:
+        try:
+            found = raw(self, op, dtype, reduce_op)
+        except (PlanError, ValueError):
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"driver {self.name!r} ({type(self).__name__}): plan({op!r}, {dtype}, {reduce_op!r}) raised"
+                f" {type(exc).__name__}: {exc}; a driver's plan must return a hwdist.Plan or raise PlanError"
+            ) from exc
+        key = (op, dtype, reduce_op)
+        if _valid.get(key) is not found:
+            why = _malformed(found, op, dtype)
+            if why:
+                raise BackendError(
+                    f"driver {self.name!r} ({type(self).__name__}): plan({op!r}, {dtype}, {reduce_op!r})"
+                    f" returned a malformed plan: {why}"
+                )
+            _valid[key] = found
+        return found
+
+    plan.checked = True  # type: ignore[attr-defined]
+    return plan

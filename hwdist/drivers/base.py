@@ -26,6 +26,7 @@ from ._planner import (
     Capabilities,
     Plan,
     Post,
+    checked_plan,
     dtype_name,
     plan,
 )
@@ -44,6 +45,10 @@ __all__ = [
     "REDUCE_OP_NAMES",
     "EMULATIONS",
 ]
+
+
+#: The package of hwdist's own drivers, whose plans come from the planner and need no check.
+_OWN = __name__.rpartition(".")[0] + "."
 
 
 class Driver(abc.ABC):
@@ -209,6 +214,13 @@ class Driver(abc.ABC):
         if over_gloo and not _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR:
             flat -= {"all_gather"}
         return flat
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass outside hwdist's own drivers that defines ``plan`` gets it checked."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("plan")
+        if callable(own) and not getattr(own, "checked", False) and not cls.__module__.startswith(_OWN):
+            cls.plan = checked_plan(own)  # type: ignore[method-assign]
 
     def plan(self, op: str, dtype: torch.dtype, reduce_op: Optional[str] = None) -> Plan:
         """The plan for ``op`` on ``dtype`` (and ``reduce_op``): the planner over ``caps``.

@@ -331,6 +331,37 @@ def test_broken_plan_is_an_error_naming_the_driver(clean_name, cls, dtype, expec
         drv.plan("all_reduce", dtype, "sum")
 
 
+class _SlottedNotAPlan(_ToyDriver):
+    __slots__ = ("extra",)  # the check is part of the class: nothing is patched onto the instance
+
+    def plan(self, op, dtype, reduce_op=None):
+        return "pass it through"
+
+
+def test_a_slotted_driver_and_an_unregistered_instance_get_the_check_too(clean_name):
+    drv = _SlottedNotAPlan()  # not registered: the check comes with the class
+    with pytest.raises(hwdist.BackendError, match="returned a malformed plan"):
+        drv.plan("broadcast", torch.float32)
+    clean_name("toy_slotted")
+    registered = hwdist.register_backend("toy_slotted", _SlottedNotAPlan)
+    with pytest.raises(hwdist.BackendError, match=r"^driver 'toy_slotted' \(_SlottedNotAPlan\)"):
+        registered.plan("broadcast", torch.float32)
+
+
+def test_a_subclass_calling_super_plan_is_checked_once_and_gets_the_planner_plan():
+    class Narrower(_ToyDriver):
+        def plan(self, op, dtype, reduce_op=None):
+            if dtype == torch.int16:
+                raise hwdist.PlanError(f"{op} on int16: refused by this test driver")
+            return super().plan(op, dtype, reduce_op)
+
+    drv = Narrower()
+    got = drv.plan("all_reduce", torch.float32, "sum")
+    assert isinstance(got, hwdist.Plan) and got.op == "all_reduce" and got.dtype == torch.float32
+    with pytest.raises(hwdist.PlanError, match="refused by this test driver"):
+        drv.plan("all_reduce", torch.int16, "sum")
+
+
 def test_plan_errors_and_value_errors_pass_through_the_guard():
     gloo = hwdist.get_driver("gloo")
     with pytest.raises(ValueError, match="unknown op"):
