@@ -32,7 +32,7 @@ the mode is on), before the argument checks run.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -172,6 +172,22 @@ def _weak(obj: Any) -> Callable[[], Any]:
         return lambda: obj
 
 
+class Passthrough(NamedTuple):
+    """A pass-through call the default group's view has seen: what ``GroupView._direct`` needs again."""
+
+    #: the torch op to issue
+    op: str
+    #: the driver's plan (pass-through: the data goes as it is)
+    plan: Plan
+    #: whether the driver issues it asynchronously when asked
+    use_async: bool
+    #: None: the comm device is fixed (no index); else the driver's ``comm_index_source()``, asked on each
+    #: hit whether the bound device is still the tensor's (``set_device`` may have moved it)
+    bound: Optional[Callable[[], int]]
+    #: the dtype may be issued on the process group without torch's wrapper (``_compat.pg_direct_dtype``)
+    on_pg: bool
+
+
 class GroupView:
     """A process group as the collectives see it (distributed).
 
@@ -193,14 +209,9 @@ class GroupView:
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
         self.drivers: Optional[dict[Optional[torch.device], tuple[Driver, Optional[torch.device]]]] = None
-        #: (strategy, dtype, reduce op, device) -> (op, plan, issue async, index source, on the process
-        #: group) of a pass-through: ``_direct``'s arguments, the default group's view only. Index source
-        #: None: the comm device is fixed (no index); else the driver's ``comm_index_source()``, asked on
-        #: each hit whether the bound device is still the tensor's (``set_device`` may have moved it). On
-        #: the process group: the dtype may be issued without torch's wrapper (``_compat.pg_direct_dtype``)
-        self.passthrough: Optional[
-            dict[tuple[Any, ...], tuple[str, Plan, bool, Optional[Callable[[], int]], bool]]
-        ] = None
+        #: (strategy, dtype, reduce op, device) -> the [`Passthrough`][hwdist.collectives.engine.Passthrough]
+        #: seen for it: ``_direct``'s arguments, the default group's view only
+        self.passthrough: Optional[dict[tuple[Any, ...], Passthrough]] = None
         self.generation = 0
         if world is not None:
             self.ws, self.generation = int(torch_dist.get_world_size()), registry.generation
@@ -332,12 +343,13 @@ class GroupView:
             key = (strategy, data.dtype, rop, data.device)
             hit = known.get(key)
             if hit is not None and data.is_contiguous():
-                bound = hit[3]
+                bound = hit.bound
                 if bound is None or bound() == data.device.index:
-                    pg = self.world() if hit[4] else None
+                    pg = self.world() if hit.on_pg else None
                     if pg is not None and not _pg_direct(pg, data):
                         pg = None
-                    return self._direct(hit[0], data, hit[1], root, async_op and hit[2], async_op, pg)
+                    use_async = async_op and hit.use_async
+                    return self._direct(hit.op, data, hit.plan, root, use_async, async_op, pg)
         group = self.group
         driver, cdev = self.target(data)
         if data is None:  # barrier
@@ -348,11 +360,11 @@ class GroupView:
                 if known is not None:
                     on_pg = _compat.pg_direct_dtype(data.dtype)
                     if fixed_comm_device(driver):
-                        known[key] = (plan.op, plan, driver.supports_async, None, on_pg)
+                        known[key] = Passthrough(plan.op, plan, driver.supports_async, None, on_pg)
                     else:
                         bound = comm_index_source(driver)
                         if bound is not None:
-                            known[key] = (plan.op, plan, driver.supports_async, bound, on_pg)
+                            known[key] = Passthrough(plan.op, plan, driver.supports_async, bound, on_pg)
                 return self._direct(plan.op, data, plan, root, async_op and driver.supports_async, async_op)
         else:
             plan = strategy.plan(driver, data, rop)

@@ -112,7 +112,7 @@ def _kept_passthrough_body() -> dict:
         "first": first == [total] * 4,
         "second": t.cpu().tolist() == [total * ws] * 4,
         "broadcast": b.cpu().tolist() == [0.0] * 3,
-        "kept": len(kept) >= 1 and all(v[3] is not None and v[3]() == t.device.index for v in kept),
+        "kept": len(kept) >= 1 and all(v.bound is not None and v.bound() == t.device.index for v in kept),
     }
 
 
