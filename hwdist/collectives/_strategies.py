@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ..drivers.base import Driver, Plan
+from ..drivers.tuning import gather_by_broadcast_floor
 from . import _args
 from .engine import Call, Strategy
 from ._gather import Gather as Gather  # the gathers' strategy lives with the size agreement
@@ -233,7 +234,20 @@ class PointToPoint(Strategy):
 ALL_REDUCE = AllReduce()
 REDUCE = Reduce()
 BROADCAST = Broadcast()
-ALL_GATHER = Gather("all_gather")
+class AllGather(Gather):
+    """``all_gather``: the size agreement, or with ``same_shape=True`` a pass-through where it can be one."""
+
+    picks = True
+
+    def pick(self, data: Any, extra: Any) -> Strategy:
+        if not extra[0]:  # shapes may differ: agree on sizes
+            return self
+        if 0 < gather_by_broadcast_floor() <= data.numel() * data.element_size():
+            return ALL_GATHER_SAME_SHAPE_LARGE  # no pass-through: the driver may take the broadcasts
+        return ALL_GATHER_SAME_SHAPE
+
+
+ALL_GATHER = AllGather("all_gather")  # extra: (same_shape, async_op)
 ALL_GATHER_SAME_SHAPE = Gather("all_gather", direct=True)  # the engine may issue a pass-through directly
 ALL_GATHER_SAME_SHAPE_LARGE = Gather("all_gather")  # same_shape=True at a size where broadcasts may win
 GATHER = Gather("gather")

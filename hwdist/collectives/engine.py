@@ -132,6 +132,12 @@ class Strategy:
 
     op: str = ""
     direct: bool = False
+    #: the op has several strategies and ``pick`` chooses one from the call's data (the engine asks first)
+    picks: bool = False
+
+    def pick(self, data: Any, extra: Any) -> "Strategy":
+        """The strategy for this call's ``data`` and ``extra`` (only asked when ``picks`` is set)."""
+        return self
 
     def plan(self, driver: Driver, data: Any, rop: Optional[str]) -> Plan:
         """The plan of this call (the driver's, cached there); ``data`` is the call's tensor."""
@@ -337,7 +343,9 @@ class GroupView:
         root: Optional[int] = None,
         extra: Any = None,
     ) -> Any:
-        """Resolve, plan, to wire format, issue, finish; a handle when ``async_op``."""
+        """Pick, resolve, plan, to wire format, issue, finish; a handle when ``async_op``."""
+        if strategy.picks:
+            strategy = strategy.pick(data, extra)
         known = self.passthrough
         if known is not None and strategy.direct:  # the default group: a pass-through seen before
             key = (strategy, data.dtype, rop, data.device)

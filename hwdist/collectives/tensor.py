@@ -32,14 +32,11 @@ from ._alltoall import ALL_TO_ALL
 from ._args import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
 from ._args import ReduceOpLike, normalize_reduce_op
 from .call_entry import collective
-from ..drivers.tuning import gather_by_broadcast_floor
 from .engine import view
 from ._gather import gathered_numels
 from ._handle import CollectiveHandle
 from ._strategies import (
     ALL_GATHER,
-    ALL_GATHER_SAME_SHAPE,
-    ALL_GATHER_SAME_SHAPE_LARGE,
     ALL_REDUCE,
     BARRIER,
     BROADCAST,
@@ -213,13 +210,7 @@ def all_gather(
         >>> # rank 1: [tensor([0]), tensor([0, 1])]
     """
     _check_tensor(data, "data", "all_gather")
-    if not same_shape:
-        strategy = ALL_GATHER
-    elif 0 < gather_by_broadcast_floor() <= data.numel() * data.element_size():
-        strategy = ALL_GATHER_SAME_SHAPE_LARGE  # no pass-through: the driver may take the broadcasts
-    else:
-        strategy = ALL_GATHER_SAME_SHAPE
-    return view(group).run(strategy, data, async_op, extra=(same_shape, async_op))
+    return view(group).run(ALL_GATHER, data, async_op, extra=(same_shape, async_op))
 
 
 @collective(2, describe=fp.gather)
@@ -292,9 +283,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
     g = view(group)
     if g.size == 1:
         return [flat.numel()], flat
-    from .. import registry
-
-    driver = registry.resolve(group, tensor.device)
+    driver, _ = g.target(tensor)
     numels = gathered_numels(tensor, group, driver, "pad_to_largest_tensor")
     width = max(numels)
     if flat.numel() < width:
@@ -546,9 +535,7 @@ def sync_random_seed(group: Optional[Any] = None) -> int:
         return seed
     ranks = g.ranks()
     src = 0 if ranks is None else ranks[0]
-    from .. import registry
-
-    device = registry.resolve(group, None).comm_device()
+    device = g.target(None)[0].comm_device()
     t = torch.tensor(seed if g.rank == src else 0, dtype=torch.int32, device=device)
     broadcast(t, src=src, group=group)
     return int(t.item())
