@@ -9,8 +9,8 @@ same keyword, with the same default, to each of its object collectives, on every
 torch it supports.
 
 With ``weights_only=True`` hwdist reads payloads with its restricted loader
-(``_restricted.py``: hwdist's allow-list, the types registered with
-[`register_safe_class`][hwdist.collectives._restricted.register_safe_class],
+(``restricted/loader.py``: hwdist's allow-list, the types registered with
+[`register_safe_class`][hwdist.collectives.restricted.loader.register_safe_class],
 and the types registered with torch's ``add_safe_globals`` at the moment of
 the call). torch's own loader was measured against hwdist's hostile payloads
 and is not used: it cannot read hwdist's frames (protocol 5, out-of-band
@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence
 
 from .. import _compat
 from ..errors import CollectiveArgumentError, UnpicklingRefused
-from ._restricted import pair
+from .restricted import pair
 from .serialization import (
     OOB_THRESHOLD,
     Frame,

@@ -15,7 +15,7 @@ force is a ``serializer=`` argument, else the calling thread's
 context variable), else the process default
 ([`set_serializer`][hwdist.collectives.serialization.set_serializer]).
 [`RestrictedPickleSerializer`][hwdist.collectives.serialization.RestrictedPickleSerializer] reads payloads
-with hwdist's own pickle interpreter (``_restricted.py``), which builds only
+with hwdist's own pickle interpreter (``restricted/loader.py``), which builds only
 allow-listed objects with checked arguments, for jobs that do not trust
 every peer. See ``docs/objects.md`` for the trust model.
 """
@@ -33,15 +33,15 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union, cast
 import numpy as np
 import torch
 
-from ._restricted import (
+from .restricted import (
     RestrictedUnpickler,
     UnpicklingRefused,
     pair,
+    plain_dtype,
     register_safe_class,
     restricted_loads,
     safe_globals,
 )
-from ._restricted_checks import plain_dtype
 from ._wire import byte_view
 
 
@@ -247,7 +247,7 @@ class PickleSerializer(Serializer):
         return pickle.Unpickler(io.BytesIO(stream), buffers=buffers).load()
 
 
-# ---- the restricted unpickler (hwdist's own pickle interpreter: _restricted.py) ------------
+# ---- the restricted unpickler (hwdist's own pickle interpreter: restricted/) ------------
 
 
 class RestrictedPickleSerializer(PickleSerializer):

@@ -150,7 +150,7 @@ _MODULES = (builtins, collections, datetime, decimal, fractions, np, torch, pick
 
 
 def _watched_classes() -> list[type]:
-    from hwdist.collectives import _restricted_checks as checks
+    from hwdist.collectives.restricted import checks
 
     classes = {v for v in checks.VALUES.values() if isinstance(v, type)}
     classes |= {
@@ -246,7 +246,7 @@ def warm_up() -> None:
     """
     from hwdist.collectives import serialization as ser
 
-    from hwdist.collectives._restricted_checks import _TORCH_DTYPES
+    from hwdist.collectives.restricted.checks import _TORCH_DTYPES
 
     inband = ser.PickleSerializer(oob_threshold=1 << 40)
     extra = [torch.zeros(3, dtype=dt) for dt in _TORCH_DTYPES.values()]

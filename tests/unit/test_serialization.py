@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hwdist
-from hwdist.collectives import _restricted
+from hwdist.collectives.restricted import loader as _restricted
 from hwdist.collectives import serialization as ser
 
 

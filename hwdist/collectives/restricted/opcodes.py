@@ -12,10 +12,10 @@ import collections
 import struct
 from typing import TYPE_CHECKING, Any, Callable
 
-from ._restricted_checks import Pending, byte_view, describe, refuse
+from .checks import Pending, byte_view, describe, refuse
 
 if TYPE_CHECKING:
-    from ._restricted import Loader
+    from .loader import Loader
 
 # ---- opcodes ------------------------------------------------------------------------------
 

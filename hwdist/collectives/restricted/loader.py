@@ -20,7 +20,7 @@ values to a constructor unchecked:
   refused.
 
 Everything that is not accepted raises
-[`UnpicklingRefused`][hwdist.collectives._restricted_checks.UnpicklingRefused].
+[`UnpicklingRefused`][hwdist.collectives.restricted.checks.UnpicklingRefused].
 The trust model is described in ``docs/objects.md`` and ``docs/reliability.md``.
 """
 
@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from ._restricted_checks import (
+from .checks import (
     CALLS,
     SERIALIZATION,
     UNSAFE_NESTING,
@@ -47,7 +47,7 @@ from ._restricted_checks import (
     Pending,
     refuse,
 )
-from ._restricted_opcodes import DISPATCH
+from .opcodes import DISPATCH
 
 __all__ = [
     "UnpicklingRefused",
@@ -471,7 +471,7 @@ class RestrictedUnpickler:
 def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
     """``pickle.loads`` through the restricted unpickler.
 
-    See [`RestrictedUnpickler`][hwdist.collectives._restricted.RestrictedUnpickler].
+    See [`RestrictedUnpickler`][hwdist.collectives.restricted.loader.RestrictedUnpickler].
 
     Examples:
         >>> hwdist.restricted_loads(pickle.dumps({"a": np.arange(3)}))

@@ -4,7 +4,7 @@ A payload never reaches a constructor with unchecked values: each handler
 takes the REDUCE arguments (or a BUILD state), checks types, sizes and
 ranges, and builds the object itself. numpy arrays come only from a plain
 numeric (or record, or object-by-element) dtype, a shape and a buffer of
-exactly the right size; tensors likewise. See ``_restricted.py`` for the
+exactly the right size; tensors likewise. See ``loader.py`` for the
 interpreter that calls them.
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from ._restricted import Loader
+    from .loader import Loader
 
 SERIALIZATION = "hwdist.collectives.serialization"
 #: Deepest chain of tuples/frozensets (hashed recursively by CPython) a payload may build.
@@ -30,7 +30,7 @@ MAX_NESTING = 1000
 _MAX_DIMS = 32
 
 
-from ..errors import UnpicklingRefused  # noqa: E402
+from ...errors import UnpicklingRefused  # noqa: E402
 
 
 def refuse(msg: str) -> UnpicklingRefused:
@@ -323,7 +323,7 @@ def _tensor(u: Loader, args: tuple) -> torch.Tensor:
     u.charge(view.nbytes)
     if dt is torch.bool:
         _check_bool_bytes("tensor", view)
-    from .serialization import rebuild_tensor
+    from ..serialization import rebuild_tensor
 
     return rebuild_tensor(view, name, tuple(shape), requires_grad)
 
