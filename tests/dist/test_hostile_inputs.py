@@ -1,7 +1,7 @@
 """Hostile and one-sided input on real ranks: shared tensors, poisoned metrics, integer ops, bad input on one rank.
 
 Each test is a row of the fault table in docs/reliability.md (the environment variables' rows
-are in tests/unit/test_hostile_env.py). Bad input is given on ONE rank (the last) where the row
+are in tests/unit/test_launch.py). Bad input is given on ONE rank (the last) where the row
 is about one rank, and every rank must raise within seconds: each case is timed on the
 rank and the harness's own call limit catches a hang.
 """

@@ -16,6 +16,7 @@ from hwdist import cli_env
 from hwdist.drivers._common import AcceleratorDriver
 
 from .test_cli import run_cli
+from hwdist.cli_env import environment_variables
 
 SECRETS = {
     "HWDIST_API_TOKEN": "tok-3141592653",
@@ -211,3 +212,22 @@ def test_threads_are_shown_even_when_omp_num_threads_is_unset(monkeypatch):
     assert line == [f"Threads: torch uses {torch.get_num_threads()} per process; OMP_NUM_THREADS=unset"]
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert cli_env._system_line(cli_env.system_facts())[-1].endswith("OMP_NUM_THREADS=3")
+
+
+# ---------- torch's debug variables ----------
+# ``hwdist env`` shows torch's own collective debugging variables beside hwdist's.
+
+def test_torch_flight_recorder_and_nan_check_variables_are_listed():
+    env = {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": "/tmp/fr_",
+        "TORCH_DIST_NAN_CHECK": "1",
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+        "TORCH_GLOO_LAZY_INIT": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "100",
+        "NCCL_DEBUG": "INFO",
+        "UNRELATED": "x",
+    }
+    shown = environment_variables(env)
+    assert set(shown) == set(env) - {"UNRELATED"}
+    assert shown["TORCH_FR_BUFFER_SIZE"] == "2000"

@@ -22,6 +22,7 @@ from hwdist.collectives.flat import (
 )
 from hwdist.drivers.base import Post
 from hwdist.testing import EmulatedDriver
+from hwdist.drivers.mpi import PY_MPI_BACKEND, _native
 
 R = tdist.ReduceOp
 
@@ -67,8 +68,9 @@ def test_gloo_plans_follow_the_torch_version(gloo):
         "all_to_all" if version >= (2, 12) else "all_gather"
     )
     assert ("all_gather" in gloo.flat_ops) == (version >= (2, 2))
-    # the emulated accelerator wraps a gloo group: the same flat all_gather, or none
-    assert hwdist.get_driver("emu").flat_ops == gloo.flat_ops
+    assert "all_to_all" in gloo.flat_ops  # all_to_all_single works on every version
+    # the emulated accelerator wraps a gloo group: the same flat all_gather, or none (and no all_to_all)
+    assert hwdist.get_driver("emu").flat_ops == gloo.flat_ops - {"all_to_all"}
     # gloo has no complex type: hwdist moves bytes and reduces real pairs on every version
     assert (
         gloo.plan("gather", torch.complex64).comm_dtype,
@@ -323,3 +325,52 @@ def test_tuning_is_a_table_outside_the_driver(gloo, emu):
     assert old == tuning.DEFAULT
     with pytest.raises(TypeError, match="must be a hwdist.drivers.tuning.Tuning"):
         tuning.set_tuning("emu", 1 << 20)  # type: ignore[arg-type]
+
+
+# ---------- the MPI driver's plans ----------
+# The MPI driver's capability table and plans (no MPI started: plans only).
+
+def _apply(marks):
+    """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
+    marks = marks if isinstance(marks, list) else [marks]
+
+    def wrap(fn):
+        for mark in reversed(marks):
+            fn = mark(fn)
+        return fn
+
+    return wrap
+
+
+_LAUNCH_MPI_DRIVER_MARKS = pytest.mark.skipif(
+    _native(), reason="torch has native MPI here; the table below is the mpi4py one"
+)
+
+
+@_apply(_LAUNCH_MPI_DRIVER_MARKS)
+def test_names():
+    drv = hwdist.get_driver("mpi")
+    assert drv.torch_name == PY_MPI_BACKEND == "hwdist_mpi"
+    assert hwdist.get_driver("hwdist_mpi") is drv  # what get_backend() reports maps back
+    assert drv.priority < 0  # never chosen by detection
+
+
+@_apply(_LAUNCH_MPI_DRIVER_MARKS)
+def test_moves_pass_every_dtype_through():
+    drv = hwdist.get_driver("mpi")
+    for dtype in (torch.bfloat16, torch.bool, torch.complex128, torch.float16, torch.int16):
+        for op in ("all_gather", "broadcast", "all_to_all", "send"):
+            assert drv.plan(op, dtype).passthrough
+
+
+@_apply(_LAUNCH_MPI_DRIVER_MARKS)
+def test_reductions_widen_only_bfloat16():
+    drv = hwdist.get_driver("mpi")
+    plan = drv.plan("all_reduce", torch.bfloat16, "sum")
+    assert (plan.comm_dtype, plan.view) == (torch.float32, False)
+    for dtype in (torch.float16, torch.float32, torch.int64, torch.int8, torch.bool, torch.complex64):
+        assert drv.plan("all_reduce", dtype, "sum").passthrough
+    mean = drv.plan("all_reduce", torch.float32, "mean")
+    assert (mean.reduce_op, mean.post.value) == ("sum", "divide")
+    for op in ("reduce", "reduce_scatter", "gather", "scatter"):
+        assert not drv.plan(op, torch.float32, "sum" if op.startswith("reduce") else None).emulated

@@ -23,6 +23,8 @@ import torch
 import hwdist
 from hwdist.collectives import serialization as ser
 from tests.unit.restricted_probe import R, attacks, legit_objects, run_child
+import os
+import subprocess
 
 #: The message each payload must be refused with.
 # pickle names the builtin open 'io.open' before Python 3.12 and '_io.open' from 3.12.
@@ -389,3 +391,50 @@ def test_restricted_unpickler_stops_at_the_first_stop():
         assert u.load()[0] == 1 and u.load() == {"a": 2}
         with pytest.raises(EOFError):
             u.load()
+
+
+# ---------- fuzzing the restricted loader ----------
+# Fuzzing the restricted unpickler for about a minute: no signal, no code run, no global changed.
+
+def _apply(marks):
+    """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
+    marks = marks if isinstance(marks, list) else [marks]
+
+    def wrap(fn):
+        for mark in reversed(marks):
+            fn = mark(fn)
+        return fn
+
+    return wrap
+
+
+_RESTRICTED_FUZZ_MARKS = pytest.mark.slow
+# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
+FUZZ_SECONDS = float(os.environ.get("HWDIST_FUZZ_SECONDS", "45"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@_apply(_RESTRICTED_FUZZ_MARKS)
+@pytest.mark.timeout(FUZZ_SECONDS + 180)
+def test_fuzzed_payloads_never_crash_run_code_or_change_globals(tmp_path):
+    pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (in the test extra)")
+    marker, current = str(tmp_path / "pwned"), str(tmp_path / "current.bin")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.unit.restricted_fuzz", marker, str(FUZZ_SECONDS), current],
+        capture_output=True,
+        text=True,
+        timeout=FUZZ_SECONDS + 150,
+        cwd=ROOT,
+    )
+    if proc.returncode < 0:
+        payload = (
+            open(current, "rb").read() if os.path.exists(current) else "(none yet: it died while starting)"
+        )
+        pytest.fail(
+            f"the restricted unpickler died by {signal.Signals(-proc.returncode).name} on payload"
+            f" {payload!r}\n{proc.stderr[-3000:]}"
+        )
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    assert not os.path.exists(marker)
+    examples = int(proc.stdout.split("fuzzed ")[1].split()[0])
+    assert examples >= 300, proc.stdout  # at least one round of each kind
