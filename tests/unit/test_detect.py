@@ -26,7 +26,7 @@ class FakeDeviceModule:
     """Stands in for torch.npu / torch.mlu / torch.cuda.
 
     Its methods are exactly the device API hwdist uses, with torch_npu's signatures:
-    tests/unit/test_vendor_contract.py checks them against the real torch_npu wheel.
+    tests/unit/test_vendors.py checks them against the real torch_npu wheel.
     """
 
     def __init__(self, count: int) -> None:

@@ -218,36 +218,3 @@ def test_history_lives_in_the_group_state():
     assert _sizes.history(group, "all_gather", ("dst", 0)) is not h
     _state.clear()
     assert _sizes.history(group, "all_gather") is not h
-
-
-def test_object_slots_frame_and_parse_as_the_mechanism_does():
-    """The object path frames and parses its slots through numpy: byte for byte ``frame``/``unframe``."""
-    import numpy as np
-
-    from hwdist.collectives import _objslots
-
-    payloads = [np.arange(n, dtype=np.int64).astype(np.uint8) for n in (0, 5, 64, 200)]
-    cap = 128
-    heads = [Header(p.size, p.size, 0, 1, 0, p.size, (p.size,)) for p in payloads]
-    mine = np.stack([_objslots._slot(p, h, cap) for p, h in zip(payloads, heads)])
-    theirs = torch.stack([_sizes.frame(torch.from_numpy(p), h, cap) for p, h in zip(payloads, heads)])
-    assert mine.tobytes() == theirs.numpy().tobytes()
-    got_heads, views = _objslots._parse(mine)
-    want_heads, want_views = _sizes.unframe(theirs)
-    assert got_heads == want_heads == heads
-    assert [v.tobytes() for v in views] == [v.numpy().tobytes() for v in want_views]
-    assert [v.tobytes() for v in views] == [p[:cap].tobytes() for p in payloads]
-
-
-def test_group_state_is_one_typed_object_with_declared_fields():
-    """Every per-group cache is a declared field: a misspelt field fails in mypy, not at run time."""
-    import dataclasses
-
-    st = _state.of(None)
-    assert {f.name for f in dataclasses.fields(st)} == {
-        "verify_seq", "all_reduce_dict", "sizes", "gathers", "flight", "torch_hooks"
-    }
-    st.sizes[("probe",)] = 1
-    assert _state.of(None) is st
-    _state.clear()
-    assert _state.of(None) is not st and _state.of(None).sizes == {}
