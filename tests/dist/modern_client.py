@@ -1,4 +1,4 @@
-"""A short training program written the modern way, started by torchrun (tests/dist/test_modern_client.py).
+"""A short training program written the modern way, started by torchrun (tests/dist/test_torch_groups.py).
 
 torch's own ``init_process_group()`` without a backend, a DeviceMesh, a model sharded with FSDP2's
 ``fully_shard`` (HSDP on a 2-D mesh), and what a training loop needs from hwdist: a seed shared by every

@@ -50,7 +50,7 @@ MPI_PARAMS = [b for b in backends() if b == "mpi"] or ["mpi"]
 
 
 def check_all_reduce_ops_and_dtypes() -> dict:
-    r, n = tdist.get_rank(), tdist.get_world_size()
+    r = tdist.get_rank()
     out = {}
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.complex64):
         t = torch.tensor([r + 1, 2 * (r + 1)], dtype=dtype)

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 import hwdist
-from hwdist import _compat
 from hwdist.testing.pytest_plugin import capture_error as _catch
 
 

@@ -249,8 +249,8 @@ def _apply(marks):
     return wrap
 
 
+# The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _FLIGHT_FILES_MARKS = pytest.mark.slow
-# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 def _row(seq: int, op: str = "all_reduce", state: str = "completed") -> dict:
     return {
         "group": "default", "group_ranks": None, "backend": "gloo", "seq": seq, "op": op,

@@ -342,6 +342,7 @@ def _apply(marks):
     return wrap
 
 
+# The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _LAUNCH_MPI_DRIVER_MARKS = pytest.mark.skipif(
     _native(), reason="torch has native MPI here; the table below is the mpi4py one"
 )

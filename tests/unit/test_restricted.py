@@ -408,8 +408,8 @@ def _apply(marks):
     return wrap
 
 
+# The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _RESTRICTED_FUZZ_MARKS = pytest.mark.slow
-# Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 FUZZ_SECONDS = float(os.environ.get("HWDIST_FUZZ_SECONDS", "45"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
