@@ -56,7 +56,10 @@ def run(out_dir: str) -> None:
     hwdist.all_to_all(outs, [torch.tensor([float(q + 10 * r)]) for q in range(n)])
     res["all_to_all"] = [x.item() for x in outs]
     got = torch.zeros(1)
-    ops = [tdist.P2POp(tdist.isend, torch.tensor([float(r)]), (r + 1) % n), tdist.P2POp(tdist.irecv, got, (r - 1) % n)]
+    ops = [
+        tdist.P2POp(tdist.isend, torch.tensor([float(r)]), (r + 1) % n),
+        tdist.P2POp(tdist.irecv, got, (r - 1) % n),
+    ]
     for work in tdist.batch_isend_irecv(ops):  # torch's batched p2p on hwdist's group
         work.wait()
     res["ring"] = got.item()

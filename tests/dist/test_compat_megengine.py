@@ -97,9 +97,7 @@ def rank_megengine_ops(big: int) -> dict:
     out["pack_sum"] = [
         t.tolist() for t in helper.pack_allreduce_split(xs, [(2,), (1, 1)], helper.WORLD, "sum")
     ]
-    out["pack_mean"] = [
-        t.tolist() for t in helper.pack_allreduce_split(xs, [(2,), (1, 1)], None, "mean")
-    ]
+    out["pack_mean"] = [t.tolist() for t in helper.pack_allreduce_split(xs, [(2,), (1, 1)], None, "mean")]
     out["inputs_kept"] = [t.tolist() for t in xs]
     # a model with float32 and float64 parameters; two float32 ones above the 10 MB threshold
     params = [
@@ -136,9 +134,7 @@ def rank_megengine_ops(big: int) -> dict:
                 h.remove()
         scale = 1 if method == "mean" else ws
         out[method] = {
-            "ok": all(
-                torch.allclose(futures[i].get(), e * scale, atol=1e-5) for i, e in enumerate(expected)
-            ),
+            "ok": all(torch.allclose(futures[i].get(), e * scale, atol=1e-5) for i, e in enumerate(expected)),
             "grad_untouched": all(torch.equal(p.grad, g) for p, g in zip(params, own)),
             "dtypes": [futures[i].get().dtype for i in range(len(params))],
             "early": len(early),
@@ -151,12 +147,8 @@ def rank_megengine_ops(big: int) -> dict:
         p.grad = None
     for _ in range(2):
         g = torch.Generator().manual_seed(100 + r)
-        sum(
-            ((torch.randn(p.shape, generator=g, dtype=p.dtype) * p) ** 2).sum() for p in params
-        ).backward()
-    out["attach"] = all(
-        torch.allclose(p.grad, 2 * e, atol=1e-5) for p, e in zip(params[1:], expected[1:])
-    )
+        sum(((torch.randn(p.shape, generator=g, dtype=p.dtype) * p) ** 2).sum() for p in params).backward()
+    out["attach"] = all(torch.allclose(p.grad, 2 * e, atol=1e-5) for p, e in zip(params[1:], expected[1:]))
     # bcast_list_ and synchronized
     ts = [torch.tensor([float(r)]), torch.tensor([r, r + 1])]
     helper.bcast_list_(ts)
@@ -237,7 +229,9 @@ def rank_pack_mismatch(case: str) -> tuple:
     return None, "", 0.0
 
 
-@pytest.mark.parametrize("case", ["bad_offsets", "not_a_tensor", "bad_method", "different_method", "different_sizes"])
+@pytest.mark.parametrize(
+    "case", ["bad_offsets", "not_a_tensor", "bad_method", "different_method", "different_sizes"]
+)
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
 def test_pack_allreduce_split_bad_input_raises_on_every_rank(dist, world_size, backend, case):

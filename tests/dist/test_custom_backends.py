@@ -111,7 +111,9 @@ def _rank_custom_default_beside_plain_gloo(store):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_custom_driver_on_gloo_is_not_shadowed_by_gloo(world_size, tmp_path):
-    results = run_distributed(_rank_custom_default_beside_plain_gloo, world_size, None, str(tmp_path / "s"), timeout=90)
+    results = run_distributed(
+        _rank_custom_default_beside_plain_gloo, world_size, None, str(tmp_path / "s"), timeout=90
+    )
     total = sum(2**40 + r for r in range(world_size))
     for res in results:
         assert res["default"] == ("mygloo", "mygloo", "gloo")
@@ -143,7 +145,9 @@ def _rank_plain_gloo_default_beside_custom(store):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_plain_gloo_is_not_shadowed_by_custom_driver_on_gloo(world_size, tmp_path):
-    results = run_distributed(_rank_plain_gloo_default_beside_custom, world_size, None, str(tmp_path / "s"), timeout=90)
+    results = run_distributed(
+        _rank_plain_gloo_default_beside_custom, world_size, None, str(tmp_path / "s"), timeout=90
+    )
     total = sum(2**40 + r for r in range(world_size))
     for res in results:
         assert res["default"] == ("gloo", "gloo", "GlooDriver")
@@ -168,7 +172,9 @@ def _rank_cpu_driver_without_factory(store):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_cpu_driver_without_factory_runs_over_gloo_under_its_own_name(world_size, tmp_path):
-    results = run_distributed(_rank_cpu_driver_without_factory, world_size, None, str(tmp_path / "s"), timeout=90)
+    results = run_distributed(
+        _rank_cpu_driver_without_factory, world_size, None, str(tmp_path / "s"), timeout=90
+    )
     mean = sum(range(1, world_size + 1)) / world_size
     assert results == [("tourcl", "tourcl", "tourcl", mean)] * world_size
 
@@ -179,7 +185,9 @@ def _rank_unstartable(tmpdir, name, driver, launcher_env):
     os.environ.update(launcher_env)
     start = time.monotonic()
     # A store no other rank shares: a rendezvous would wait the whole timeout.
-    err = capture_error(hwdist.init_dist, "pytorch", name, timeout=60, init_method=f"file://{tmpdir}/alone-{rank}")
+    err = capture_error(
+        hwdist.init_dist, "pytorch", name, timeout=60, init_method=f"file://{tmpdir}/alone-{rank}"
+    )
     return err, time.monotonic() - start, hwdist.is_distributed()
 
 
@@ -207,7 +215,9 @@ class ReservedMpiDriver(Driver):
 @pytest.mark.skipif(torch_dist.is_mpi_available(), reason="this torch has MPI built in: 'mpi' can start")
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_reserved_torch_name_torch_cannot_create_raises_before_rendezvous(world_size, tmp_path):
-    results = run_distributed(_rank_unstartable, world_size, None, str(tmp_path), "mympi", ReservedMpiDriver, {}, timeout=60)
+    results = run_distributed(
+        _rank_unstartable, world_size, None, str(tmp_path), "mympi", ReservedMpiDriver, {}, timeout=60
+    )
     for (kind, msg), seconds, _ in results:
         assert kind == "BackendError"
         assert "torch reserves 'mpi' for its own backend" in msg and "is_mpi_available() is False" in msg
@@ -224,14 +234,16 @@ def _rank_objects(store, name, driver):
     rank, ws = torch_dist.get_rank(), torch_dist.get_world_size()
     big = bytes([rank]) * (2000 + 3 * rank + 1)  # beyond the inline record, odd lengths
     out = {}
-    out["all_gather_object"] = capture_error(hwdist.all_gather_object, {"rank": rank}) or hwdist.all_gather_object(
-        {"rank": rank, "blob": big}
-    )
+    out["all_gather_object"] = capture_error(
+        hwdist.all_gather_object, {"rank": rank}
+    ) or hwdist.all_gather_object({"rank": rank, "blob": big})
     if out["all_gather_object"][0] != "PlanError":
         out["gather_object"] = hwdist.gather_object(big, dst=ws - 1)
         out["broadcast_object"] = hwdist.broadcast_object(big + b"x", src=ws - 1)
         box = [None]
-        hwdist.scatter_object_list(box, [bytes([q]) * (1001 + q) for q in range(ws)] if rank == 0 else None, src=0)
+        hwdist.scatter_object_list(
+            box, [bytes([q]) * (1001 + q) for q in range(ws)] if rank == 0 else None, src=0
+        )
         out["scatter"] = box[0]
         out["collect"] = hwdist.collect_results([{"i": rank}], ws)
     t = torch.tensor([1.0])
@@ -243,7 +255,9 @@ def _rank_objects(store, name, driver):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_object_collectives_travel_in_the_smallest_integer_dtype(world_size, tmp_path):
-    results = run_distributed(_rank_objects, world_size, None, str(tmp_path / "s"), "tourcl", TourDriver, timeout=90)
+    results = run_distributed(
+        _rank_objects, world_size, None, str(tmp_path / "s"), "tourcl", TourDriver, timeout=90
+    )
     blobs = [bytes([q]) * (2000 + 3 * q + 1) for q in range(world_size)]
     for rank, res in enumerate(results):
         assert res["all_gather_object"] == [{"rank": q, "blob": blobs[q]} for q in range(world_size)]
@@ -256,14 +270,18 @@ def test_object_collectives_travel_in_the_smallest_integer_dtype(world_size, tmp
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_driver_moving_no_integer_dtype_refuses_objects_clearly(world_size, tmp_path):
-    results = run_distributed(_rank_objects, world_size, None, str(tmp_path / "s"), "floatcl", FloatOnlyDriver, timeout=90)
+    results = run_distributed(
+        _rank_objects, world_size, None, str(tmp_path / "s"), "floatcl", FloatOnlyDriver, timeout=90
+    )
     if world_size == 1:  # a group of one moves no bytes: [data], as documented (and as mmengine does)
         assert results[0]["all_gather_object"] == [{"rank": 0, "blob": bytes([0]) * 2001}]
         return
     for res in results:
         kind, msg = res["all_gather_object"]
         assert kind == "PlanError"
-        assert msg.startswith("backend 'floatcl' cannot carry bytes for 'all_gather' (object collectives need it)")
+        assert msg.startswith(
+            "backend 'floatcl' cannot carry bytes for 'all_gather' (object collectives need it)"
+        )
         assert "uint8, int8, int16, int32, int64" in msg and "HINT: add one integer dtype" in msg
         assert res["after"] == float(world_size)
 
@@ -291,15 +309,23 @@ def test_broken_plan_names_the_driver_on_every_rank(world_size, tmp_path):
     for res in results:
         kind, msg = res["raises"]
         assert kind == "BackendError"
-        assert msg.startswith("driver 'brokenplan' (BrokenPlanDriver): plan('all_reduce', torch.int16, 'sum') raised RuntimeError: driver bug")
+        assert msg.startswith(
+            "driver 'brokenplan' (BrokenPlanDriver): plan('all_reduce', torch.int16, 'sum') raised"
+            " RuntimeError: driver bug"
+        )
         kind, msg = res["malformed"]
         assert kind == "BackendError"
-        assert "driver 'brokenplan' (BrokenPlanDriver): plan('broadcast', torch.int8, None) returned a malformed plan" in msg
+        assert (
+            "driver 'brokenplan' (BrokenPlanDriver): plan('broadcast', torch.int8, None) returned a"
+            " malformed plan"
+            in msg
+        )
         assert "native_op 'teleport' is not an op" in msg
         assert res["after"] == 2.0 * world_size
 
 
 # ------------------------------------------------------------------ verification mode through a custom driver
+
 
 def _rank_verification_through_tour_driver(store):
     hwdist.register_backend("tourcl", TourDriver)
@@ -317,7 +343,9 @@ def _rank_verification_through_tour_driver(store):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_verification_mode_works_through_a_driver_without_uint8(world_size, tmp_path):
     """The tour's table (fp32, int32) moves no uint8: the mode's own byte exchange rides in int32."""
-    results = run_distributed(_rank_verification_through_tour_driver, world_size, None, str(tmp_path / "s"), timeout=90)
+    results = run_distributed(
+        _rank_verification_through_tour_driver, world_size, None, str(tmp_path / "s"), timeout=90
+    )
     for ok, err in results:
         assert ok == [float(world_size)] * 2
         assert err is not None and err[0] == "CollectiveMismatch", err
@@ -374,7 +402,13 @@ def _rank_collectives():
     hwdist.all_reduce(t, op="mean")
     objs = hwdist.all_gather_object({"rank": rank, "pad": "x" * (1500 + rank)})
     drv = hwdist.resolve()
-    return hwdist.get_backend(), type(drv).__module__, t.item(), [o["rank"] for o in objs], [len(o["pad"]) for o in objs]
+    return (
+        hwdist.get_backend(),
+        type(drv).__module__,
+        t.item(),
+        [o["rank"] for o in objs],
+        [len(o["pad"]) for o in objs],
+    )
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -397,11 +431,17 @@ def test_check_marks_table_refusals_and_passes_the_rest(plugin_dir, world_size):
     # objects travel in int32, padded
     assert rows[("all_gather_object", "-")].status == "pass"
     assert rows[("broadcast_object", "-")].status == "pass"
-    assert not [r for r in rows.values() if r.status == "FAIL"], [r for r in rows.values() if r.status == "FAIL"]
+    assert not [r for r in rows.values() if r.status == "FAIL"], [
+        r for r in rows.values() if r.status == "FAIL"
+    ]
 
 
 def test_check_command_exits_0_when_only_refusals_remain(plugin_dir):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(plugin_dir), str(ROOT)])
     cmd = [sys.executable, "-m", "hwdist", "check", "--backend", "epfloat", "-n", "2", "--json",
            "--only", "all_reduce,all_gather_object,broadcast_object_list,collect_results"]  # fmt: skip

@@ -30,6 +30,8 @@ from ._counting import Counter
 from hwdist.collectives import _sizes
 
 CALLS = 8
+
+
 def _shape(pattern: str, call: int, rank: int) -> tuple[int, ...]:
     if pattern == "equal":
         return (64, 16)  # 4 KiB of float32: in band
@@ -58,8 +60,20 @@ def _shape(pattern: str, call: int, rank: int) -> tuple[int, ...]:
     raise KeyError(pattern)
 
 
-PATTERNS = ["equal", "equal_1m", "uneven", "growing", "shrinking", "alternating", "big_and_small",
-            "one_rank_over", "all_jump", "ndim_differs", "deep", "scalar"]
+PATTERNS = [
+    "equal",
+    "equal_1m",
+    "uneven",
+    "growing",
+    "shrinking",
+    "alternating",
+    "big_and_small",
+    "one_rank_over",
+    "all_jump",
+    "ndim_differs",
+    "deep",
+    "scalar",
+]
 
 
 def _value(pattern: str, call: int, rank: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -112,14 +126,21 @@ def _gathers_rank(patterns: list[str]) -> dict:
             out[pattern] = {"got": got, "counts": counts}
         # dtypes and layouts the plans handle differently, each over a few calls
         forms: dict = {}
-        for name, dtype in (("complex64", torch.complex64), ("bfloat16", torch.bfloat16),
-                            ("int16", torch.int16), ("bool", torch.bool)):
-            forms[name] = [[_as_list(x) for x in hwdist.all_gather(_value("uneven", c, rank, dtype))]
-                           for c in range(3)]
+        for name, dtype in (
+            ("complex64", torch.complex64),
+            ("bfloat16", torch.bfloat16),
+            ("int16", torch.int16),
+            ("bool", torch.bool),
+        ):
+            forms[name] = [
+                [_as_list(x) for x in hwdist.all_gather(_value("uneven", c, rank, dtype))] for c in range(3)
+            ]
         nc = _value("uneven", 0, rank).t()  # non-contiguous
         forms["noncontiguous"] = [[_as_list(x) for x in hwdist.all_gather(nc)] for _ in range(3)]
-        forms["async"] = [[_as_list(x) for x in hwdist.all_gather(_value("uneven", c, rank),
-                                                                   async_op=True).wait()] for c in range(3)]
+        forms["async"] = [
+            [_as_list(x) for x in hwdist.all_gather(_value("uneven", c, rank), async_op=True).wait()]
+            for c in range(3)
+        ]
         forms["async_is_handle"] = type(hwdist.all_gather(torch.zeros(1), async_op=True)).__name__
         out["forms"] = forms
         # one rank with another dtype: explicit (first call) and predicted (after a steady state)
@@ -150,8 +171,14 @@ def _gathers_rank(patterns: list[str]) -> dict:
                 a = hwdist.all_gather(t)
                 s = hwdist.all_gather(t, same_shape=True)
                 u = hwdist.all_gather(_value("big_and_small", 0, rank))
-                big.append(([_as_list(x) for x in a], [_as_list(x) for x in s],
-                            [_as_list(x) for x in u], counter.n - before))
+                big.append(
+                    (
+                        [_as_list(x) for x in a],
+                        [_as_list(x) for x in s],
+                        [_as_list(x) for x in u],
+                        counter.n - before,
+                    )
+                )
             out["big"] = big
         finally:
             tuning.set_tuning(name, old)
@@ -190,8 +217,12 @@ def test_gathers_agree_on_sizes(dist, world_size, backend):
         assert res["all_jump"]["counts"][5] == 2
         assert max(max(res[p]["counts"]) for p in PATTERNS if p != "deep") <= 3
         forms = res["forms"]
-        for name, dtype in (("complex64", torch.complex64), ("bfloat16", torch.bfloat16),
-                            ("int16", torch.int16), ("bool", torch.bool)):
+        for name, dtype in (
+            ("complex64", torch.complex64),
+            ("bfloat16", torch.bfloat16),
+            ("int16", torch.int16),
+            ("bool", torch.bool),
+        ):
             assert forms[name] == [_expect("uneven", c, ws, dtype) for c in range(3)], name
         assert forms["noncontiguous"] == [[_as_list(_value("uneven", 0, r).t()) for r in range(ws)]] * 3
         assert forms["async"] == [_expect("uneven", c, ws) for c in range(3)]
@@ -217,7 +248,7 @@ SHAPES_OVER_CALLS = {
     "uneven": lambda call, rank: (3 + 5 * rank, 4),
     "growing": lambda call, rank: (10 + 7 * call + rank, 3),
     "shrinking": lambda call, rank: (max(400 - 37 * call - rank, 0), 2),
-    "alternating": lambda call, rank: ((2000 + rank,) if call % 2 else (5, rank + 1)),
+    "alternating": lambda call, rank: (2000 + rank,) if call % 2 else (5, rank + 1),
     "big_and_small": lambda call, rank: ((300_000 if call % 3 == 0 else 17) + rank,),  # 1.2 MB
 }
 SHAPE_CALLS = 9
@@ -273,9 +304,18 @@ def test_predicted_gather_moves_what_each_rank_gave(dist, world_size, backend):
         hits, redos, explicit = counts.pop()
         assert hits + redos + explicit == SHAPE_CALLS
         if pattern in ("uneven", "shrinking"):
-            assert (hits, redos, explicit) == (SHAPE_CALLS - 1, 0, 1)  # one collective per call after the first
+            assert (hits, redos, explicit) == (
+                SHAPE_CALLS - 1,
+                0,
+                1,
+            )  # one collective per call after the first
         if pattern in ("alternating", "big_and_small"):
-            assert redos >= 1 and hits >= SHAPE_CALLS - 4, (pattern, hits, redos, explicit)  # the redo path ran too
+            assert redos >= 1 and hits >= SHAPE_CALLS - 4, (
+                pattern,
+                hits,
+                redos,
+                explicit,
+            )  # the redo path ran too
     gave = [r["deep_gave"] for r in results]
     for res in results:
         assert res["deep"] == [gave, gave]

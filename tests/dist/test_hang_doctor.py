@@ -46,7 +46,9 @@ SITES = {
 # Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks; not run inside the mpiexec suite"),
+    pytest.mark.skipif(
+        os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks; not run inside the mpiexec suite"
+    ),
 ]
 
 
@@ -278,7 +280,11 @@ def test_rank_killed_mid_collective(backend, ws, tmp_path):
     # offline, from the dumps the others left: the killed rank "left no dump", not "did not answer"
     out = subprocess.run(
         [sys.executable, "-m", "hwdist", "trace", str(tmp_path / "flight")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr
     assert f"diagnosis: rank {last} left no dump (it died before dumping, or its file was not collected)" in (
@@ -291,7 +297,8 @@ def test_rank_killed_mid_collective(backend, ws, tmp_path):
 @pytest.mark.parametrize("backend", ["gloo", "emu"])
 def test_raise_action_raises_on_every_rank(backend, late, tmp_path):
     # "0:3": rank 0's watchdog acts 3 s late (a loaded host), so rank 1 raises and exits first and rank 0's
-    # blocked all_reduce fails with gloo's lost-peer error before rank 0 acts: it must still raise HangDetected
+    # blocked all_reduce fails with gloo's lost-peer error before rank 0 acts: it must still raise
+    # HangDetected
     ws = 2
     run = _run("sleep", backend, ws, "raise", tmp_path, HANG_LATE_ACT=late)
     want = (
@@ -317,7 +324,9 @@ def test_raise_action_with_a_live_peer_in_a_long_c_call(tmp_path):
     run = _run("csleep", "gloo", 2, "raise", tmp_path, HANG_SLEEP="5", HANG_LINGER="15")
     want = f"rank 1 never called all_reduce #3 ({_site('stuck-csleep')}); it is in scenario_csleep() at"
     assert want in run.diagnosis(0), run
-    assert "rank 1: RAISED HangDetected: " in run.logs[1] and run.codes[1] == 3, run  # when its sleep returned
+    assert "rank 1: RAISED HangDetected: " in run.logs[1] and run.codes[1] == 3, (
+        run
+    )  # when its sleep returned
     if run.codes[0] == HANG_EXIT_CODE:
         assert "HWDIST_HANG_ACTION=raise (the main thread stayed blocked in the backend)" in run.logs[0], run
         assert "RAISED" not in run.logs[0], run
@@ -413,8 +422,13 @@ def _record_rank() -> dict:
     hwdist.all_reduce(t)  # not recorded
     flight.enable(was)
     entries = [e for e in flight.snapshot() if e["start"] >= since]
-    return {"entries": entries, "failed": failed, "running": flight.watchdog_running(), "full": full,
-            "still_full": len(flight.snapshot()) == ring}
+    return {
+        "entries": entries,
+        "failed": failed,
+        "running": flight.watchdog_running(),
+        "full": full,
+        "still_full": len(flight.snapshot()) == ring,
+    }
 
 
 @pytest.mark.parametrize("backend", ["gloo", "emu"])

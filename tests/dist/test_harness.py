@@ -122,7 +122,9 @@ class _OneDeviceDriver(hwdist.Driver):
 def test_more_ranks_than_devices_is_a_skip_with_the_reason_before_any_spawn():
     hwdist.register_backend("onedev", _OneDeviceDriver, override=True)
     try:
-        with pytest.raises(pytest.skip.Exception, match=r"at most 1 rank\(s\) per cpu device: 2 local ranks need 2"):
+        with pytest.raises(
+            pytest.skip.Exception, match=r"at most 1 rank\(s\) per cpu device: 2 local ranks need 2"
+        ):
             RankPool(2, "onedev")
         from hwdist.testing.harness import _too_few_devices
 

@@ -82,7 +82,9 @@ class ToyCclDriver(Driver):
 def _custom_backend_rank(store_path):
     hwdist.register_backend("toyccl", ToyCclDriver)
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    drv = hwdist.launch.init_backend("toyccl", rank=rank, world_size=ws, init_method=f"file://{store_path}", timeout=30)
+    drv = hwdist.launch.init_backend(
+        "toyccl", rank=rank, world_size=ws, init_method=f"file://{store_path}", timeout=30
+    )
     t = torch.tensor([float(rank + 1)])
     torch_dist.all_reduce(t)
     out = (hwdist.get_backend(), hwdist.resolve().name, type(drv).__name__, t.item())
@@ -107,7 +109,9 @@ def _unavailable_backend_rank():
 
 def test_unavailable_backend_is_refused_before_any_rendezvous():
     (msg,) = run_distributed(_unavailable_backend_rank, 1, None, timeout=60)
-    assert msg.startswith("backend 'hccl' is not available here: the Python package 'torch_npu' is not installed")
+    assert msg.startswith(
+        "backend 'hccl' is not available here: the Python package 'torch_npu' is not installed"
+    )
     assert ". Available: " in msg and "gloo" in msg.split(". Available: ")[1]
 
 

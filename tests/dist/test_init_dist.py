@@ -25,9 +25,20 @@ sys.path.insert(0, str(SCRIPT.parent))
 from launch_script import expected  # noqa: E402
 
 # Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get(ENV_SUITE) == "1", reason="starts its own ranks"),
+]
 
-TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+TORCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def _free_port() -> int:
@@ -50,7 +61,14 @@ def _sum_and_local() -> tuple:
 def rank_init_dist_round_trip(store_file: str) -> dict:
     out: dict = {}
     info = hwdist.init_dist(timeout=30)  # launcher and backend inferred
-    out["first"] = (info.launcher, info.backend, info.rank, info.local_rank, hwdist.get_backend(), hwdist.detect().backend)
+    out["first"] = (
+        info.launcher,
+        info.backend,
+        info.rank,
+        info.local_rank,
+        hwdist.get_backend(),
+        hwdist.detect().backend,
+    )
     out["first_vals"] = _sum_and_local()
     with pytest.raises(RuntimeError, match="already exists"):
         hwdist.init_dist()
@@ -89,7 +107,9 @@ def test_init_dist_env_and_reinit(world_size, tmp_path):
 
 def rank_two_nodes(port: int) -> dict:
     r = int(os.environ["RANK"])
-    os.environ.update(GROUP_RANK=str(r // 2), LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    os.environ.update(
+        GROUP_RANK=str(r // 2), LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1"
+    )
     out: dict = {}
     hwdist.init_dist("pytorch", "gloo", port=port)
     out["auto"] = _sum_and_local()
@@ -122,7 +142,9 @@ class BindCheckDriver(GlooDriver):
 
 def rank_binds_by_local_rank(port: int) -> list:
     r = int(os.environ["RANK"])
-    os.environ.update(GROUP_RANK=str(r // 2), LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    os.environ.update(
+        GROUP_RANK=str(r // 2), LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1"
+    )
     hwdist.register_backend("bindcheck", BindCheckDriver, override=True)
     hwdist.init_dist("pytorch", "bindcheck", port=port, local_group=False)
     hwdist.destroy()

@@ -52,15 +52,31 @@ MPI_PARAMS = [b for b in backends() if b == "mpi"] or ["mpi"]
 def check_all_reduce_ops_and_dtypes() -> dict:
     r = tdist.get_rank()
     out = {}
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.complex64):
+    for dtype in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int8,
+        torch.complex64,
+    ):
         t = torch.tensor([r + 1, 2 * (r + 1)], dtype=dtype)
         tdist.all_reduce(t)
         out[("sum", str(dtype))] = t.tolist()
-    for name, op in (("max", tdist.ReduceOp.MAX), ("min", tdist.ReduceOp.MIN), ("prod", tdist.ReduceOp.PRODUCT)):
+    for name, op in (
+        ("max", tdist.ReduceOp.MAX),
+        ("min", tdist.ReduceOp.MIN),
+        ("prod", tdist.ReduceOp.PRODUCT),
+    ):
         t = torch.tensor([float(r + 1)])
         tdist.all_reduce(t, op=op)
         out[name] = t.item()
-    for name, op in (("band", tdist.ReduceOp.BAND), ("bor", tdist.ReduceOp.BOR), ("bxor", tdist.ReduceOp.BXOR)):
+    for name, op in (
+        ("band", tdist.ReduceOp.BAND),
+        ("bor", tdist.ReduceOp.BOR),
+        ("bxor", tdist.ReduceOp.BXOR),
+    ):
         t = torch.tensor([1 << r], dtype=torch.int32)
         tdist.all_reduce(t, op=op)
         out[name] = t.item()
@@ -160,7 +176,9 @@ def test_data_movement(dist, world_size, backend):
         assert res["gather"] == ([float(i) for i in range(n)] if r == 0 else None)
         assert res["scatter"] == 10.0 * r
         assert res["reduce_scatter"] == sum(float(q + r) for q in range(n))
-        assert res["reduce_scatter_tensor_bf16"] == [float(sum(2 * r + k + q for q in range(n))) for k in range(2)]
+        assert res["reduce_scatter_tensor_bf16"] == [
+            float(sum(2 * r + k + q for q in range(n))) for k in range(2)
+        ]
         assert res["all_to_all_single"] == [float(r + 10 * q) for q in range(n)]
         assert res["all_to_all_uneven"] == [float(100 * q + r) for q in range(n) for _ in range(r + 1)]
         assert res["all_to_all"] == [float(10 * q + r) for q in range(n)]
@@ -254,7 +272,17 @@ def test_mpiexec_suite(nprocs):
     env = {**os.environ, "MPIEXEC_TIMEOUT": "240", "PYTHONPATH": str(ROOT), **MPI_AS_ROOT}
     env.pop("HWDIST_TEST_BACKENDS", None)
     proc = subprocess.run(
-        ["mpiexec", "-n", str(nprocs), sys.executable, "-m", "hwdist.testing.mpi_suite", "tests/dist", "-q", "-x"],
+        [
+            "mpiexec",
+            "-n",
+            str(nprocs),
+            sys.executable,
+            "-m",
+            "hwdist.testing.mpi_suite",
+            "tests/dist",
+            "-q",
+            "-x",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -278,7 +306,7 @@ def test_mpi_backend_outside_mpiexec_is_a_clear_error():
         run_distributed(os.getpid, 2, "mpi", timeout=60)
 
 
-# ------------------------------------------------------------------ the watchdog (hwdist/drivers/_mpi_watchdog.py)
+# ---------------------------------------------------------- the watchdog (hwdist/drivers/_mpi_watchdog.py)
 
 _FAULT_SCRIPT = """
 import sys, time
@@ -310,12 +338,17 @@ print(f"rank {rank} left all_reduce with {t.tolist()}", flush=True)
     [
         ("raise", 60, "hwdist: aborting the MPI job from rank 1: rank 1 raised ValueError: boom on rank 1"),
         ("exit", 60, "rank 1 exited while rank {r} waits for it in MPI Allreduce"),
-        ("stall", 3, "s, more than the process-group timeout of 3 s (init_dist(timeout=...)): a rank of this group never joined it"),
+        (
+            "stall",
+            3,
+            "s, more than the process-group timeout of 3 s (init_dist(timeout=...)): a rank of this group"
+            " never joined it",
+        ),
         ("normal", 60, ""),
     ],
 )
 def test_watchdog_aborts_the_job_when_a_rank_leaves(tmp_path, mode, timeout, message):
-    """Rank 1 raises, exits or never joins while ranks 0 and 2 wait in all_reduce: the job ends within seconds."""
+    """Rank 1 raises, exits or never joins while ranks 0 and 2 wait in all_reduce: the job ends in seconds."""
     why = _mpi_missing()
     if why:
         pytest.skip(why)
@@ -327,7 +360,11 @@ def test_watchdog_aborts_the_job_when_a_rank_leaves(tmp_path, mode, timeout, mes
     env = {**os.environ, "MPIEXEC_TIMEOUT": "100", "PYTHONPATH": str(ROOT), **MPI_AS_ROOT}
     proc = subprocess.run(
         ["mpiexec", "-n", "3", sys.executable, str(script), mode, str(timeout)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
     )
     ended = time.time()
     out = proc.stdout + proc.stderr

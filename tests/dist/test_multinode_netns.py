@@ -54,7 +54,20 @@ def two_nodes():
         pytest.skip(f"`ip netns add` is not permitted here: {probe.stderr.strip()}")
     try:
         _ip("netns", "add", nodes[1][0])
-        _ip("link", "add", nodes[0][1], "netns", nodes[0][0], "type", "veth", "peer", "name", nodes[1][1], "netns", nodes[1][0])
+        _ip(
+            "link",
+            "add",
+            nodes[0][1],
+            "netns",
+            nodes[0][0],
+            "type",
+            "veth",
+            "peer",
+            "name",
+            nodes[1][1],
+            "netns",
+            nodes[1][0],
+        )
         for ns, dev, addr in nodes:
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
@@ -67,14 +80,22 @@ def two_nodes():
 
 def _free_port_in(ns: str) -> int:
     code = "import socket; s=socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return int(out.stdout.strip())
 
 
 def test_two_nodes_in_network_namespaces(two_nodes, tmp_path):
     (ns0, _, master), _ = two_nodes
     port = _free_port_in(ns0)
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "MASTER_"))}
+    base_env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "MASTER_"))
+    }
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         base_env.pop(var, None)
     procs = []
@@ -87,7 +108,15 @@ def test_two_nodes_in_network_namespaces(two_nodes, tmp_path):
             str(SCRIPT), str(tmp_path),
         ]  # fmt: skip
         procs.append(
-            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
         )
     logs = []
     try:
@@ -99,7 +128,9 @@ def test_two_nodes_in_network_namespaces(two_nodes, tmp_path):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-    tails = "\n".join(f"--- node {i} (rc {p.returncode}) ---\n{log[-3000:]}" for i, (p, log) in enumerate(zip(procs, logs)))
+    tails = "\n".join(
+        f"--- node {i} (rc {p.returncode}) ---\n{log[-3000:]}" for i, (p, log) in enumerate(zip(procs, logs))
+    )
     assert all(p.returncode == 0 for p in procs), tails
     import json
 

@@ -1,4 +1,7 @@
-"""Hostile and one-sided input on real ranks: shared tensors, poisoned metrics, integer ops, bad input on one rank.
+"""One rank's bad or hostile input on real ranks: every rank raises, within seconds.
+
+Shared tensors, poisoned metrics, integer ops, bad arguments on one rank, and (at the end) the
+compat modules' one-sided arguments.
 
 Each test is a row of the fault table in docs/reliability.md (the environment variables' rows
 are in tests/unit/test_launch.py). Bad input is given on ONE rank (the last) where the row
@@ -97,10 +100,16 @@ def test_shared_tensors_are_reduced_once(dist, combo):
 def check_zero_weight_metrics() -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     last = r == ws - 1 and ws > 1
-    metrics = {"loss": math.nan if last else 1.0 + r, "acc": math.inf if last else 0.5, "t": torch.tensor(-math.inf if last else 2.0)}
+    metrics = {
+        "loss": math.nan if last else 1.0 + r,
+        "acc": math.inf if last else 0.5,
+        "t": torch.tensor(-math.inf if last else 2.0),
+    }
     out = {"weighted": hwdist.average_metrics(metrics, count=0 if last else r + 1)}
     out["all_zero"] = hwdist.average_metrics({"x": math.nan}, count=0)
-    out["nan_counted"] = hwdist.average_metrics({"x": math.nan if last else 1.0}, count=1)  # a weighted NaN is real
+    out["nan_counted"] = hwdist.average_metrics(
+        {"x": math.nan if last else 1.0}, count=1
+    )  # a weighted NaN is real
     return out
 
 
@@ -110,7 +119,9 @@ def test_zero_weight_metrics_do_not_poison_the_average(dist, combo):
     counts = {q: q + 1 for q in live}
     for res in dist(check_zero_weight_metrics, ws, backend):
         w = res["weighted"]
-        assert w["loss"] == pytest.approx(sum(c * (1.0 + q) for q, c in counts.items()) / sum(counts.values()))
+        assert w["loss"] == pytest.approx(
+            sum(c * (1.0 + q) for q, c in counts.items()) / sum(counts.values())
+        )
         assert w["acc"] == pytest.approx(0.5) and w["t"] == pytest.approx(2.0)
         assert math.isnan(res["all_zero"]["x"])
         assert math.isnan(res["nan_counted"]["x"]) == (ws > 1)
@@ -128,7 +139,12 @@ def check_integer_ops() -> dict:
     out["dict"] = _catch(hwdist.all_reduce_dict, {"a": torch.ones(1)}, 5)
     out["params"] = _catch(hwdist.all_reduce_params, [torch.ones(1)], op=2)
     ok = {}
-    for name, op in {"PRODUCT": torch_dist.ReduceOp.PRODUCT, "Product": "Product", "MAX_obj": torch_dist.ReduceOp(torch_dist.ReduceOp.MAX), "Max": "Max"}.items():
+    for name, op in {
+        "PRODUCT": torch_dist.ReduceOp.PRODUCT,
+        "Product": "Product",
+        "MAX_obj": torch_dist.ReduceOp(torch_dist.ReduceOp.MAX),
+        "Max": "Max",
+    }.items():
         x = torch.tensor([r + 6], dtype=torch.int32)
         hwdist.all_reduce(x, op)
         ok[name] = x.item()
@@ -140,7 +156,13 @@ def test_integer_reduce_ops_are_refused(dist, combo):
     ws, backend = combo
     product = math.prod(q + 6 for q in range(ws))
     for r, res in enumerate(dist(check_integer_ops, ws, backend)):
-        for name, shown in {"five": "5", "two": "2", "np_four": repr(np.int64(4)), "bool": "True", "float": "0.0"}.items():
+        for name, shown in {
+            "five": "5",
+            "two": "2",
+            "np_four": repr(np.int64(4)),
+            "bool": "True",
+            "float": "0.0",
+        }.items():
             err, value = res[name]
             assert err[0] == "ValueError" and f"got {shown} (a plain number is not a ReduceOp" in err[1], err
             assert value == r + 6  # untouched
@@ -255,7 +277,9 @@ def test_all_reduce_dict_bad_value_on_one_rank_raises_everywhere(dist, combo):
                         assert kind == "CollectiveMismatch" and f"rank {ws - 1}:" in msg, (route, case, err)
                     else:
                         assert f"rank {ws - 1}: " in msg and text in msg, (route, case, err)
-                        expected = "ArgumentAssertionError" if case == "not_dict" and r == ws - 1 else "ValueError"
+                        expected = (
+                            "ArgumentAssertionError" if case == "not_dict" and r == ws - 1 else "ValueError"
+                        )
                         assert kind == expected, (route, case, err)
         for case, text in words.items():
             if case == "op":
@@ -299,7 +323,10 @@ def test_gradient_synchronizer_config_differs_on_one_rank(dist, combo):
                 continue
             assert elapsed < FAST
             assert err[0] == "ValueError", err
-            assert "GradientSynchronizer: every rank must pass the same op, bucket_size_mb, first_bucket_mb" in err[1], err
+            assert (
+                "GradientSynchronizer: every rank must pass the same op, bucket_size_mb, first_bucket_mb"
+                in err[1]
+            ), err
         mean = sum(q + 1.0 for q in range(ws)) / ws
         assert res["healthy"] == [[mean], [mean]]
 
@@ -351,15 +378,25 @@ def test_complex_gather_and_clear_errors(dist, combo):
                 assert res[name] == [] and res[name + "_uneven"] == []
         for fn, err in res["sparse"].items():
             assert err is not None and err[0] == "TypeError", (fn, err)
-            assert err[1].startswith(f"{fn}: data must be a dense (strided) tensor, got a sparse_coo tensor"), err
+            assert err[1].startswith(
+                f"{fn}: data must be a dense (strided) tensor, got a sparse_coo tensor"
+            ), err
         err, elapsed = res["ndarray"]
         if ws > 1:  # a one-rank group reduces nothing (mmengine's no-op)
-            assert err == ("ValueError", "all_reduce_dict: data['a'] must be a torch.Tensor, got ndarray"), err
+            assert err == ("ValueError", "all_reduce_dict: data['a'] must be a torch.Tensor, got ndarray"), (
+                err
+            )
             assert elapsed < FAST
-        assert res["bucket"] == ("TypeError", "all_reduce_params: bucket_size_mb must be a number of MiB, got 'x'")
+        assert res["bucket"] == (
+            "TypeError",
+            "all_reduce_params: bucket_size_mb must be a number of MiB, got 'x'",
+        )
         for fn, err in res["group"].items():
             given = "list: [0, 1]" if fn == "all_reduce_dict" else "str: 'world'"
-            want = f"{fn}: group must be a torch.distributed.ProcessGroup or None (the default group), got {given}"
+            want = (
+                f"{fn}: group must be a torch.distributed.ProcessGroup or None (the default group),"
+                f" got {given}"
+            )
             assert err == ("TypeError", want), (fn, err)
         assert res["healthy"] == ws
 
@@ -431,6 +468,7 @@ def test_two_threads_on_one_group_are_refused(dist):
 # ---------- the compat modules ----------
 # One rank's bad or different argument in the compat modules: every rank raises, within seconds.
 
+
 def _apply(marks):
     """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
     marks = marks if isinstance(marks, list) else [marks]
@@ -445,6 +483,8 @@ def _apply(marks):
 
 # The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _COMPAT_ONE_BAD_RANK_MARKS = pytest.mark.slow
+
+
 def _cases(tmp: str, last: bool, r: int, ws: int) -> dict:
     f32 = torch.ones(2)
     return {
@@ -475,7 +515,8 @@ def _cases(tmp: str, last: bool, r: int, ws: int) -> dict:
 #: case -> (text every rank's message holds, the bad rank's exception type)
 WANT = {
     "vis4d_ordered_vs_dict": (
-        "passed an OrderedDict where rank 0 passed a dict", hwdist.CollectiveArgumentError
+        "passed an OrderedDict where rank 0 passed a dict",
+        hwdist.CollectiveArgumentError,
     ),
     "vis4d_unpicklable": ("data cannot be pickled (TypeError", hwdist.CollectiveArgumentError),
     "vis4d_pad_non_tensor": ("tensor must be a torch.Tensor, got list", TypeError),

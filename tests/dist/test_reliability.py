@@ -75,12 +75,16 @@ def _verification_cases() -> dict[str, tuple[str, str]]:
         assert d["b"].item() == ws and d["a"].item() == sum(range(ws))
         assert objs == [{"r": r} for r in range(ws)]
         cases: dict[str, Callable[[], Any]] = {
-            "all_reduce dtype": lambda: hwdist.all_reduce(torch.zeros(4, 3, dtype=_odd(rank, f32, torch.float64))),
+            "all_reduce dtype": lambda: hwdist.all_reduce(
+                torch.zeros(4, 3, dtype=_odd(rank, f32, torch.float64))
+            ),
             "all_reduce shape": lambda: hwdist.all_reduce(torch.zeros(_odd(rank, 4, 5))),
             "all_reduce op": lambda: hwdist.all_reduce(torch.zeros(2), op=_odd(rank, "sum", "max")),
             "all_reduce non-tensor": lambda: hwdist.all_reduce(_odd(rank, torch.zeros(2), [0.0, 0.0])),
             "all_gather dtype": lambda: hwdist.all_gather(torch.zeros(2, dtype=_odd(rank, f32, torch.int32))),
-            "all_gather same_shape": lambda: hwdist.all_gather(torch.zeros(_odd(rank, 2, 3)), same_shape=True),
+            "all_gather same_shape": lambda: hwdist.all_gather(
+                torch.zeros(_odd(rank, 2, 3)), same_shape=True
+            ),
             "gather dst": lambda: hwdist.gather(torch.zeros(2), dst=_odd(rank, 0, 1)),
             "broadcast shape": lambda: hwdist.broadcast(torch.zeros(_odd(rank, 2, 3))),
             "broadcast src": lambda: hwdist.broadcast(torch.zeros(2), src=_odd(rank, 0, 1)),
@@ -103,11 +107,18 @@ def _verification_cases() -> dict[str, tuple[str, str]]:
             "all_reduce_dict keys": lambda: hwdist.all_reduce_dict(
                 {"a": torch.ones(2), **({"c": torch.ones(1)} if rank == 1 else {})}
             ),
-            "all_reduce_dict shape": lambda: hwdist.all_reduce_dict({"a": torch.ones(_odd(rank, 2, 3))}, verify=False),
-            "all_reduce_params": lambda: hwdist.all_reduce_params([torch.ones(3), torch.ones(_odd(rank, 2, 4))]),
+            "all_reduce_dict shape": lambda: hwdist.all_reduce_dict(
+                {"a": torch.ones(_odd(rank, 2, 3))}, verify=False
+            ),
+            "all_reduce_params": lambda: hwdist.all_reduce_params(
+                [torch.ones(3), torch.ones(_odd(rank, 2, 4))]
+            ),
             "broadcast_object_list src": lambda: hwdist.broadcast_object_list([rank], src=_odd(rank, 0, 1)),
-            # a non-source rank's bad data: only verification mode makes every rank raise (one broadcast otherwise)
-            "broadcast_object_list data": lambda: hwdist.broadcast_object_list("x" if rank == 1 else [rank], src=0),
+            # a non-source rank's bad data: only verification mode makes every rank raise
+            # (one broadcast otherwise)
+            "broadcast_object_list data": lambda: hwdist.broadcast_object_list(
+                "x" if rank == 1 else [rank], src=0
+            ),
             "collect_results size": lambda: hwdist.collect_results([rank], _odd(rank, ws, ws + 1)),
         }
         for name, case in cases.items():
@@ -206,7 +217,8 @@ PG_TIMEOUT = 1.0
 
 def _stall_rank1(outdir: str) -> Any:
     rank = hwdist.get_rank()
-    # The short timeout is this group's, not the pool's: a 1 s rendezvous fails where ranks start seconds apart
+    # The short timeout is this group's, not the pool's: a 1 s rendezvous fails where ranks start
+    # seconds apart
     # (a CUDA build of torch imports in 10+ s on a loaded 2-core machine).
     group = torch.distributed.new_group(timeout=datetime.timedelta(seconds=PG_TIMEOUT))
     if rank == 1:  # alive, but never joins (a rank stuck in its own code)
@@ -289,25 +301,111 @@ _T = torch.ones(2)
 #: (name, call, exception type, message fragment); every rank makes the same bad call.
 #: Only cases no other test covers; the others are listed in docs/reliability.md
 #: (test_tensor_collectives.py::test_bad_input_raises_on_every_rank, test_params.py,
-#: test_objects.py::test_bad_arguments_raise_on_every_rank, test_results.py::test_bad_inputs_raise_on_every_rank).
+#: test_objects.py::test_bad_arguments_raise_on_every_rank,
+#: test_results.py::test_bad_inputs_raise_on_every_rank).
 BAD_ARGS: list[tuple[str, Callable[[int], Any], type, str]] = [
-    ("broadcast non-tensor", lambda ws: hwdist.broadcast([1.0]), TypeError, "broadcast: data must be a torch.Tensor, got list"),
-    ("reduce non-tensor", lambda ws: hwdist.reduce(np.ones(2)), TypeError, "reduce: data must be a torch.Tensor, got ndarray"),
-    ("scatter non-tensor", lambda ws: hwdist.scatter(None), TypeError, "scatter: data must be a torch.Tensor, got NoneType"),
-    ("gather dst not an int", lambda ws: hwdist.gather(_T, dst=0.0), TypeError, "gather: dst must be an int rank, got float"),
-    ("reduce_scatter unknown op", lambda ws: hwdist.reduce_scatter(_T.clone(), [_T] * ws, op="median"), ValueError, "reduce_scatter: op must be one of"),
-    ("reduce_scatter non-tensor output", lambda ws: hwdist.reduce_scatter("out", [_T] * ws), TypeError, "reduce_scatter: output must be a torch.Tensor, got str"),
-    ("all_to_all empty list", lambda ws: hwdist.all_to_all([], []), TypeError, "all_to_all: input_list must be a list of {ws} tensors, got list"),
-    ("all_to_all non-tensor item", lambda ws: hwdist.all_to_all([_T] * ws, [_T] + ["x"] * (ws - 1)), TypeError, "all_to_all: input_list[1] must be a torch.Tensor, got str"),
-    ("recv non-tensor", lambda ws: hwdist.recv("buf", src=0), TypeError, "recv: data must be a torch.Tensor, got str"),
-    ("isend dst out of range", lambda ws: hwdist.isend(_T, dst=ws + 3), ValueError, "isend: dst must be a rank in 0..{last} (world size {ws}), got {ws3}"),
-    ("irecv src not an int", lambda ws: hwdist.irecv(_T.clone(), src="0"), TypeError, "irecv: src must be an int rank, got str"),
-    ("pad_to_largest_tensor non-tensor", lambda ws: hwdist.pad_to_largest_tensor([1]), TypeError, "pad_to_largest_tensor: tensor must be a torch.Tensor, got list"),
-    ("reduce_mean non-tensor", lambda ws: hwdist.reduce_mean(1.0), TypeError, "reduce_mean: tensor must be a torch.Tensor, got float"),
-    ("all_reduce_dict non-tensor value, verify=False", lambda ws: hwdist.all_reduce_dict({"a": 1.5}, verify=False), TypeError, "all_reduce_dict: data['a'] must be a torch.Tensor, got float"),
-    ("all_reduce_params unknown op", lambda ws: hwdist.all_reduce_params([_T.clone()], op="avg"), ValueError, "all_reduce_params: op must be one of"),
-    ("scatter_object_list src out of range", lambda ws: hwdist.scatter_object_list([None], [1] * ws, src=ws), hwdist.CollectiveArgumentError, "src={ws} is not a rank of the group"),
-    ("broadcast_object_list src not an int", lambda ws: hwdist.broadcast_object_list([1], src="0"), hwdist.CollectiveArgumentError, "src must be an int rank, got str"),
+    (
+        "broadcast non-tensor",
+        lambda ws: hwdist.broadcast([1.0]),
+        TypeError,
+        "broadcast: data must be a torch.Tensor, got list",
+    ),
+    (
+        "reduce non-tensor",
+        lambda ws: hwdist.reduce(np.ones(2)),
+        TypeError,
+        "reduce: data must be a torch.Tensor, got ndarray",
+    ),
+    (
+        "scatter non-tensor",
+        lambda ws: hwdist.scatter(None),
+        TypeError,
+        "scatter: data must be a torch.Tensor, got NoneType",
+    ),
+    (
+        "gather dst not an int",
+        lambda ws: hwdist.gather(_T, dst=0.0),
+        TypeError,
+        "gather: dst must be an int rank, got float",
+    ),
+    (
+        "reduce_scatter unknown op",
+        lambda ws: hwdist.reduce_scatter(_T.clone(), [_T] * ws, op="median"),
+        ValueError,
+        "reduce_scatter: op must be one of",
+    ),
+    (
+        "reduce_scatter non-tensor output",
+        lambda ws: hwdist.reduce_scatter("out", [_T] * ws),
+        TypeError,
+        "reduce_scatter: output must be a torch.Tensor, got str",
+    ),
+    (
+        "all_to_all empty list",
+        lambda ws: hwdist.all_to_all([], []),
+        TypeError,
+        "all_to_all: input_list must be a list of {ws} tensors, got list",
+    ),
+    (
+        "all_to_all non-tensor item",
+        lambda ws: hwdist.all_to_all([_T] * ws, [_T] + ["x"] * (ws - 1)),
+        TypeError,
+        "all_to_all: input_list[1] must be a torch.Tensor, got str",
+    ),
+    (
+        "recv non-tensor",
+        lambda ws: hwdist.recv("buf", src=0),
+        TypeError,
+        "recv: data must be a torch.Tensor, got str",
+    ),
+    (
+        "isend dst out of range",
+        lambda ws: hwdist.isend(_T, dst=ws + 3),
+        ValueError,
+        "isend: dst must be a rank in 0..{last} (world size {ws}), got {ws3}",
+    ),
+    (
+        "irecv src not an int",
+        lambda ws: hwdist.irecv(_T.clone(), src="0"),
+        TypeError,
+        "irecv: src must be an int rank, got str",
+    ),
+    (
+        "pad_to_largest_tensor non-tensor",
+        lambda ws: hwdist.pad_to_largest_tensor([1]),
+        TypeError,
+        "pad_to_largest_tensor: tensor must be a torch.Tensor, got list",
+    ),
+    (
+        "reduce_mean non-tensor",
+        lambda ws: hwdist.reduce_mean(1.0),
+        TypeError,
+        "reduce_mean: tensor must be a torch.Tensor, got float",
+    ),
+    (
+        "all_reduce_dict non-tensor value, verify=False",
+        lambda ws: hwdist.all_reduce_dict({"a": 1.5}, verify=False),
+        TypeError,
+        "all_reduce_dict: data['a'] must be a torch.Tensor, got float",
+    ),
+    (
+        "all_reduce_params unknown op",
+        lambda ws: hwdist.all_reduce_params([_T.clone()], op="avg"),
+        ValueError,
+        "all_reduce_params: op must be one of",
+    ),
+    (
+        "scatter_object_list src out of range",
+        lambda ws: hwdist.scatter_object_list([None], [1] * ws, src=ws),
+        hwdist.CollectiveArgumentError,
+        "src={ws} is not a rank of the group",
+    ),
+    (
+        "broadcast_object_list src not an int",
+        lambda ws: hwdist.broadcast_object_list([1], src="0"),
+        hwdist.CollectiveArgumentError,
+        "src must be an int rank, got str",
+    ),
 ]
 
 
@@ -331,7 +429,11 @@ def test_bad_arguments_table(dist, backend):
     for got, total in dist(_bad_args_rank, ws, backend):
         assert total == ws
         for (name, _, exc_type, fragment), (kind, msg) in zip(BAD_ARGS, got):
-            assert kind == exc_type.__name__ or issubclass(getattr(hwdist, kind, Exception), exc_type), (name, kind, msg)
+            assert kind == exc_type.__name__ or issubclass(getattr(hwdist, kind, Exception), exc_type), (
+                name,
+                kind,
+                msg,
+            )
             assert fragment.format(ws=ws, last=ws - 1, ws3=ws + 3) in msg, (name, msg)
 
 
@@ -342,11 +444,27 @@ def test_bad_arguments_outside_a_process_group():
         (lambda: hwdist.all_reduce(torch.ones(1), op="avg"), ValueError, "op must be one of"),
         (lambda: hwdist.send(torch.ones(1), dst=1), RuntimeError, "send needs a process group"),
         (lambda: hwdist.get_driver("no-such-backend"), hwdist.BackendError, "no-such-backend"),
-        (lambda: hwdist.init_backend("no-such-backend", rank=0, world_size=1), hwdist.BackendError, "no-such-backend"),
-        (lambda: hwdist.launch.core.as_timedelta(-1), ValueError, "timeout must be a positive number of seconds"),
+        (
+            lambda: hwdist.init_backend("no-such-backend", rank=0, world_size=1),
+            hwdist.BackendError,
+            "no-such-backend",
+        ),
+        (
+            lambda: hwdist.launch.core.as_timedelta(-1),
+            ValueError,
+            "timeout must be a positive number of seconds",
+        ),
         (lambda: hwdist.set_object_path("fast"), ValueError, "object path must be one of"),
-        (lambda: hwdist.collect_results([1], 1, device="npu"), hwdist.CollectiveArgumentError, "device must be 'cpu' or 'gpu'"),
-        (lambda: hwdist.scatter_object_list([None], []), hwdist.CollectiveArgumentError, "must hold one object per rank"),
+        (
+            lambda: hwdist.collect_results([1], 1, device="npu"),
+            hwdist.CollectiveArgumentError,
+            "device must be 'cpu' or 'gpu'",
+        ),
+        (
+            lambda: hwdist.scatter_object_list([None], []),
+            hwdist.CollectiveArgumentError,
+            "must hold one object per rank",
+        ),
     ]
     for call, exc_type, fragment in table:
         with pytest.raises(exc_type, match=None) as info:
@@ -373,13 +491,17 @@ def _init_error_rank() -> list:
             sock.listen()
             port = sock.getsockname()[1]
             what = f"port: {port}"
-            init_backend("gloo", rank=0, world_size=2, init_method=f"tcp://127.0.0.1:{port}", timeout=INIT_TIMEOUT)
+            init_backend(
+                "gloo", rank=0, world_size=2, init_method=f"tcp://127.0.0.1:{port}", timeout=INIT_TIMEOUT
+            )
         elif rank == 1:  # nobody listens at MASTER_ADDR:MASTER_PORT
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
             sock.close()
             what = f"(127.0.0.1, {port})"
-            init_backend("gloo", rank=1, world_size=2, init_method=f"tcp://127.0.0.1:{port}", timeout=INIT_TIMEOUT)
+            init_backend(
+                "gloo", rank=1, world_size=2, init_method=f"tcp://127.0.0.1:{port}", timeout=INIT_TIMEOUT
+            )
         else:  # env:// without MASTER_ADDR
             for name in ("MASTER_ADDR", "MASTER_PORT"):
                 os.environ.pop(name, None)
@@ -394,9 +516,14 @@ def _init_error_rank() -> list:
 
 def test_init_errors_are_clear_and_bounded():
     res = run_distributed(_init_error_rank, 3, None, timeout=60)
-    kinds = {0: (("DistNetworkError",), "EADDRINUSE"), 1: (("DistNetworkError",), "timed out"), 2: (("ValueError",), "MASTER_ADDR")}
-    # torch's text, not hwdist's, differs before torch 2.8 (measured): the port-in-use error is a RuntimeError on 2.1
-    # and 2.4 (DistNetworkError on 2.2, 2.3), says "Address already in use" (2.1-2.3) or "address already in use"
+    kinds = {
+        0: (("DistNetworkError",), "EADDRINUSE"),
+        1: (("DistNetworkError",), "timed out"),
+        2: (("ValueError",), "MASTER_ADDR"),
+    }
+    # torch's text, not hwdist's, differs before torch 2.8 (measured): the port-in-use error is a
+    # RuntimeError on 2.1 and 2.4 (DistNetworkError on 2.2, 2.3), says "Address already in use"
+    # (2.1-2.3) or "address already in use"
     # (2.4), and 2.4's does not name the port; 2.1's connect timeout is a TimeoutError.
     if _compat.TORCH_VERSION < (2, 8):
         kinds[0] = (("RuntimeError", "DistNetworkError"), "ddress already in use")

@@ -8,7 +8,8 @@ and must raise ``UnpicklingRefused``, with its process intact (no signal,
 no changed global) and the group still usable. Before the restricted
 unpickler was rewritten, the numpy payloads killed rank 0 with SIGSEGV here.
 A crash of a rank fails the test through the harness (RankFailure), not the
-suite. The attacker learns of the refusal too: every rank raises, the sender with an ``ObjectCollectiveError`` naming the receiver's
+suite. The attacker learns of the refusal too: every rank raises, the sender with an
+``ObjectCollectiveError`` naming the receiver's
 decode failure.
 """
 
@@ -24,8 +25,14 @@ import pytest
 import hwdist
 from tests.unit.restricted_probe import attacks
 
-HOSTILE = ["dtype_object_field", "ndarray_huge_strides", "counter_missing", "fraction_eq", "bytearray_1gib",
-           "deep_tuple_hash"]
+HOSTILE = [
+    "dtype_object_field",
+    "ndarray_huge_strides",
+    "counter_missing",
+    "fraction_eq",
+    "bytearray_1gib",
+    "deep_tuple_hash",
+]
 
 
 class _RawBytes(hwdist.Serializer):
@@ -58,7 +65,9 @@ def _hostile_peer(payloads_hex: list[str], how: str) -> list[Any]:
             out.append(f"{type(exc).__name__}: {exc}")
     out.append([collections.Counter()["never-seen"], fractions.Fraction(1, 2) == fractions.Fraction(1, 3)])
     # the group still works, and legitimate content still passes the restricted serializer
-    got = hwdist.gather_object({"rank": rank, "a": np.arange(3)}, dst=0, serializer=hwdist.RestrictedPickleSerializer())
+    got = hwdist.gather_object(
+        {"rank": rank, "a": np.arange(3)}, dst=0, serializer=hwdist.RestrictedPickleSerializer()
+    )
     out.append(None if got is None else [(g["rank"], g["a"].tolist()) for g in got])
     return out
 
@@ -72,5 +81,7 @@ def test_a_hostile_peer_makes_the_receiver_raise_not_die(dist, how, tmp_path):
     assert receiver[len(HOSTILE)] == [0, False]  # Counter and Fraction untouched
     assert receiver[-1] == [(0, [0, 1, 2]), (1, [0, 1, 2])]
     for name, msg in zip(HOSTILE, attacker):
-        assert msg.startswith("ObjectCollectiveError:") and "could not decode the object from rank 1" in msg, (name, msg)
+        assert (
+            msg.startswith("ObjectCollectiveError:") and "could not decode the object from rank 1" in msg
+        ), (name, msg)
     assert not (tmp_path / "pwned").exists()

@@ -94,7 +94,9 @@ def check_bad_inputs() -> dict[str, Any]:
     bad = [torch.zeros(3, dtype=torch.int64)] * ws if r == src else None
     cases["scatter_bad"] = _catch(hwdist.scatter, torch.zeros(2, dtype=torch.int64), bad, src)
     items = [torch.zeros(2, dtype=torch.int64)] * (ws - 1) + ["x"]  # a non-tensor item, on the source only
-    cases["scatter_item"] = _catch(hwdist.scatter, torch.zeros(2, dtype=torch.int64), items if r == src else None, src)
+    cases["scatter_item"] = _catch(
+        hwdist.scatter, torch.zeros(2, dtype=torch.int64), items if r == src else None, src
+    )
     if ws > 1:  # a dtype mismatch is found by the shape exchange and raised on every rank
         mixed = torch.ones(2, dtype=torch.float64 if r == 1 else torch.float32)
         cases["dtype_mismatch"] = _catch(hwdist.all_gather, mixed)
@@ -114,7 +116,10 @@ def test_bad_input_raises_on_every_rank(dist, combo):
         assert want in msg, msg
         kind, msg = got["scatter_item"]  # src keeps its TypeError; the others learn only that it was bad
         if r == src:
-            assert (kind, msg) == ("TypeError", f"scatter: scatter_list[{ws - 1}] must be a torch.Tensor, got str: 'x'")
+            assert (kind, msg) == (
+                "TypeError",
+                f"scatter: scatter_list[{ws - 1}] must be a torch.Tensor, got str: 'x'",
+            )
         else:
             assert kind == "ValueError" and f"src rank {src} was invalid" in msg, msg
         if ws > 1:

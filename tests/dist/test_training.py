@@ -303,7 +303,9 @@ def check_accumulate_and_misuse() -> dict:
     before = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     out["grad_op_mismatch"] = _catch(hwdist.sync_grad, model.parameters(), "sum" if r == ws - 1 else "mean")
     after = [p.grad for p in model.parameters() if p.grad is not None]
-    out["grads_untouched"] = len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after))
+    out["grads_untouched"] = len(before) == len(after) and all(
+        torch.equal(a, b) for a, b in zip(before, after)
+    )
     # healthy afterwards
     model.zero_grad(set_to_none=True)
     x, y = _batch(r, 2)
@@ -358,7 +360,9 @@ def test_accumulation_and_misuse(dist, combo):
             kind, msg = res["shape_mismatch"]
             assert kind == "ValueError" and "same shapes and dtypes" in msg
         else:  # one rank: nothing to compare against
-            assert res["mismatch"] is None and res["shape_mismatch"] is None and res["grad_op_mismatch"] is None
+            assert (
+                res["mismatch"] is None and res["shape_mismatch"] is None and res["grad_op_mismatch"] is None
+            )
         assert res["healthy"] == (4 if ws > 1 else 0)
 
 

@@ -46,7 +46,12 @@ def _agree_rank(bad_rank: int):
         consensus.agree("op", None, problem=problem, words=[1])
         out["raised"] = None
     except Exception as exc:  # noqa: BLE001 - the test compares the type and text
-        out["raised"] = (type(exc).__name__, str(exc), isinstance(exc, ValueError), isinstance(exc, hwdist.HwdistError))
+        out["raised"] = (
+            type(exc).__name__,
+            str(exc),
+            isinstance(exc, ValueError),
+            isinstance(exc, hwdist.HwdistError),
+        )
     return out
 
 
@@ -63,7 +68,9 @@ def test_agree_raises_on_every_rank_naming_the_bad_one(dist, world_size, backend
             assert (name, text) == ("ValueError", "x must be positive, got -1")
         else:
             assert name == "CollectiveArgumentError" and is_hwdist
-            assert f"op: rank {bad} was given invalid arguments (ValueError: x must be positive, got -1)" in text
+            assert (
+                f"op: rank {bad} was given invalid arguments (ValueError: x must be positive, got -1)" in text
+            )
 
 
 def _reducer_rank(gather_limit):
