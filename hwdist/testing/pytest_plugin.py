@@ -25,7 +25,7 @@ import pytest
 from .. import settings as _settings
 from .harness import RankFailure, RankPool
 
-__all__ = ["world_sizes", "backends", "PoolCache", "capture_error"]
+__all__ = ["world_sizes", "backends", "one_backend", "PoolCache", "capture_error"]
 
 
 def capture_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Optional[tuple[str, str]]:
@@ -49,6 +49,16 @@ def backends() -> list[str]:
     """Backends to test, from ``HWDIST_TEST_BACKENDS`` (default gloo,emu)."""
     raw = os.environ.get("HWDIST_TEST_BACKENDS", "gloo,emu")
     return [x.strip() for x in raw.split(",") if x.strip()]
+
+
+def one_backend() -> list[str]:
+    """The first backend of [`backends`][hwdist.testing.pytest_plugin.backends] only (gloo by default).
+
+    For scenarios whose behaviour does not depend on the device or the driver's table (the compat
+    modules' argument handling, verification mode's protocol, the harness itself): running them on
+    the emulated accelerator too would repeat the same code path.
+    """
+    return backends()[:1]
 
 
 class PoolCache:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as torch_dist
 
 import hwdist
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 #: demucs' signatures: every parameter, in order, with its default (hwdist may add optional ones after them).
 DEMUCS_SIGNATURES = {
@@ -95,7 +95,7 @@ def rank_demucs() -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_demucs_helpers_on_ranks(dist, world_size, backend):
     ws = world_size

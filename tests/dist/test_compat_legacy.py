@@ -21,7 +21,7 @@ import torch
 import hwdist
 import hwdist.compat.legacy as dist
 from hwdist.testing import run_distributed
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def rank_legacy_ops() -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_legacy_api_documented_behaviour(dist_pool, world_size, backend):
     for r, res in enumerate(dist_pool(rank_legacy_ops, world_size, backend)):
@@ -212,7 +212,7 @@ ERROR_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(ERROR_CASES))
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
 def test_legacy_bad_lists_raise_runtime_error_on_every_rank(dist_pool, world_size, backend, case):
     results = dist_pool(rank_legacy_errors, world_size, backend, case)
@@ -238,7 +238,7 @@ def rank_legacy_one_rank_errors() -> dict:
     }
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 def test_legacy_errors_on_one_rank(dist_pool, backend):
     (res,) = dist_pool(rank_legacy_one_rank_errors, 1, backend)
     for key, err in res.items():

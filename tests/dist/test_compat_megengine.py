@@ -22,7 +22,7 @@ import torch
 import hwdist
 import hwdist.compat.megengine as helper
 from hwdist.collectives import call_entry
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 
 def test_packing_documented_examples():
@@ -165,7 +165,7 @@ def rank_megengine_ops(big: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_megengine_helpers_on_ranks(dist, world_size, backend):
     ws = world_size
@@ -202,7 +202,7 @@ def rank_callback_outside_backward() -> str:
     return "no error"
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 def test_callback_outside_backward_asserts(dist, backend):
     (text,) = dist(rank_callback_outside_backward, 1, backend)
     assert "call it during backward" in text
@@ -232,7 +232,7 @@ def rank_pack_mismatch(case: str) -> tuple:
 @pytest.mark.parametrize(
     "case", ["bad_offsets", "not_a_tensor", "bad_method", "different_method", "different_sizes"]
 )
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
 def test_pack_allreduce_split_bad_input_raises_on_every_rank(dist, world_size, backend, case):
     wanted = {

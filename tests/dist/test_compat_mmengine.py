@@ -31,7 +31,7 @@ import torch.distributed as torch_dist
 import hwdist
 from hwdist.errors import MissingPackageError
 from hwdist.testing import run_distributed
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 
 def _caught(fn, *args):
@@ -56,7 +56,7 @@ def rank_assert_cases(only_last: bool) -> dict:
     }
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_mmengine_asserts_are_assertion_errors(dist, world_size, backend):
     for r, res in enumerate(dist(rank_assert_cases, world_size, backend, False)):
@@ -67,7 +67,7 @@ def test_mmengine_asserts_are_assertion_errors(dist, world_size, backend):
             assert what in got["text"] and "must be a " in got["text"], got["text"]
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
 def test_mmengine_assert_on_one_rank_raises_everywhere(dist, world_size, backend):
     results = dist(rank_assert_cases, world_size, backend, True)

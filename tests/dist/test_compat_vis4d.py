@@ -22,7 +22,7 @@ import torch
 
 import hwdist
 import hwdist.compat.vis4d as dist
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def rank_vis4d_ops(tmp: str) -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_vis4d_documented_behaviour(dist_pool, world_size, backend, tmp_path):
     ws = world_size
@@ -159,7 +159,7 @@ VIS4D_ERRORS = {
 
 
 @pytest.mark.parametrize("case", sorted(VIS4D_ERRORS))
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
 def test_vis4d_bad_input_raises_on_every_rank(dist_pool, world_size, backend, case, tmp_path):
     kind, text = VIS4D_ERRORS[case]

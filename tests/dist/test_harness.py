@@ -14,7 +14,7 @@ import torch
 
 import hwdist
 from hwdist.testing import RankFailure, RankPool, run_distributed
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 # Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ def _skip_everywhere() -> None:
     pytest.skip("nothing to do here")
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_results_come_back_in_rank_order(dist, world_size, backend):
     results = dist(_rank_and_sum, world_size, backend)

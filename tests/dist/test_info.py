@@ -13,7 +13,7 @@ import torch.distributed as torch_dist
 import hwdist
 from hwdist.drivers.base import Driver
 from hwdist.testing import run_distributed
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 Pair = collections.namedtuple("Pair", "a b")
 
@@ -47,7 +47,7 @@ def _info_checks():
     }
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_dist_info_on_real_ranks(dist, world_size, backend):
     results = dist(_info_checks, world_size, backend)

@@ -22,12 +22,11 @@ import torch
 import torch.distributed as torch_dist
 
 import hwdist
-from hwdist.testing.pytest_plugin import capture_error as _catch
+from hwdist.testing.pytest_plugin import capture_error as _catch, one_backend
 from collections import OrderedDict
 import hwdist.compat.legacy as legacy
 import hwdist.compat.megengine as meg
 import hwdist.compat.vis4d as vis4d
-from hwdist.testing.pytest_plugin import backends
 
 #: A bad argument on one rank must reach every rank well within this (the group timeout is minutes).
 FAST = 10.0
@@ -550,7 +549,7 @@ def _one_bad_rank(tmp: str) -> dict:
 
 
 @_apply(_COMPAT_ONE_BAD_RANK_MARKS)
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("ws", [2, 3])
 def test_one_bad_rank_in_the_compat_modules_raises_on_every_rank(dist, ws, backend, tmp_path):
     for r, per_case in enumerate(dist(_one_bad_rank, ws, backend, str(tmp_path))):

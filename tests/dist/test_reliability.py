@@ -35,7 +35,7 @@ from hwdist import _compat
 from hwdist.collectives import verify
 from hwdist.collectives import results as resmod
 from hwdist.testing import RankFailure, RankPool, run_distributed
-from hwdist.testing.pytest_plugin import backends
+from hwdist.testing.pytest_plugin import one_backend
 
 # Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def _ranks(field: str, normal: str, odd: str, ws: int) -> str:
     return f"{field}: " + "; ".join(f"rank {r}: {odd if r == 1 else normal}" for r in range(ws))
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 def test_verification_mode_catches_mismatches_in_every_collective(dist, backend):
     ws = 3
     per_rank = dist(_verification_cases, ws, backend)
@@ -423,7 +423,7 @@ def _bad_args_rank() -> list:
     return [out, t.item()]
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 def test_bad_arguments_table(dist, backend):
     ws = 2
     for got, total in dist(_bad_args_rank, ws, backend):

@@ -9,7 +9,7 @@ import torch
 
 import hwdist
 from hwdist.collectives import verify
-from hwdist.testing.pytest_plugin import backends, world_sizes
+from hwdist.testing.pytest_plugin import one_backend, world_sizes
 
 
 def _mismatch_rank():
@@ -31,7 +31,7 @@ def _mismatch_rank():
     return out
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
 def test_mismatch_raises_on_every_rank(dist, world_size, backend):
     results = dist(_mismatch_rank, world_size, backend)
@@ -63,7 +63,7 @@ def _barrier_vs_all_reduce():
     return None
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 def test_barrier_takes_part_in_verification(dist, backend):
     results = dist(_barrier_vs_all_reduce, 2, backend)
     for msg in results:
@@ -101,7 +101,7 @@ def _skip_one_of_two_equal_calls(skipper: int):
     return out
 
 
-@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("backend", one_backend())
 def test_a_skipped_call_with_the_same_signature_raises_on_every_rank(dist, backend):
     ws = 3
     results = dist(_skip_one_of_two_equal_calls, ws, backend, 1)
