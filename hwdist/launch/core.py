@@ -24,6 +24,7 @@ import torch.distributed as torch_dist
 from .. import _compat, _exit, _state, info, registry
 from ..collectives import transport
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
+from ..drivers.startup import ensure_torch_backend
 from ..errors import MissingPackageError
 from .resolvers import LaunchInfo, LauncherError, get_launcher, infer_launcher
 
@@ -54,7 +55,7 @@ def as_timedelta(timeout: Union[None, float, int, datetime.timedelta]) -> Option
 def _require_startable(driver: Any) -> None:
     """Raise if ``driver`` cannot run here or torch cannot create its group (before any rendezvous)."""
     registry.require_available(driver, f"backend {driver.name!r} is")
-    registry.ensure_torch_backend(driver)
+    ensure_torch_backend(driver)
 
 
 def init_backend(
@@ -265,7 +266,7 @@ def init_dist(
     if not getattr(resolver, "distributed", True):  # one process, no group: where it sits, all the same
         single = resolver.resolve(os.environ)
         return dataclasses.replace(single, node_rank=single.node_rank or 0, backend=driver.name)
-    registry.ensure_torch_backend(driver)  # the start-up rule: raises on every rank, before any rendezvous
+    ensure_torch_backend(driver)  # the start-up rule: raises on every rank, before any rendezvous
     launch = resolver.resolve(os.environ)
     if port is not None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:

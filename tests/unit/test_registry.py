@@ -11,6 +11,7 @@ import torch
 import hwdist
 from hwdist import registry
 from hwdist.drivers.base import Driver
+from hwdist.drivers import startup
 import json
 import os
 import subprocess
@@ -282,7 +283,7 @@ def test_start_up_rule_without_process_group():
     drv = Accel()
     drv.name = "toy_accel"
     with pytest.raises(hwdist.BackendError) as info:
-        registry.ensure_torch_backend(drv)
+        startup.ensure_torch_backend(drv)
     msg = str(info.value)
     assert msg.startswith("backend 'toy_accel' cannot start: torch.distributed has no backend 'toy_accel'")
     assert msg.endswith("or give process_group_factory") and "gloo" in msg
@@ -581,13 +582,13 @@ def test_a_factory_gets_torchs_options_when_it_takes_them():
         seen.append((store, rank, size, timeout))
         return "pg"
 
-    create = registry._torch_creator("mycl", with_options, ["cpu"], extended=True)
+    create = startup._torch_creator("mycl", with_options, ["cpu"], extended=True)
     assert create(_Options([]), None) == "pg"  # torch's [] for the default group: filled in
     assert create(_Options([0, 2], rank=1, size=2), None) == "pg"
     assert seen == [("store", 1, 3, 30, [0, 1, 2], "7"), ("store", 1, 2, 30, [0, 2], "7")]
     seen.clear()
-    assert registry._torch_creator("mycl", classic, ["cpu"], extended=True)(_Options([0, 1]), None) == "pg"
-    assert registry._torch_creator("mycl", classic, ["cpu"], extended=False)("s", 0, 2, 5) == "pg"
+    assert startup._torch_creator("mycl", classic, ["cpu"], extended=True)(_Options([0, 1]), None) == "pg"
+    assert startup._torch_creator("mycl", classic, ["cpu"], extended=False)("s", 0, 2, 5) == "pg"
     assert seen == [("store", 1, 3, 30), ("s", 0, 2, 5)]
 
 
@@ -596,7 +597,7 @@ def test_a_factory_that_raises_names_the_backend_and_what_to_do():
         raise RuntimeError("no device")
 
     with pytest.raises(hwdist.BackendError) as info:
-        registry._torch_creator("mycl", broken, ["cpu"], extended=True)(_Options([0, 1], rank=1), None)
+        startup._torch_creator("mycl", broken, ["cpu"], extended=True)(_Options([0, 1], rank=1), None)
     msg = str(info.value)
     assert msg.startswith("backend 'mycl' could not create its process group on rank 1:")
     assert "raised RuntimeError: no device" in msg and "hwdist check --backend mycl" in msg
