@@ -57,7 +57,7 @@ def cmd_measure(args: argparse.Namespace, driver: Any, out: TextIO, err: TextIO)
     The arguments were checked by ``hwdist.cli.cmd_check`` (at least 2 ranks, not under mpiexec, the
     folder of ``--write-driver`` exists).
     """
-    from .checks import measure
+    from .checks import driver_file, measure
     from .cli_ranks import report_stream
     from .testing import RankFailure
 
@@ -83,7 +83,7 @@ def cmd_measure(args: argparse.Namespace, driver: Any, out: TextIO, err: TextIO)
             return 1
         written = None
         if path is not None:
-            written = measure.write_driver(m, path)
+            written = driver_file.write_driver(m, path)
         if args.json:
             json.dump({**m.as_dict(), "driver_file": path, "driver_class": written}, report, indent=2)
             report.write("\n")
