@@ -468,17 +468,6 @@ def test_two_threads_on_one_group_are_refused(dist):
 # One rank's bad or different argument in the compat modules: every rank raises, within seconds.
 
 
-def _apply(marks):
-    """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
-    marks = marks if isinstance(marks, list) else [marks]
-
-    def wrap(fn):
-        for mark in reversed(marks):
-            fn = mark(fn)
-        return fn
-
-    return wrap
-
 
 # The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _COMPAT_ONE_BAD_RANK_MARKS = pytest.mark.slow
@@ -548,7 +537,7 @@ def _one_bad_rank(tmp: str) -> dict:
     return out
 
 
-@_apply(_COMPAT_ONE_BAD_RANK_MARKS)
+@_COMPAT_ONE_BAD_RANK_MARKS
 @pytest.mark.parametrize("backend", one_backend())
 @pytest.mark.parametrize("ws", [2, 3])
 def test_one_bad_rank_in_the_compat_modules_raises_on_every_rank(dist, ws, backend, tmp_path):

@@ -520,17 +520,6 @@ def test_a_factory_registered_through_hwdist_receives_the_groups_global_ranks(ra
 # ---------- a training program written the modern way ----------
 # A real client: tests/dist/modern_client.py, a training program written the modern way, under torchrun.
 
-def _apply(marks):
-    """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
-    marks = marks if isinstance(marks, list) else [marks]
-
-    def wrap(fn):
-        for mark in reversed(marks):
-            fn = mark(fn)
-        return fn
-
-    return wrap
-
 
 PROGRAM = Path(__file__).with_name("modern_client.py")
 LAUNCH_TIMEOUT_S = 300  # a loaded 2-core machine; a failing rank ends the launch within seconds (torchrun)
@@ -553,8 +542,8 @@ def _missing() -> Optional[str]:
     return None
 
 
-# The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
-_MODERN_CLIENT_MARKS = [pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
+# The section's tests are slow (the fast lane, -m 'not slow', skips them) and need FSDP2.
+_MODERN_CLIENT_SKIP = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 
 def _env() -> dict[str, str]:
@@ -640,13 +629,15 @@ def _check(hw: list[dict[str, Any]], raw: list[dict[str, Any]], nproc: int, mesh
         assert groups[0] != groups[1]
 
 
-@_apply(_MODERN_CLIENT_MARKS)
+@pytest.mark.slow
+@_MODERN_CLIENT_SKIP
 def test_fsdp2_client_on_a_1d_mesh_of_2_ranks(tmp_path):
     hw, raw = _run_both(tmp_path, 2)
     _check(hw, raw, 2, [2])
 
 
-@_apply(_MODERN_CLIENT_MARKS)
+@pytest.mark.slow
+@_MODERN_CLIENT_SKIP
 @pytest.mark.slow
 def test_hsdp_client_on_a_2x2_mesh_of_4_ranks(tmp_path):
     hw, raw = _run_both(tmp_path, 4, "--mesh", "2x2")

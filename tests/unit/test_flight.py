@@ -237,17 +237,6 @@ def test_opt_out(monkeypatch):
 # ---------- flight record files ----------
 # Dump files: ``hwdist trace`` on corrupt or hostile directories, and dumps written safely.
 
-def _apply(marks):
-    """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
-    marks = marks if isinstance(marks, list) else [marks]
-
-    def wrap(fn):
-        for mark in reversed(marks):
-            fn = mark(fn)
-        return fn
-
-    return wrap
-
 
 # The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _FLIGHT_FILES_MARKS = pytest.mark.slow
@@ -301,7 +290,7 @@ CORRUPT = {
 }
 
 
-@_apply(_FLIGHT_FILES_MARKS)
+@_FLIGHT_FILES_MARKS
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_trace_skips_a_corrupt_dump_with_a_warning_naming_it(case, tmp_path, capsys):
     text, why = CORRUPT[case]
@@ -316,7 +305,7 @@ def test_trace_skips_a_corrupt_dump_with_a_warning_naming_it(case, tmp_path, cap
     assert json.loads(capsys.readouterr()[0])["ranks"] == [0]
 
 
-@_apply(_FLIGHT_FILES_MARKS)
+@_FLIGHT_FILES_MARKS
 def test_trace_never_blocks_or_reads_without_bound_and_strips_escapes(tmp_path, capsys):
     # a FIFO (a blocking open would wait forever), a link to /dev/zero (endless), a huge file, a directory
     _good(tmp_path)
@@ -343,7 +332,7 @@ def test_trace_never_blocks_or_reads_without_bound_and_strips_escapes(tmp_path, 
     assert "Traceback" not in err
 
 
-@_apply(_FLIGHT_FILES_MARKS)
+@_FLIGHT_FILES_MARKS
 def test_offline_and_live_wording_for_a_rank_without_a_record():
     recs = {0: {**_header(0), "entries": [_row(1, state="issued")]}, 1: None}
     assert report.diagnose(recs, 2).startswith(
@@ -370,7 +359,7 @@ def _mode(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@_apply(_FLIGHT_FILES_MARKS)
+@_FLIGHT_FILES_MARKS
 def test_default_dump_directory_is_private_and_files_are_0600(private_tmp):
     path = hwdist.dump_flight_record()
     folder = private_tmp / f"hwdist-flight-{os.getuid()}"
@@ -379,7 +368,7 @@ def test_default_dump_directory_is_private_and_files_are_0600(private_tmp):
     assert sorted(os.listdir(folder)) == ["flight-rank0.jsonl"]  # no temporary file left behind
 
 
-@_apply(_FLIGHT_FILES_MARKS)
+@_FLIGHT_FILES_MARKS
 @pytest.mark.parametrize("problem", ["world-writable", "group-writable", "other-owner", "a-link", "a-file"])
 def test_an_unsafe_default_directory_is_not_used(problem, private_tmp):
     folder = private_tmp / f"hwdist-flight-{os.getuid()}"
@@ -405,7 +394,7 @@ def test_an_unsafe_default_directory_is_not_used(problem, private_tmp):
         assert os.listdir(folder) == []
 
 
-@_apply(_FLIGHT_FILES_MARKS)
+@_FLIGHT_FILES_MARKS
 def test_a_planted_link_at_the_target_is_replaced_not_followed(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -420,7 +409,7 @@ def test_a_planted_link_at_the_target_is_replaced_not_followed(tmp_path):
     assert json.loads(Path(path).read_text().splitlines()[0])["rank"] == 0
 
 
-@_apply(_FLIGHT_FILES_MARKS)
+@_FLIGHT_FILES_MARKS
 def test_a_flight_dir_ending_in_jsonl_is_a_directory_with_a_warning(private_tmp, monkeypatch):
     monkeypatch.setenv("HWDIST_FLIGHT_DIR", str(private_tmp / "run.jsonl"))
     want = "HWDIST_FLIGHT_DIR=.*run.jsonl' looks like a file; it names a directory"

@@ -330,17 +330,6 @@ def test_tuning_is_a_table_outside_the_driver(gloo, emu):
 # ---------- the MPI driver's plans ----------
 # The MPI driver's capability table and plans (no MPI started: plans only).
 
-def _apply(marks):
-    """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
-    marks = marks if isinstance(marks, list) else [marks]
-
-    def wrap(fn):
-        for mark in reversed(marks):
-            fn = mark(fn)
-        return fn
-
-    return wrap
-
 
 # The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _LAUNCH_MPI_DRIVER_MARKS = pytest.mark.skipif(
@@ -348,7 +337,7 @@ _LAUNCH_MPI_DRIVER_MARKS = pytest.mark.skipif(
 )
 
 
-@_apply(_LAUNCH_MPI_DRIVER_MARKS)
+@_LAUNCH_MPI_DRIVER_MARKS
 def test_names():
     drv = hwdist.get_driver("mpi")
     assert drv.torch_name == PY_MPI_BACKEND == "hwdist_mpi"
@@ -356,7 +345,7 @@ def test_names():
     assert drv.priority < 0  # never chosen by detection
 
 
-@_apply(_LAUNCH_MPI_DRIVER_MARKS)
+@_LAUNCH_MPI_DRIVER_MARKS
 def test_moves_pass_every_dtype_through():
     drv = hwdist.get_driver("mpi")
     for dtype in (torch.bfloat16, torch.bool, torch.complex128, torch.float16, torch.int16):
@@ -364,7 +353,7 @@ def test_moves_pass_every_dtype_through():
             assert drv.plan(op, dtype).passthrough
 
 
-@_apply(_LAUNCH_MPI_DRIVER_MARKS)
+@_LAUNCH_MPI_DRIVER_MARKS
 def test_reductions_widen_only_bfloat16():
     drv = hwdist.get_driver("mpi")
     plan = drv.plan("all_reduce", torch.bfloat16, "sum")

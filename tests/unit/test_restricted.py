@@ -396,17 +396,6 @@ def test_restricted_unpickler_stops_at_the_first_stop():
 # ---------- fuzzing the restricted loader ----------
 # Fuzzing the restricted unpickler for about a minute: no signal, no code run, no global changed.
 
-def _apply(marks):
-    """Apply one mark or a list of marks to a test (a merged file's former module-level marks)."""
-    marks = marks if isinstance(marks, list) else [marks]
-
-    def wrap(fn):
-        for mark in reversed(marks):
-            fn = mark(fn)
-        return fn
-
-    return wrap
-
 
 # The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _RESTRICTED_FUZZ_MARKS = pytest.mark.slow
@@ -414,7 +403,7 @@ FUZZ_SECONDS = float(os.environ.get("HWDIST_FUZZ_SECONDS", "45"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@_apply(_RESTRICTED_FUZZ_MARKS)
+@_RESTRICTED_FUZZ_MARKS
 @pytest.mark.timeout(FUZZ_SECONDS + 180)
 def test_fuzzed_payloads_never_crash_run_code_or_change_globals(tmp_path):
     pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis (in the test extra)")
