@@ -21,9 +21,17 @@ says, and close to what a 2-rank loop on a quiet 16-core host measures
 (docs/benchmarks.md). Its overhead is the median of the paired per-sample
 differences. Nothing here asserts a speed.
 
+The cold mode also times ``all_reduce_dict`` of 20 scalar metrics
+(``verify=True`` and ``verify=False``) on two gloo ranks (on one rank it
+communicates nothing) against the hand-flattened ``torch.stack`` +
+``all_reduce`` + ``unbind``, with the hand-flattened code against itself as
+the control row, and the hand-flattened code after a 10-integer
+``all_reduce`` (what one more small collective costs by itself, the size of
+the check ``verify=True`` adds); ``--dict`` runs only those rows.
+
 Usage::
 
-    python -m benchmarks.bench_entry [--quick] [--json PATH]
+    python -m benchmarks.bench_entry [--quick] [--dict] [--json PATH]
 """
 
 from __future__ import annotations
@@ -173,6 +181,55 @@ def bench_cold(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_cold_dict(quick: bool) -> list[dict[str, Any]]:
+    """all_reduce_dict of 20 scalar metrics with cold caches against the hand-flattened raw code, paired."""
+    rank = tdist.get_rank()
+    metrics = {f"metric_{i:02d}": torch.tensor(float(i + rank)) for i in range(20)}
+
+    def raw() -> None:
+        keys = sorted(metrics)
+        flat = torch.stack([metrics[k] for k in keys])
+        tdist.all_reduce(flat)
+        for k, v in zip(keys, flat.unbind(0)):
+            metrics[k] = v
+
+    words = torch.zeros(10, dtype=torch.int32)
+
+    def raw_checked() -> None:  # what one more small collective costs by itself (a 10-int MAX first)
+        tdist.all_reduce(words, tdist.ReduceOp.MAX)
+        raw()
+
+    iters, samples = (50, 7) if quick else (100, 31)
+    cases = {
+        "raw": raw,
+        "raw again": lambda: raw(),
+        "raw checked": raw_checked,
+        "verify=True": lambda: hwdist.all_reduce_dict(metrics),
+        "verify=False": lambda: hwdist.all_reduce_dict(metrics, verify=False),
+    }
+    labels = {
+        "raw again": "control: hand-flattened again",
+        "raw checked": "control: hand-flattened after a 10-int all_reduce",
+        "verify=True": "verify=True",
+        "verify=False": "verify=False",
+    }
+    times = _cold(cases, iters, samples)
+    base = times["raw"]
+    rows = []
+    for label, text in labels.items():
+        a = times[label]
+        rows.append({
+            "case": f"all_reduce_dict 20 metrics, 2 ranks, cold caches, {text}",
+            "hwdist_median_us": statistics.median(a) * 1e6,
+            "hwdist_min_us": min(a) * 1e6,
+            "raw_median_us": statistics.median(base) * 1e6,
+            "raw_min_us": min(base) * 1e6,
+            "overhead_median_us": statistics.median(x - y for x, y in zip(a, base)) * 1e6,
+            "overhead_min_us": (min(a) - min(base)) * 1e6,
+        })
+    return rows
+
+
 def bench_all(quick: bool) -> list[dict[str, Any]]:
     """The warm modes, then the cold one."""
     return bench_rank(quick) + bench_cold(quick)
@@ -196,7 +253,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> int:
     """Run the benchmark and print the table (and write JSON if asked)."""
-    return bench_main(argv, __doc__.splitlines()[0], [(1, bench_all)], format_table)
+    if "--dict" in argv:
+        argv = [a for a in argv if a != "--dict"]
+        return bench_main(argv, __doc__.splitlines()[0], [(2, bench_cold_dict)], format_table)
+    return bench_main(argv, __doc__.splitlines()[0], [(1, bench_all), (2, bench_cold_dict)], format_table)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ class GroupState:
     Attributes:
         verify_seq: verification mode's ``(generation, last call number)`` for this group
             (``collectives/verify.py``); None before the first verified call.
-        all_reduce_dict: ``all_reduce_dict``'s agreement on the dicts' layout
-            (``collectives/params.py``); None before the first call.
+        all_reduce_dict: ``all_reduce_dict``'s layouts built on this rank, a local cache
+            (``collectives/params.py``, ``_DictState``); None before the first call.
         sizes: the size histories of the predicted gathers, keyed by ``(op, *key)``
             (``collectives/_sizes.py``, ``SizeHistory`` values).
         gathers: the gathers' reusable buffers and routes, keyed like ``sizes``

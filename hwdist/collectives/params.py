@@ -8,9 +8,11 @@ as in [`hwdist.collectives.tensor`][hwdist.collectives.tensor].
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from collections.abc import MutableMapping
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -19,12 +21,13 @@ import torch.distributed as torch_dist
 from .. import _compat, _state, registry
 from .verify import describe_tensor
 from ..errors import ArgumentAssertionError, PlanError
-from ..drivers.base import Post
+from ..drivers.base import Plan, Post
 from ..drivers.tuning import tuning
-from . import _layouts, _sizes, transport
+from . import transport
 from . import tensor as _t
 from .consensus import agree
 from ._args import not_dense, op_field
+from ._wire import divide
 from .call_entry import collective
 from .engine import check
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
@@ -37,6 +40,19 @@ Tensor = torch.Tensor
 def _key_order(key: Any) -> tuple[str, str]:
     # str keys sort as sorted() does; other hashable keys sort deterministically.
     return ("", key) if isinstance(key, str) else (type(key).__name__, repr(key))
+
+
+def _describe(keys: Sequence[Any], values: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
+    """(repr of key, shape, dtype name) of each value: what the ranks compare and what errors show."""
+    return [(repr(k), tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in zip(keys, values)]
+
+
+def _fingerprint(op: Optional[str], keys: Sequence[Any], values: Sequence[Any]) -> tuple[int, int]:
+    """Two 31-bit words of a hash of the keys, shapes and dtypes (and ``op``): what the ranks compare."""
+    desc = _describe(keys, values)
+    text = repr(desc if op is None else [("op", (), op), *desc])
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
 
 
 def check_same_dicts(
@@ -71,15 +87,14 @@ def check_same_dicts(
         what: what every rank must pass the same of, in the mismatch message
             (default: keys, shapes and dtypes, and op when given).
     """
-    ws = torch_dist.get_world_size(group)
     if problem is not None:
         words = (0, 0)
     elif words is None:
-        words = _layouts.fingerprint(op, _describe(keys, values))
+        words = _fingerprint(op, keys, values)
 
     def raise_as(mine: Optional[BaseException], failures: dict[int, tuple[str, str]]) -> BaseException:
         texts = [msg for _, msg in failures.values()]
-        if len(failures) == ws and len(set(texts)) == 1:
+        if len(failures) == torch_dist.get_world_size(group) and len(set(texts)) == 1:
             explained = texts[0]  # the same bad argument on every rank: no rank list needed
         else:
             explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
@@ -95,10 +110,6 @@ def check_same_dicts(
     texts = [t.decode() for t in transport.gather_bytes(text.encode(), group, driver)]
     what = what or ("keys, shapes and dtypes" if op is None else "keys, shapes, dtypes and op")
     raise ValueError(f"{fn}: {_explain(texts)}; every rank must pass the same {what}")
-
-
-def _describe(keys: Sequence[Any], values: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
-    return _layouts.describe(keys, [v.shape for v in values], [v.dtype for v in values])
 
 
 def _explain(texts: list[str]) -> str:
@@ -125,6 +136,183 @@ def _explain(texts: list[str]) -> str:
             if ref[k][1] != other[k][1]:
                 parts.append(f"key {k} has dtype {ref[k][1]} on rank 0 but {other[k][1]} on rank {r}")
     return "; ".join(parts) or "the ranks' dicts differ"
+
+
+def _value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
+    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+        if v.layout is not torch.strided:
+            layout = str(v.layout).replace("torch.", "")
+            return f"data[{k!r}] must be a dense (strided) tensor, got a {layout} tensor"
+        if v.is_meta:
+            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
+    return None
+
+
+class _Part:
+    """One flat buffer of a dict layout: which values (``idx``), packed in which dtype, reduced how.
+
+    Values of one non-empty shape that travel in their own dtype are stacked (one ``torch.stack``,
+    one ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
+    """
+
+    __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "reducer")
+
+    def __init__(
+        self, idx: list[int], plan: Plan, shapes: list[torch.Size], dtypes: list[torch.dtype]
+    ) -> None:
+        self.idx, self.plan = idx, plan
+        self.shapes = [shapes[i] for i in idx]
+        self.numels = [math.prod(s) for s in self.shapes]
+        self.offsets = [sum(self.numels[:j]) for j in range(len(idx))]
+        self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
+        self.own = all(dtypes[i] == self.pack_dtype for i in idx)  #: no value changes dtype
+        one = self.shapes[0]
+        #: the stacked buffer's shape, or None: concatenated
+        same = self.own and self.numels[0] and all(s == one for s in self.shapes)
+        self.stacked = torch.Size((len(idx), *one)) if same else None
+        self.reducer: Optional[transport.FlatReducer] = None  #: route, rows and wire call, made once
+
+    def pack(self, values: Sequence[Tensor], cdev: torch.device) -> tuple[Tensor, Tensor, bool]:
+        """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``.
+
+        Raises:
+            RuntimeError, NotImplementedError, TypeError: a value that does not fit (another shape,
+                sparse, meta); only where the values were not checked first.
+        """
+        members = [values[i] for i in self.idx]
+        if self.stacked is not None:
+            try:
+                flat = torch.stack(members)
+                home = flat.device == cdev
+            except RuntimeError:  # values on several devices (or of other shapes: raises again)
+                flat, home = torch.stack([m.to(cdev) for m in members]), False
+            if flat.shape != self.stacked or flat.layout is not torch.strided or flat.is_meta:
+                raise TypeError("the values do not fit the layout")
+            flat = (flat.detach() if flat.requires_grad else flat).to(cdev)
+        else:
+            flat = torch.empty(sum(self.numels), dtype=self.pack_dtype, device=cdev)
+            home = all(m.device == cdev for m in members)
+            with torch.no_grad():
+                if home:
+                    torch.cat([m.reshape(-1) for m in members], out=flat)  # casts into pack_dtype
+                else:
+                    for m, off, n in zip(members, self.offsets, self.numels):
+                        flat[off : off + n].copy_(m.reshape(-1))
+        return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
+
+    def finish(
+        self, buf: tuple[Tensor, Tensor, bool], keys: list[Any], values: list[Any], data: Any, ws: int
+    ) -> None:
+        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
+        flat, wire, home = buf
+        if self.plan.post is Post.DIVIDE:
+            divide(wire, ws, self.plan.dtype)
+        if self.stacked is not None or not any(self.shapes):  # stacked rows, or 0-d values
+            pieces: Sequence[Tensor] = flat.unbind(0)  # one call makes every view
+        else:
+            pieces = [p.view(s) for p, s in zip(flat.split(self.numels), self.shapes)]
+        for i, piece in zip(self.idx, pieces):
+            data[keys[i]] = piece if home and self.own else piece.to(values[i].device, values[i].dtype)
+
+
+#: One call's packed buffers: ``(buffer, wire, home)`` per part (``_Part.pack``).
+Buffers = list[tuple[Tensor, Tensor, bool]]
+
+
+class DictLayout:
+    """One dict layout (op, sorted keys, dtypes, shapes, device type) and how its values travel.
+
+    Built once per layout and group (``_DictState``), reused call after call: one flat buffer per
+    way of reducing (communication dtype, issued op, mean division, integer floor), usually one.
+    """
+
+    __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "words",
+                 "stacked")  # fmt: skip
+
+    def __init__(self, op: str, keys: list[Any], values: list[Tensor], driver: Any) -> None:
+        self.op, self.keys, self.driver, self.cdev = op, keys, driver, driver.comm_device()
+        self.dtypes, self.shapes = [v.dtype for v in values], [v.shape for v in values]
+        self.device_type = values[0].device.type
+        plans = {dt: driver.plan("all_reduce", dt, op) for dt in dict.fromkeys(self.dtypes)}  # PlanError
+        ways: dict[str, list[int]] = {}
+        for i, dt in enumerate(self.dtypes):
+            p = plans[dt]
+            # a mean floor-divides integers (summed in a wider type) and true-divides floats: two parts
+            floor = p.post is Post.DIVIDE and not (dt.is_floating_point or dt.is_complex)
+            way = f"{p.comm_dtype} {p.reduce_op} {p.post.value} {p.dtype if p.view else ''} {floor}"
+            ways.setdefault(way, []).append(i)
+        self.parts = [
+            _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes) for w in sorted(ways)
+        ]
+        self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
+        self.words = _fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
+
+    def pack(self, values: list[Tensor]) -> Buffers:
+        """The buffers of ``values`` (checked first: dense tensors with data, of this layout)."""
+        return [part.pack(values, self.cdev) for part in self.parts]
+
+    def try_pack(self, op: str, keys: list[Any], values: list[Any]) -> Optional[Buffers]:
+        """The buffers of ``values`` when this call has this layout, with dense tensors that have data.
+
+        Else None (the caller then checks the values and builds the call's layout). Cheaper than the
+        checks and the signature: the path of every call whose dict is the one of the call before.
+        """
+        if op != self.op or keys != self.keys:
+            return None
+        try:
+            if [v.dtype for v in values] != self.dtypes:  # (torch.stack would promote a stray int)
+                return None
+            if not self.stacked and [v.shape for v in values] != self.shapes:
+                return None
+            return self.pack(values) if values[0].device.type == self.device_type else None
+        except (AttributeError, IndexError, RuntimeError, NotImplementedError, TypeError):
+            return None  # not tensors, sparse or meta: the checks name it
+
+    def finish(
+        self, bufs: Buffers, keys: list[Any], values: list[Tensor], data: Any, group: Any, ws: int
+    ) -> None:
+        """Reduce every buffer in place (its route chosen once, again after ``set_tuning``), write back."""
+        for part, (_, wire, _) in zip(self.parts, bufs):
+            if part.reducer is None or not part.reducer.current():
+                part.reducer = transport.FlatReducer(
+                    wire, part.plan.reduce_op or "sum", group, ws, self.driver
+                )
+            part.reducer(wire)
+        for part, buf in zip(self.parts, bufs):
+            part.finish(buf, keys, values, data, ws)
+
+
+@dataclass(eq=False)
+class _DictState:
+    """One process group's ``all_reduce_dict`` layouts (a local cache: nothing here decides what is sent)."""
+
+    ws: int
+    last: Optional[DictLayout] = None
+    built: dict[tuple[Any, ...], DictLayout] = field(default_factory=dict)
+
+    def layout(
+        self, group: Any, op: str, keys: list[Any], values: list[Any], kind: type[Exception]
+    ) -> DictLayout:
+        """This call's layout (built once per layout and driver), its values checked.
+
+        Raises:
+            ``kind``: a value that is not a dense tensor with data.
+            PlanError: no plan for a value's dtype and ``op`` on this backend.
+        """
+        text = _value_problem(keys, values)
+        if text is not None:
+            raise kind(text)
+        driver = registry.resolve(group, values[0].device.type)
+        sig = (op, tuple(keys), tuple(v.dtype for v in values), tuple(v.shape for v in values), driver)
+        found = self.built.get(sig)
+        if found is None:
+            if len(self.built) >= 64:
+                self.built.clear()
+            found = self.built[sig] = DictLayout(op, keys, values, driver)  # PlanError: all_reduce's type
+        return found
 
 
 def _describe_dict_call(data: Any, op: Any) -> tuple[Any, dict[str, Any]]:
@@ -156,20 +344,17 @@ def all_reduce_dict(
 
     With ``verify=True`` (default) every rank checks that all ranks hold the same keys, shapes, dtypes and
     op; on a mismatch or a bad value on any rank, every rank raises ValueError naming the difference (e.g.
-    "rank 1 lacks keys 'b'"), instead of hanging or mixing up values. The check costs no extra collective
-    once the ranks have agreed on a layout: the first call with a layout runs one small all_reduce (a
-    fingerprint) before the data; later calls whose layout every rank can predict (the same dict as last
-    time, or the one that followed it last time) carry a one-element "matches" flag inside the data buffer
-    instead. When the flag says some rank's dict changed, the result is dropped and the checked path runs
-    (three collectives on that call). See ``docs/collectives.md``. Every value is checked (a tensor, dense,
-    not meta) and ``op`` and ``data`` too before any communication; with ``verify=True`` a bad one on ONE
-    rank makes every rank raise. ``verify=False`` skips every check (mmengine's behaviour: a mismatch is
-    then undefined, and a bad value raises on its own rank only, before that rank communicates). In
-    verification mode ([`hwdist.verification`][hwdist.collectives.verify.verification],
-    ``HWDIST_DEBUG=1``) the mode's digest exchange checks keys, shapes, dtypes and ``op`` whatever
-    ``verify`` says and replaces this check; a mismatch raises
-    [`hwdist.CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] (a ValueError).
-    ``verify`` must be the same on every rank.
+    "rank 1 lacks keys 'b'"), instead of hanging or mixing up values. The check is one small collective
+    before the data: the ranks agree on a fingerprint of the layout (keys, shapes, dtypes, op) and on
+    whether some rank's arguments were bad (``collectives.consensus.agree``). See ``docs/collectives.md``.
+    Every value is checked (a tensor, dense, not meta) and ``op`` and ``data`` too before any
+    communication; with ``verify=True`` a bad one on ONE rank makes every rank raise. ``verify=False``
+    skips the check (mmengine's behaviour: a mismatch is then undefined, and a bad value raises on its own
+    rank only, before that rank communicates). In verification mode
+    ([`hwdist.verification`][hwdist.collectives.verify.verification], ``HWDIST_DEBUG=1``) the mode's
+    digest exchange checks keys, shapes, dtypes and ``op`` whatever ``verify`` says and replaces this
+    check; a mismatch raises [`hwdist.CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch]
+    (a ValueError). ``verify`` must be the same on every rank.
 
     Non-distributed or a one-rank group: does nothing.
 
@@ -203,36 +388,57 @@ def all_reduce_dict(
         rop = "sum"
     if problem is None and type(data) is not dict and not isinstance(data, MutableMapping):
         problem = ArgumentAssertionError(f"data must be a dict of tensors, got {type(data).__name__}")
-        alone = ArgumentAssertionError(f"all_reduce_dict: {problem}")
-    ws = 1
-    agreement: Optional[_layouts.LayoutAgreement] = None
-    if torch_dist.is_initialized():
-        # kept by the group object (not None): a default group made by a new init gets a new history
-        owner = group if group is not None else _compat.default_group()
-        state = _state.of(owner)
-        agreement = state.all_reduce_dict
-        if agreement is None:
-            hist = _sizes.history(owner, "all_reduce_dict")
-            ws = torch_dist.get_world_size(group)
-            agreement = _layouts.LayoutAgreement(group, ws, check_same_dicts, hist)
-            state.all_reduce_dict = agreement
-        ws = agreement.ws
-    if alone is not None and (not checked or ws == 1):
+        alone = _alone(problem)
+    if not torch_dist.is_initialized():
+        if alone is not None:
+            raise alone
+        return
+    # kept by the group object (not None): a default group made by a new init gets new layouts
+    st = _state.of(group if group is not None else _compat.default_group())
+    state: Optional[_DictState] = st.all_reduce_dict
+    if state is None:
+        state = st.all_reduce_dict = _DictState(torch_dist.get_world_size(group))
+    if alone is not None and (not checked or state.ws == 1):
         raise alone
-    if ws == 1 or agreement is None:
+    if state.ws == 1:
         return
     keys: list[Any] = []
     values: list[Any] = []
-    # a bad value: ValueError on every rank when checked; else TypeError on this rank (ValueError
-    # in verification mode with verify=True, where the digest exchange proved it is the same everywhere)
-    kind = TypeError if not verify else ValueError
+    layout: Optional[DictLayout] = None
+    bufs: Optional[Buffers] = None
     if problem is None:
         try:
             keys = sorted(data)
         except TypeError:  # keys of mixed types: still one order on every rank
             keys = sorted(data, key=_key_order)
-        values = [data[k] for k in keys]  # every value is checked before any communication (DictCall.check)
-    agreement.reduce("all_reduce_dict", rop, keys, values, data, problem, kind, checked)
+        values = [data[k] for k in keys]
+        layout = state.last if values else None
+        bufs = layout.try_pack(rop, keys, values) if layout is not None else None  # the dict of the last call
+        if values and bufs is None:
+            # a bad value: ValueError on every rank when checked; else TypeError on this rank (ValueError in
+            # verification mode with verify=True, where the digest exchange proved it is the same everywhere)
+            kind = TypeError if not verify else ValueError
+            try:
+                layout = state.layout(group, rop, keys, values, kind)
+                bufs = layout.pack(values)
+            except (TypeError, ValueError) as exc:  # PlanError is a TypeError
+                problem, layout = exc, None
+            except (RuntimeError, NotImplementedError) as exc:  # a value torch cannot pack: every rank raises
+                problem, layout = kind(f"{type(exc).__name__}: {exc}"), None
+    if checked:
+        words = layout.words if layout is not None else None
+        driver = layout.driver if layout is not None else None
+        check_same_dicts("all_reduce_dict", keys, values, problem, group, op=rop, driver=driver, words=words)
+    elif problem is not None:
+        raise _alone(problem)
+    if layout is not None and bufs is not None:
+        layout.finish(bufs, keys, values, data, group, state.ws)
+        state.last = layout
+
+
+def _alone(problem: Exception) -> Exception:
+    """``problem`` as this rank raises it when no other rank is told (the op's name first)."""
+    return type(problem)(f"all_reduce_dict: {problem}")
 
 
 MiB = 1024 * 1024

@@ -13,6 +13,8 @@ import torch
 import hwdist
 from hwdist.testing.pytest_plugin import capture_error as _catch
 
+from ._counting import Counter
+
 
 def check_dict(backend: str) -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
@@ -80,7 +82,8 @@ def test_all_reduce_dict(dist, combo):
             "n": [sum(-i - 1 for i in range(ws)) // ws],
         }
         assert got["empty"] is None
-        assert got["not_dict"] == ("ArgumentAssertionError", "all_reduce_dict: data must be a dict of tensors, got list")
+        not_dict = "all_reduce_dict: data must be a dict of tensors, got list"
+        assert got["not_dict"] == ("ArgumentAssertionError", not_dict)
         if backend == "emu" and ws > 1:
             kind, msg = got["i64"]
             assert kind == "PlanError" and "int64" in msg and "lossless" in msg  # the type all_reduce raises
@@ -152,57 +155,26 @@ def test_all_reduce_params(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# all_reduce_dict's layout history: one collective per call once the ranks agree
+# all_reduce_dict's collectives per call: the data (one per communication dtype), plus one check
 # ---------------------------------------------------------------------------
-class _CountAllReduce:
-    """Counts the collectives all_reduce_dict issues: torch.distributed.all_reduce calls and the flat
-    all_gathers that replace small ones on gloo (its driver's reduce_by_gather_max_bytes). Every call
-    still runs the real collective."""
-
-    def __enter__(self) -> "_CountAllReduce":
-        import torch.distributed as tdist
-
-        from hwdist import _compat
-
-        self.n = 0
-        # gloo on torch 2.1 has no flat all_gather: hwdist's small reductions use the list form there
-        self._real = tdist.all_reduce, _compat.all_gather_into_tensor, _compat.all_gather_into_tensor_by_list
-
-        def counting(fn):
-            def call(*args, **kwargs):
-                self.n += 1
-                return fn(*args, **kwargs)
-
-            return call
-
-        tdist.all_reduce = counting(self._real[0])
-        _compat.all_gather_into_tensor = counting(self._real[1])
-        _compat.all_gather_into_tensor_by_list = counting(self._real[2])
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import torch.distributed as tdist
-
-        from hwdist import _compat
-
-        tdist.all_reduce, _compat.all_gather_into_tensor, _compat.all_gather_into_tensor_by_list = self._real
-
-
 def _reduce_counted(d: dict, *args, **kwargs) -> int:
-    with _CountAllReduce() as c:
+    """Runs all_reduce_dict, counting the torch.distributed collectives it issues (the real ones)."""
+    c = Counter()
+    try:
         hwdist.all_reduce_dict(d, *args, **kwargs)
+    finally:
+        c.close()
     return c.n
 
 
-_GROUP: list = []  # the history test's own group (a fresh history, whatever ran before in this pool)
-
-
-def _layouts(r: int, ints: torch.dtype) -> dict:
+def _dicts(r: int, ints: torch.dtype) -> dict:
     """Dicts of several kinds; every value depends on the rank and the key's position."""
     return {
         "A": lambda: {k: torch.tensor(r + 1.0 + i) for i, k in enumerate(("loss", "acc", "lr"))},
         "B": lambda: {k: torch.tensor(r + 10.0 * (i + 1)) for i, k in enumerate(("top1", "top5"))},
         "grid": lambda: {k: torch.arange(6.0).reshape(3, 2) + r + i for i, k in enumerate("xy")},
+        # non-contiguous values of two shapes: concatenated, not stacked
+        "strided": lambda: {"t": (torch.arange(6.0).reshape(2, 3) + r).t(), "u": torch.full((4,), r + 1.0)},
         "mixed": lambda: {
             "f": torch.tensor(r + 0.5),
             "n": torch.tensor([r + 1, 2 * r], dtype=ints),
@@ -215,47 +187,33 @@ def _layouts(r: int, ints: torch.dtype) -> dict:
     }
 
 
-def check_dict_history(backend: str) -> dict:
+#: the ways a dict travels: each kind's number of flat buffers (one per communication dtype and
+#: reduction; "mixed" holds float32, an integer, bool and float64 values)
+BUFFERS = {"A": 1, "B": 1, "grid": 1, "strided": 1, "ints": 1, "big": 1, "mixed": 4}
+
+
+def check_dict_calls(backend: str) -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     ints = torch.int32 if backend == "emu" else torch.int64
-    make = _layouts(r, ints)
-    _GROUP[:] = [torch.distributed.new_group(list(range(ws)))] if ws > 1 else [None]
-    group = _GROUP[0]
+    make = _dicts(r, ints)
     out: dict = {"steps": []}
-    for name in ["A", "A", "A", "B", "B", "A", "B", "A", "B"]:
+    for name in ["A", "A", "B", "A", "B"]:  # the same dict again, another one, back: the same cost
         d = make[name]()
-        n = _reduce_counted(d, group=group)
+        n = _reduce_counted(d)
         out["steps"].append((name, n, {k: v.tolist() for k, v in d.items()}))
-    out["empty_after_agreement"] = _catch(hwdist.all_reduce_dict, {}, group=group)  # a no-op, as before
+    out["empty"] = (_reduce_counted({}), _reduce_counted({}, verify=False))
     out["ops"] = []
+    bitwise = [] if backend == "emu" else [("ints", "band"), ("ints", "bor"), ("ints", "bxor")]  # emu: none
     for name, op in [
-        ("A", "mean"),
-        ("A", "max"),
-        ("A", "min"),
-        ("A", "product"),
-        ("grid", "sum"),
-        ("grid", "mean"),
-        ("mixed", "sum"),
-        ("mixed", "max"),
-        ("ints", "mean"),
-        ("big", "sum"),
-        ("big", "max"),
-        *(
-            [] if backend == "emu" else [("ints", "band"), ("ints", "bor"), ("ints", "bxor")]
-        ),  # emu: no bitwise ops
-    ]:
-        for _ in range(3):  # the first call checks; the next ones take the predicted path (bxor has no flag)
+        ("A", "mean"), ("A", "max"), ("A", "min"), ("A", "product"), ("grid", "sum"), ("grid", "mean"),
+        ("strided", "sum"), ("mixed", "sum"), ("mixed", "max"), ("ints", "mean"), ("big", "sum"),
+        ("big", "max"), *bitwise,
+    ]:  # fmt: skip
+        for verify in (True, False):
             d = make[name]()
-            n = _reduce_counted(d, op, group)
-            out["ops"].append(
-                (name, op, n, {k: (v.tolist(), str(v.dtype), tuple(v.shape)) for k, v in d.items()})
-            )
-    out["unchecked"] = []
-    for _ in range(3):
-        d = make["A"]()
-        out["unchecked"].append(
-            (_reduce_counted(d, group=group, verify=False), {k: v.tolist() for k, v in d.items()})
-        )
+            n = _reduce_counted(d, op, verify=verify)
+            result = {k: (v.tolist(), str(v.dtype), tuple(v.shape)) for k, v in d.items()}
+            out["ops"].append((name, op, verify, n, result))
     if ws > 1:
         last = ws - 1
         bad = {
@@ -263,35 +221,31 @@ def check_dict_history(backend: str) -> dict:
             "renamed": lambda d: d.update(zz=d.pop("lr")),
             "shape": lambda d: d.update(lr=torch.ones(2)),
             "float64": lambda d: d.update(lr=d["lr"].double()),
-            "int_in_floats": lambda d: d.update(
-                lr=torch.tensor(3, dtype=ints)
-            ),  # stack would promote it silently
+            "int_in_floats": lambda d: d.update(lr=torch.tensor(3, dtype=ints)),  # stack would promote it
             "not_tensor": lambda d: d.update(lr=0.5),
         }
         out["errors"] = {}
         for case, spoil in bad.items():
-            _reduce_counted(make["A"](), group=group)  # agreed on A: the next call is predicted
+            hwdist.all_reduce_dict(make["A"]())  # the same layout just before: its cached packing
             d = make["A"]()
             if r == last:
                 spoil(d)
             before = dict(d)
-            with _CountAllReduce() as c:
-                err = _catch(hwdist.all_reduce_dict, d, group=group)
+            c = Counter()
+            try:
+                err = _catch(hwdist.all_reduce_dict, d)
+            finally:
+                c.close()
             out["errors"][case] = (err, c.n, all(d[k] is before[k] for k in before))
-        _reduce_counted(make["A"](), group=group)
         d = make["A"]()
-        out["errors"]["op"] = (
-            _catch(hwdist.all_reduce_dict, d, "max" if r == last else "sum", group),
-            None,
-            True,
-        )
+        out["errors"]["op"] = (_catch(hwdist.all_reduce_dict, d, "max" if r == last else "sum"), None, True)
     d = make["A"]()
-    out["healthy"] = (_reduce_counted(d, group=group), d["loss"].item())
+    out["healthy"] = (_reduce_counted(d), d["loss"].item())
     return out
 
 
-def test_all_reduce_dict_history(dist, combo):
-    """Steady state costs one all_reduce; a changed dict on any rank is caught on every rank."""
+def test_all_reduce_dict_collectives_per_call(dist, combo):
+    """One collective per flat buffer; verify=True adds one small check; a mismatch raises on every rank."""
     ws, backend = combo
     many = ws > 1
     total = sum(range(ws))
@@ -302,14 +256,16 @@ def test_all_reduce_dict_history(dist, combo):
             "B": {k: total + ws * 10.0 * (i + 1) for i, k in enumerate(("top1", "top5"))},
         }[name]
 
-    for got in dist(check_dict_history, ws, backend, backend):
+    for got in dist(check_dict_calls, ws, backend, backend):
         names = [s[0] for s in got["steps"]]
         assert [s[2] for s in got["steps"]] == [expect_sum(n) for n in names]
-        assert got["empty_after_agreement"] is None
-        # first call: check + data; same again: 1; an unpredicted change: 3; learned alternation: 1
-        assert [s[1] for s in got["steps"]] == ([2, 1, 1, 3, 1, 3, 1, 1, 1] if many else [0] * 9)
-        for name, op, _n, result in got["ops"]:
+        # verify=True: the check, then the data; whatever dict came before
+        assert [s[1] for s in got["steps"]] == ([2] * 5 if many else [0] * 5)
+        assert got["empty"] == ((1, 0) if many else (0, 0))  # an empty dict: the check alone
+        for name, op, verify, n, result in got["ops"]:
             ranks = range(ws)
+            want_n = (BUFFERS[name] + verify) if many else 0
+            assert n == want_n, (name, op, verify, n)
             if name == "A":
                 per_key = [[r + 1.0 + i for r in ranks] for i in range(3)]
                 red = {"mean": lambda v: sum(v) / ws, "max": max, "min": min, "product": math.prod}[op]
@@ -321,6 +277,10 @@ def test_all_reduce_dict_history(dist, combo):
                 for i, k in enumerate("xy"):
                     s = base * ws + total + ws * i
                     assert result[k] == ((s / ws if op == "mean" else s).tolist(), "torch.float32", (3, 2))
+            elif name == "strided":
+                t = (torch.arange(6.0).reshape(2, 3) * ws + total).t()
+                assert result["t"] == (t.tolist(), "torch.float32", (3, 2))
+                assert result["u"] == ([float(total + ws)] * 4, "torch.float32", (4,))
             elif name == "mixed":
                 if op == "sum":
                     assert result["f"] == (total + 0.5 * ws, "torch.float32", ())
@@ -344,29 +304,14 @@ def test_all_reduce_dict_history(dist, combo):
                         "bxor": [functools.reduce(operator.xor, vals), 3 if ws % 2 else 0],
                     }[op]
                     assert result[k][0] == want and result[k][1] in ("torch.int32", "torch.int64")
-        counts = [(name, op, n) for name, op, n, _ in got["ops"]]
-        if many:
-            for _name, _op, n in counts:
-                assert n >= 1
-            by_op: dict = {}
-            for name, op, n in counts:
-                by_op.setdefault((name, op), []).append(n)
-            for (name, op), ns in by_op.items():
-                if op == "bxor":  # no exact flag under XOR: checked on every call
-                    assert ns[1:] == [2, 2], (name, op, ns)
-                elif name == "mixed":  # one buffer per dtype (float32, int, bool, float64), flag in the first
-                    assert ns[1:] == [4, 4], (name, op, ns)
-                else:
-                    assert ns[1:] == [1, 1], (name, op, ns)
-        assert got["unchecked"] == [(1 if many else 0, expect_sum("A"))] * 3
         if many:
             last = ws - 1
             errs = got["errors"]
             for case, (err, n, untouched) in errs.items():
                 assert err is not None and err[0] == "ValueError", (case, err)
                 assert untouched, case  # nothing half-written on any rank
-                if n is not None:
-                    assert n == 2, (case, n)  # the predicted call, then the small check
+                if n is not None:  # the check, then (error path only) the descriptions: their sizes and bytes
+                    assert n == 3, (case, n)
             assert f"rank {last} has extra keys 'c'" in errs["extra_key"][0][1]
             assert f"rank {last} lacks keys 'lr' that rank 0 has" in errs["renamed"][0][1]
             assert f"rank {last} has extra keys 'zz'" in errs["renamed"][0][1]
@@ -380,4 +325,4 @@ def test_all_reduce_dict_history(dist, combo):
             assert f"rank {last}: data['lr'] must be a torch.Tensor, got float" in errs["not_tensor"][0][1]
             assert f"op is 'sum' on rank 0 but 'max' on rank {last}" in errs["op"][0][1]
         n, loss = got["healthy"]
-        assert loss == total + ws and n == (1 if many else 0)
+        assert loss == total + ws and n == (2 if many else 0)

@@ -73,7 +73,7 @@ def test_check_bodies_on_the_accelerator(dist, name, placement):
     [
         test_tensor_collectives.test_bad_input_raises_on_every_rank,
         test_params.test_all_reduce_dict,
-        test_params.test_all_reduce_dict_history,
+        test_params.test_all_reduce_dict_collectives_per_call,
         test_params.test_all_reduce_params,
     ],
     ids=lambda f: f.__name__,
@@ -189,7 +189,7 @@ def _several_ranks_on_gpu0(store: str, device_type: str = "cuda") -> dict:
     outs = [torch.empty(1 + j + rank, device=dev) for j in range(ws)]
     hwdist.all_to_all(outs, ins)
     check("all_to_all", outs, [torch.full((1 + j + rank,), float(10 * j + rank)) for j in range(ws)])
-    # all_reduce_dict, several calls (the layout is predicted from the second on)
+    # all_reduce_dict, several calls (the packing is reused from the second on)
     for call in range(3):
         d = dict(a=torch.tensor(float(rank), device=dev), b=torch.ones(2, device=dev))
         hwdist.all_reduce_dict(d)  # in place, as mmengine's
