@@ -13,10 +13,16 @@ the minimums.
   hand over torch's flat form (``cat`` + ``all_to_all_single`` + copies: gloo's
   list form takes equal pieces only); and splits that change every call (``base``
   grows by one element per call).
+- the same all_to_all rows on a backend without all_to_all (the emulated
+  accelerator, ``emu``: hwdist exchanges the split tables, then all_gathers every
+  rank's pieces), against the same raw code on a gloo group of the same ranks.
 
 Usage::
 
-    python -m benchmarks.bench_dict_a2a [--quick] [--json PATH]
+    python -m benchmarks.bench_dict_a2a [--quick] [--json PATH] [--a2a] [--no-emu]
+
+``--a2a``: the all_to_all rows only; ``--no-emu``: not the emulated accelerator's rows (their JSON goes
+to ``PATH`` with ``.emu.json`` for ``.json``).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import torch
 import torch.distributed as tdist
 
 import hwdist
+from hwdist.testing import RankPool  # importing it registers 'emu'
 
-from ._common import KiB, bench_main, measure
+from ._common import ENV, KiB, bench_main, measure, report
 from .bench_tensor import _row, bench_dict, format_table
 
 
@@ -40,7 +47,7 @@ def _dict_rows(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def _a2a_cases(nbytes: int) -> dict[str, Any]:
+def _a2a_cases(nbytes: int, raw_group: Any = None) -> dict[str, Any]:
     rank = tdist.get_rank()
     ws = tdist.get_world_size()
     base = nbytes // 4
@@ -53,7 +60,7 @@ def _a2a_cases(nbytes: int) -> dict[str, Any]:
     def raw_a2a(o: list[torch.Tensor], i: list[torch.Tensor]) -> None:
         # gloo's list form needs equal pieces: the hand-written list all_to_all over the flat form
         recv = torch.empty(sum(t.numel() for t in o))
-        tdist.all_to_all_single(recv, torch.cat(i), [t.numel() for t in o], [t.numel() for t in i])
+        tdist.all_to_all_single(recv, torch.cat(i), [t.numel() for t in o], [t.numel() for t in i], raw_group)
         for t, piece in zip(o, recv.split([t.numel() for t in o])):
             t.copy_(piece)
 
@@ -79,18 +86,21 @@ def _a2a_cases(nbytes: int) -> dict[str, Any]:
     }
 
 
-def _a2a_rows(quick: bool) -> list[dict[str, Any]]:
+def _a2a_rows(quick: bool, emulated: bool = False) -> list[dict[str, Any]]:
     ws = tdist.get_world_size()
+    # on the emulated accelerator (no all_to_all) the raw code runs on a gloo group of the same ranks
+    raw_group = tdist.new_group(list(range(ws)), backend="gloo") if emulated else None
+    where = ", no all_to_all (emu)" if emulated else ""
     rows: list[dict[str, Any]] = []
     for nbytes in (4 * KiB, 32 * KiB):
         iters, samples = (20, 15) if quick else (20, 41)
-        times = measure(_a2a_cases(nbytes), iters, samples)
+        times = measure(_a2a_cases(nbytes, raw_group), iters, samples)
         size = f"{nbytes // KiB} KiB"
-        rows.append(_row(f"all_to_all uneven {size}, {ws} ranks, repeated splits", times, "hw", "raw"))
-        rows.append(_row(f"all_to_all uneven {size}, {ws} ranks, splits changing every call", times,
+        rows.append(_row(f"all_to_all uneven {size}, {ws} ranks{where}, repeated splits", times, "hw", "raw"))
+        rows.append(_row(f"all_to_all uneven {size}, {ws} ranks{where}, splits changing every call", times,
                          "hw_changing", "raw_changing"))
-        rows.append(_row(f"control: raw all_to_all uneven {size}, {ws} ranks, vs itself", times, "raw_again",
-                         "raw"))
+        rows.append(_row(f"control: raw all_to_all uneven {size}, {ws} ranks{where}, vs itself", times,
+                         "raw_again", "raw"))
     return rows
 
 
@@ -104,9 +114,28 @@ def bench_three(quick: bool) -> list[dict[str, Any]]:
     return _a2a_rows(quick)
 
 
+def bench_emulated(quick: bool) -> list[dict[str, Any]]:
+    """The all_to_all rows on the emulated accelerator (no all_to_all)."""
+    return _a2a_rows(quick, emulated=True)
+
+
 def main(argv: list[str]) -> int:
     """Entry point."""
-    return bench_main(argv, __doc__ or "", [(2, bench_two), (3, bench_three)], format_table)
+    a2a_only, emu = "--a2a" in argv, "--no-emu" not in argv
+    argv = [a for a in argv if a not in ("--a2a", "--no-emu")]
+    stages = [(2, bench_two if not a2a_only else _a2a_rows), (3, bench_three)]
+    code = bench_main(argv, __doc__ or "", stages, format_table)
+    if code or not emu:
+        return code
+    quick = "--quick" in argv
+    json_path = argv[argv.index("--json") + 1] if "--json" in argv else None
+    rows: list[dict[str, Any]] = []
+    for world_size in (2, 3):
+        with RankPool(world_size, "emu", timeout=600, env=ENV) as pool:
+            rows += pool.run(bench_emulated, quick, timeout=600)[0]
+    report(rows, "emu (the emulated accelerator over gloo), ranks on one host", format_table,
+           json_path and json_path.replace(".json", "") + ".emu.json")
+    return 0
 
 
 if __name__ == "__main__":

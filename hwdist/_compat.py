@@ -86,9 +86,12 @@ GLOO_HAS_ALL_GATHER_INTO_TENSOR: bool = _version_at_least(2, 2)
 # claimed before 2.9: hwdist emulates reduce_scatter with all_reduce there. Drop when torch>=2.9 is the floor.
 GLOO_HAS_REDUCE_SCATTER: bool = _version_at_least(2, 9)
 
-# all_to_all, list form: "Backend gloo does not support alltoall" before 2.12 (measured: fails on 2.11.0,
-# works on 2.13.0; all_to_all_single works on every supported version). Drop when torch>=2.12 is the floor.
-GLOO_HAS_ALL_TO_ALL: bool = _version_at_least(2, 12)
+# all_to_all, list form: "Backend gloo does not support alltoall" before 2.12 (measured: fails on 2.1.2,
+# 2.4.1 and 2.11.0, works on 2.13.0 and 2.15.0 for pieces of one size only). all_to_all_single works on
+# every supported version, even and uneven splits, for every dtype gloo moves (measured on 2.1.2, 2.4.1,
+# 2.13.0 and 2.15.0, 2 and 3 ranks), so gloo claims it everywhere (its flat_ops) and this gates only
+# the list form. Drop when torch>=2.12 is the floor.
+GLOO_HAS_ALL_TO_ALL_LIST: bool = _version_at_least(2, 12)
 
 # init_process_group(device_id=...) binds eagerly; torch>=2.3. Drop when torch>=2.3 is the floor.
 INIT_HAS_DEVICE_ID: bool = DIST_AVAILABLE and _has_param(_dist.init_process_group, "device_id")
@@ -264,7 +267,7 @@ def store_check(store: Any, keys: list[str]) -> bool:
 # - nothing is being traced by torch.compile / torch.export: dynamo maps torch's wrappers into the graph
 #   and refuses a process group's own methods (UnsafeScriptObjectError on torch 2.13);
 # and, per dtype (pg_direct_dtype): neither complex nor float8, which the wrappers re-view before issuing.
-# Not a version fallback: it stays while these probes hold. tests/dist/test_pg_direct.py checks, on every
+# Not a version fallback: it stays while these probes hold. tests/dist/test_engine.py checks, on every
 # torch CI runs, the values, which path a kept call took, and each case above against raw torch.
 _COALESCING: Optional[dict[Any, Any]] = None
 _OPTS_ASYNC = False

@@ -132,8 +132,8 @@ class Capabilities:
     Attributes:
         backend: the backend's name (for error messages).
         native_ops: collective ops implemented natively (others are emulated or refused).
-        flat_ops: ops whose flat one-tensor form (``all_gather_into_tensor``, ``reduce_scatter_tensor``)
-            the backend implements.
+        flat_ops: ops whose flat one-tensor form (``all_gather_into_tensor``, ``reduce_scatter_tensor``,
+            ``all_to_all_single``) the backend implements.
         reduce_ops: reduce ops implemented natively (``'avg'`` is the native mean).
         dtypes: dtypes the library can move at all (None: every dtype).
         reduce_dtypes: dtypes the library can reduce (None: the same as ``dtypes``).

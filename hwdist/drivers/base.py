@@ -192,7 +192,7 @@ class Driver(abc.ABC):
         if caps is None or caps.backend != self.name:
             caps = self._caps = Capabilities(
                 backend=self.name,
-                native_ops=frozenset(self.native_ops),
+                native_ops=self._native_ops(),
                 flat_ops=self._flat_ops(),
                 reduce_ops=frozenset(self.reduce_ops),
                 dtypes=None if self.dtypes is None else frozenset(self.dtypes),
@@ -203,16 +203,30 @@ class Driver(abc.ABC):
             )
         return caps
 
+    def _over_gloo(self) -> bool:
+        """Whether the driver's groups are torch's gloo (``torch_backend``, or a CPU driver, no factory)."""
+        return self.torch_name == "gloo" or (self.process_group_factory is None and self.device_type == "cpu")
+
+    def _native_ops(self) -> frozenset[str]:
+        """``native_ops``, less the list all_to_all where the driver runs over a gloo that has none
+        (torch < 2.12): such a driver keeps the default declaration, which its gloo group cannot honour
+        there. Its all_to_all then goes as ``all_to_all_single`` (see ``_flat_ops``)."""
+        native = frozenset(self.native_ops)
+        if "all_to_all" in native and self._over_gloo() and not _compat.GLOO_HAS_ALL_TO_ALL_LIST:
+            native -= {"all_to_all"}
+        return native
+
     def _flat_ops(self) -> frozenset[str]:
-        """``flat_ops``, less the flat all_gather where the driver runs over torch's gloo and that has none
-        (torch 2.1): a driver over gloo (``torch_backend``, or a CPU driver without a factory) keeps the
-        default declaration, which the gloo group it gets cannot honour there."""
+        """``flat_ops`` as a driver over torch's gloo can honour them: less the flat all_gather where
+        that gloo has none (torch 2.1); with ``all_to_all_single`` (every torch) where the driver
+        declares all_to_all but gloo has no list form (torch < 2.12)."""
         flat = frozenset(self.flat_ops)
-        over_gloo = self.torch_name == "gloo" or (
-            self.process_group_factory is None and self.device_type == "cpu"
-        )
-        if over_gloo and not _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR:
+        if not self._over_gloo():
+            return flat
+        if not _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR:
             flat -= {"all_gather"}
+        if "all_to_all" in self.native_ops and not _compat.GLOO_HAS_ALL_TO_ALL_LIST:
+            flat |= {"all_to_all"}
         return flat
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -27,11 +27,13 @@ _GLOO_DTYPES = frozenset(
     }
     | ({torch.bfloat16} if _compat.GLOO_HAS_BFLOAT16 else set())
 )
-# Ops this torch's gloo lacks, or gets wrong (reduce_scatter ignores the op before 2.9): emulated.
+# Ops this torch's gloo lacks, or gets wrong (reduce_scatter ignores the op before 2.9): emulated. Before
+# 2.12 all_to_all has only its flat form (all_to_all_single, claimed in flat_ops on every version), which
+# hwdist issues for every all_to_all there: one collective, never the all_gather emulation.
 _GLOO_OPS = (
     ALL_OPS
     - (set() if _compat.GLOO_HAS_REDUCE_SCATTER else {"reduce_scatter"})
-    - (set() if _compat.GLOO_HAS_ALL_TO_ALL else {"all_to_all"})
+    - (set() if _compat.GLOO_HAS_ALL_TO_ALL_LIST else {"all_to_all"})
 )
 
 
@@ -49,8 +51,10 @@ class GlooDriver(Driver):
     # leaf that requires grad raises "a leaf Variable that requires grad is being used in an in-place
     # operation"). SUM then / n is exact and works on every version. No PREMUL_SUM on any version.
     reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
-    # The flat all_gather_into_tensor exists from torch 2.2.
-    flat_ops = frozenset({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
+    # The flat all_gather_into_tensor exists from torch 2.2; all_to_all_single on every version.
+    flat_ops = frozenset(
+        {"all_to_all"} | ({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
+    )
 
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""

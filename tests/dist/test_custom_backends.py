@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from hwdist import checks
+from hwdist import _compat, checks
 
 # Minutes of spawned jobs on 2 cores: the full suite runs this file, the fast lane (-m 'not slow') skips it.
 pytestmark = pytest.mark.slow
@@ -177,6 +177,30 @@ def test_cpu_driver_without_factory_runs_over_gloo_under_its_own_name(world_size
     )
     mean = sum(range(1, world_size + 1)) / world_size
     assert results == [("tourcl", "tourcl", "tourcl", mean)] * world_size
+
+
+def _rank_all_to_all_over_gloo(store):
+    hwdist.register_backend("tourcl", TourDriver)
+    _init("tourcl", store)
+    rank, ws = torch_dist.get_rank(), torch_dist.get_world_size()
+    even = [torch.empty(1) for _ in range(ws)]
+    hwdist.all_to_all(even, [torch.tensor([float(10 * rank + j)]) for j in range(ws)])
+    uneven = [torch.empty(rank + 1) for _ in range(ws)]  # rank j's piece for this rank has rank + 1 items
+    hwdist.all_to_all(uneven, [torch.full((j + 1,), float(rank)) for j in range(ws)])
+    caps = hwdist.resolve().caps
+    hwdist.destroy()
+    return [t.tolist() for t in even], [t.tolist() for t in uneven], "all_to_all" in caps.flat_ops
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_cpu_driver_without_factory_runs_all_to_all_on_every_torch(world_size, tmp_path):
+    """The default table declares the list all_to_all, which gloo lacks before torch 2.12: the driver's
+    group then takes all_to_all_single (one collective) instead of failing in torch."""
+    results = run_distributed(_rank_all_to_all_over_gloo, world_size, None, str(tmp_path / "s"), timeout=90)
+    for r, (even, uneven, flat) in enumerate(results):
+        assert even == [[float(10 * q + r)] for q in range(world_size)]
+        assert uneven == [[float(q)] * (r + 1) for q in range(world_size)]
+        assert flat == (not _compat.GLOO_HAS_ALL_TO_ALL_LIST)
 
 
 def _rank_unstartable(tmpdir, name, driver, launcher_env):
