@@ -1,4 +1,4 @@
-"""Object collectives with sizes agreed by prediction: hwdist vs torch's own, paired.
+"""Object collectives across sizes: hwdist vs torch's own, paired.
 
 Every case is timed interleaved with its baseline and a control in one process
 group (``_common.measure``: a barrier, then ``iters`` calls; the order
@@ -17,13 +17,17 @@ Groups (each its own interleaving):
   mmengine's cpu mode (baseline; ``mmengine.dist.collect_results`` when
   importable, else :func:`mmengine_cpu`, the same steps) and hwdist's
   ``collect_results`` over communication.
+- ``2 KiB``, ``32 KiB``, ``256 KiB``: a ``bytes`` object of that size (larger
+  than a record's inline payload, so hwdist's record exchange is followed by
+  the exact-size route) through torch's ``all_gather_object`` /
+  ``gather_object`` / ``broadcast_object_list`` (baselines) and hwdist's.
 
-The last column counts the collectives hwdist issued per call in the steady
-state (its internal transport's ``issue``, wrapped in the rank process).
+The last column counts the collectives hwdist issued per call (its internal
+transport's ``issue``, wrapped in the rank process; rank 0's count).
 
 Usage::
 
-    python -m benchmarks.bench_object_sizes [--quick] [--json PATH] [--world-sizes 2,3]
+    python -m benchmarks.bench_object_sizes [--quick] [--json PATH] [--world-sizes 2,3] [--groups small,...]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -106,30 +110,51 @@ class _Counter:
 
     def per_call(self, fn: Callable[[], Any], calls: int = 5) -> float:
         fn()
-        fn()  # the history has a prediction
+        fn()  # warm
         self.n = 0
         for _ in range(calls):
             fn()
         return self.n / calls
 
 
-def _groups(world: int, rank: int, quick: bool) -> dict[str, tuple[dict[str, Callable[[], Any]], int, int]]:
-    small = {"loss": 0.25 * rank, "step": 100, "tag": "train"}
+def _torch_ops(obj: Any, world: int, rank: int) -> tuple[Callable[[], Any], ...]:
+    """torch's all_gather_object, gather_object (to rank 0) and broadcast_object_list (from rank 0) of obj."""
 
     def t_ag() -> Any:
         out: list = [None] * world
-        tdist.all_gather_object(out, small)
+        tdist.all_gather_object(out, obj)
         return out
 
     def t_g() -> Any:
         out = [None] * world if rank == 0 else None
-        tdist.gather_object(small, out, dst=0)
+        tdist.gather_object(obj, out, dst=0)
         return out
 
     def t_b() -> Any:
-        box = [small]
+        box = [obj]
         tdist.broadcast_object_list(box, src=0)
         return box
+
+    return t_ag, t_g, t_b
+
+
+def _by_size(label: str, obj: Any, world: int, rank: int, iters: int, samples: int) -> tuple[Any, int, int]:
+    t_ag, t_g, t_b = _torch_ops(obj, world, rank)
+    cases = {
+        f"torch all_gather_object {label}": t_ag,
+        f"hwdist all_gather_object {label}": lambda: hwdist.all_gather_object(obj),
+        f"torch gather_object {label}": t_g,
+        f"hwdist gather_object {label}": lambda: hwdist.gather_object(obj),
+        f"torch broadcast_object_list {label}": t_b,
+        f"hwdist broadcast_object_list {label}": lambda: hwdist.broadcast_object_list([obj]),
+        f"control: torch all_gather_object {label} again": lambda: t_ag(),
+    }
+    return cases, iters, samples
+
+
+def _groups(world: int, rank: int, quick: bool) -> dict[str, tuple[dict[str, Callable[[], Any]], int, int]]:
+    small = {"loss": 0.25 * rank, "step": 100, "tag": "train"}
+    t_ag, t_g, t_b = _torch_ops(small, world, rank)
 
     arr = np.full((32 * MiB) // 8, float(rank))
     ten = torch.full(((32 * MiB) // 4,), float(rank))
@@ -186,6 +211,10 @@ def _groups(world: int, rank: int, quick: bool) -> dict[str, tuple[dict[str, Cal
             1,
             big_samples,
         ),
+        **{
+            label: _by_size(label, bytes([rank + 1]) * n, world, rank, 4 if quick else 20, samples)
+            for label, n in SIZES
+        },
     }
 
 
@@ -201,16 +230,24 @@ BASE = {
     "hwdist collect_results 20k": "mmengine cpu collect_results 20k",
     "control: mmengine cpu again": "mmengine cpu collect_results 20k",
 }
+#: the size classes above a record's inline payload
+SIZES = (("2 KiB", 2 << 10), ("32 KiB", 32 << 10), ("256 KiB", 256 << 10))
+for _label, _ in SIZES:
+    BASE[f"control: torch all_gather_object {_label} again"] = f"torch all_gather_object {_label}"
+    for _op in ("all_gather_object", "gather_object", "broadcast_object_list"):
+        BASE[f"hwdist {_op} {_label}"] = f"torch {_op} {_label}"
 EXTRA = {"hwdist all_gather_object 32 MiB": "torch all_gather_object 32 MiB"}
 
 
-def bench_rank(quick: bool) -> list[dict[str, Any]]:
-    """Runs on every rank; returns the table rows (rank 0's timings)."""
+def bench_rank(quick: bool, only: Optional[list[str]] = None) -> list[dict[str, Any]]:
+    """Runs on every rank; returns the table rows (rank 0's timings); ``only``: these groups."""
     world, rank = tdist.get_world_size(), tdist.get_rank()
     os.chdir(os.environ["HWDIST_BENCH_DIR"])  # mmengine's cpu mode writes under the working directory
     counter = _Counter()
     rows: list[dict[str, Any]] = []
     for group, (cases, iters, samples) in _groups(world, rank, quick).items():
+        if only and group not in only:
+            continue
         counts = {name: counter.per_call(fn) for name, fn in cases.items() if name.startswith("hwdist")}
         times = measure(cases, iters, samples)
         for name, ts in times.items():
@@ -256,6 +293,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer samples, 2 ranks")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--world-sizes", default=None, help="default 2,3 (--quick: 2)")
+    ap.add_argument("--groups", default=None, help="comma-separated groups (default: all)")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in (args.world_sizes or ("2" if args.quick else "2,3")).split(",")]
     start = time.perf_counter()
@@ -264,7 +302,8 @@ def main(argv: list[str]) -> int:
         env = dict(ENV, HWDIST_BENCH_DIR=tmp)
         for ws in sizes:
             with RankPool(ws, "gloo", timeout=1800, env=env) as pool:
-                rows += pool.run(bench_rank, args.quick, timeout=1800)[0]
+                only = args.groups.split(",") if args.groups else None
+                rows += pool.run(bench_rank, args.quick, only, timeout=1800)[0]
     report(rows, f"gloo, ranks on one host; {time.perf_counter() - start:.0f}s", format_table, args.json)
     return 0
 

@@ -36,6 +36,8 @@ class GroupState:
             (``collectives/_sizes.py``, ``SizeHistory`` values).
         gathers: the gathers' reusable buffers and routes, keyed like ``sizes``
             (``collectives/_gather.py``).
+        object_records: the size of the object collectives' records in this group
+            (``collectives/_objwire.py``, ``RecordSize``); None before the first object collective.
         flight: the flight recorder's ``GroupInfo`` (name, ranks, sequence numbers) for this
             group (``flight/recorder.py``); None until the first recorded call.
         torch_hooks: the ``GroupHooks`` through which the recorder sees torch's own
@@ -47,6 +49,7 @@ class GroupState:
     all_reduce_dict: Any = None
     sizes: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     gathers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    object_records: Any = None
     flight: Any = None
     torch_hooks: Any = None
 

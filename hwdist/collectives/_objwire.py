@@ -1,104 +1,316 @@
-"""How the object collectives move bytes: a group's ranks, its transport and its failure notices.
+"""The object collectives' wire: one record per rank, the group's byte exchanges and failure notices.
 
-[`Link`][hwdist.collectives._objwire.Link] is one call's view of a process group:
-its driver, group and global ranks, and the byte exchanges the object
-collectives and results collection need, each a call into the internal
-transport ([`transport`][hwdist.collectives.transport]) with a waiter that
-reads the group's failure notices while it waits (`_notices`): a rank that
-leaves a collective in the middle tells the others, who raise
+**Records.** Every object collective starts with one exchange of one
+[`Record`][hwdist.collectives._objwire.Record] per rank (an all_gather;
+``broadcast_object_list`` and ``scatter_object_list`` broadcast ``src``'s):
+status, total size, chunk count, root, opcode, a flag word and, when it fits,
+the payload itself (layout: eight little-endian int64, then the inline bytes).
+A record is 1 KiB ([`RECORD_BYTES`][hwdist.collectives._objwire.RECORD_BYTES])
+until the group has carried larger objects: every rank sees the same records,
+so every rank sizes the group's next records alike
+([`RecordSize`][hwdist.collectives._objwire.RecordSize]: the smallest power of
+two holding the largest payload of the last 8 exchanges, up to 1 MiB). An
+object that fits is done in that one collective; a larger one then moves at
+its exact size. A
+failed rank's record carries its message, so every rank raises the same error,
+of the right kind, naming the failed ranks
+([`raise_failures`][hwdist.collectives._objwire.raise_failures]).
+
+**Link.** [`Link`][hwdist.collectives._objwire.Link] is one call's group, on the
+engine's [`view`][hwdist.collectives.engine.view] (size, driver): the rank
+mapping and the byte exchanges through [`transport`][hwdist.collectives.transport].
+A rank whose exchange fails (a peer died), or that is interrupted between two
+steps, posts a notice on the group's store before it raises; the others wait in
+slices (50 ms, doubling up to 0.5 s), read the store between slices and raise
 [`PeerFailure`][hwdist.errors.PeerFailure] instead of waiting for the
-process-group timeout. Ranks given to a ``Link`` are group ranks.
+process-group timeout (p2p waits in a helper thread, as gloo closes the pair of
+a p2p wait that times out; not sliced where bytes travel on an accelerator).
 
-Also here: serializing with a message that names the failing part
-([`serialize`][hwdist.collectives._objwire.serialize]) and decoding received
-payloads without leaving senders waiting
-([`Decoder`][hwdist.collectives._objwire.Decoder],
-[`closing_status`][hwdist.collectives._objwire.closing_status]).
+**Encoding**: [`serialize`][hwdist.collectives._objwire.serialize] names the
+failing part; [`Decoder`][hwdist.collectives._objwire.Decoder] and
+[`closing_status`][hwdist.collectives._objwire.closing_status] decode without
+leaving senders waiting.
 """
 
 from __future__ import annotations
 
+import collections
+import datetime
+import threading
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
-import torch.distributed as torch_dist
 
-from .. import _compat, registry
-from ..errors import PeerFailure, PlanError
-from ..info import is_distributed
-from . import _notices, transport, _weights_only
-from . import serialization as _ser
-from ._records import (
-    OTHER,
-    RECORD_BYTES,
-    REFUSED,
-    SERIALIZE,
-    LocalFailure,
-    Record,
-    arg_error,
-    failure_record,
-    make_record,
-    parse_record,
-    parse_rows,
-    raise_failures,
+from .. import _compat, _state
+from ..errors import (
+    ArgumentAssertionError,
+    CollectiveArgumentError,
+    ObjectCollectiveError,
+    PeerFailure,
+    PlanError,
+    SerializationError,
+    WeightsOnlyRefused,
 )
+from . import _weights_only, transport
+from . import serialization as _ser
+from .engine import view
 from .serialization import Frame, MapLocation, PickleSerializer, Serializer
 
 __all__ = [
-    "Link",
-    "Decoder",
-    "CONFIRM",
-    "closing_status",
-    "check_root",
-    "world_size",
-    "describe",
-    "serialize",
-    "decode",
-    "may_refuse",
-]
+    "OK", "SERIALIZE", "ARGUMENT", "ASSERTED", "REFUSED", "IO", "OTHER", "LocalFailure", "arg_error",
+    "RECORD_BYTES", "INLINE_BYTES", "RECORD_MAGIC", "OPS", "OP_NAMES", "Record", "make_record",
+    "failure_record", "payload_record", "parse_record", "parse_rows", "raise_failures",
+    "NOTICE_KEY", "Link", "check_root", "world_size",
+    "describe", "serialize", "decode", "may_refuse", "Decoder", "CONFIRM", "closing_status",
+]  # fmt: skip
+
+# ---- statuses and local failures ---------------------------------------------------------------
+
+#: Statuses: fine, could not serialize, invalid arguments, filesystem, anything else.
+OK, SERIALIZE, ARGUMENT, IO, OTHER = 0, 1, 2, 3, 4
+ASSERTED = 5  # an argument mmengine checks with assert: an ArgumentAssertionError on every rank
+REFUSED = 6  # weights_only=True refused a rank's own object: a WeightsOnlyRefused on every rank
+ERRORS: dict[int, type[ObjectCollectiveError]] = {
+    REFUSED: WeightsOnlyRefused,
+    SERIALIZE: SerializationError,
+    ARGUMENT: CollectiveArgumentError,
+    ASSERTED: ArgumentAssertionError,
+    IO: ObjectCollectiveError,
+    OTHER: ObjectCollectiveError,
+}
+
+
+class LocalFailure(Exception):
+    """A failure on this rank, to be reported to every rank in the next record exchange.
+
+    Attributes:
+        kind: its status (``SERIALIZE``, ``ARGUMENT``, ``IO``, ``OTHER``, ...).
+    """
+
+    def __init__(self, kind: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def arg_error(message: str) -> LocalFailure:
+    """An ``ARGUMENT`` failure."""
+    return LocalFailure(ARGUMENT, message)
+
+
+# ---- the record ----------------------------------------------------------------------------------
+
+#: Bytes per rank in the record exchange (64-byte header + inline payload).
+RECORD_BYTES = 1024
+_HEAD = 64  # eight int64: magic, status, total, nchunks, root, opcode, token, inline length
+#: The largest payload a record carries inline.
+INLINE_BYTES = RECORD_BYTES - _HEAD
+#: The largest record a group grows to: objects up to this size travel inside their record.
+MAX_RECORD_BYTES = 1 << 20
+_WINDOW = 8  # exchanges a record size looks back on
+#: The first word of every record (a row that lacks it came from another collective).
+RECORD_MAGIC = int.from_bytes(b"HWDREC01", "little")
+
+#: The opcode of each collective that exchanges records (records of different calls never match).
+OPS = {
+    "all_gather_object": 1,
+    "gather_object": 2,
+    "broadcast_object_list": 3,
+    "scatter_object_list": 4,
+    "collect_results": 5,
+    "collect_results(tmpdir)": 6,
+    "create_tmpdir": 7,
+}
+OP_NAMES = {v: k for k, v in OPS.items()}
+
+
+class Record:
+    """One rank's entry of the record exchange (``inline``: its payload or message, None if not inline)."""
+
+    __slots__ = ("rank", "framed", "status", "total", "nchunks", "root", "opcode", "token", "inline")
+
+    def __init__(self, rank: int, head: Sequence[int], inline: Optional[np.ndarray]) -> None:
+        self.rank = rank
+        fields = [int(x) for x in head]
+        #: False: the rank sent something else (it is in another collective of the same size)
+        self.framed = fields[0] == RECORD_MAGIC
+        self.status, self.total, self.nchunks, self.root, self.opcode, self.token = fields[1:7]
+        self.inline = inline
+
+    @property
+    def message(self) -> str:
+        """The failure text carried inline."""
+        return bytes(self.inline).decode("utf-8", "replace") if self.inline is not None else ""
+
+
+class RecordSize:
+    """The size of one group's records: the same on every rank, kept in the group's state.
+
+    Every rank of an exchange sees the same records, so every rank computes the same next size: the
+    smallest power of two (at least [`RECORD_BYTES`][hwdist.collectives._objwire.RECORD_BYTES]) that
+    holds the largest payload of the last 8 exchanges, counting only payloads up to
+    [`MAX_RECORD_BYTES`][hwdist.collectives._objwire.MAX_RECORD_BYTES]. A job that gathers 10 KiB
+    objects each step then moves them in one collective; after 8 small calls the records are 1 KiB again.
+    """
+
+    __slots__ = ("needs", "nbytes")
+
+    def __init__(self) -> None:
+        self.needs: "collections.deque[int]" = collections.deque(maxlen=_WINDOW)
+        #: the size of this group's next records
+        self.nbytes = RECORD_BYTES
+
+    def learn(self, records: Sequence["Record"]) -> None:
+        """Take one exchange's records into account (call it on every rank, at the same exchanges)."""
+        need = RECORD_BYTES
+        for r in records:
+            n = r.total + _HEAD
+            if r.framed and r.status == OK and need < n <= MAX_RECORD_BYTES:
+                need = n
+        self.needs.append(need)
+        top = max(self.needs)
+        self.nbytes = 1 << (top - 1).bit_length()
+
+
+def make_record(
+    opcode: int,
+    *,
+    status: int = OK,
+    total: int = 0,
+    nchunks: int = 0,
+    root: int = -1,
+    token: int = 0,
+    inline: Optional[np.ndarray] = None,
+    message: str = "",
+) -> np.ndarray:
+    """One record's bytes (uint8, at least ``RECORD_BYTES``); a failed status carries ``message`` inline.
+
+    ``Link`` pads it to the group's record size before the exchange.
+    """
+    if status != OK:
+        inline = np.frombuffer(message.encode("utf-8", "replace")[:INLINE_BYTES], dtype=np.uint8)
+    n = 0 if inline is None else int(inline.size)
+    rec = np.zeros(max(RECORD_BYTES, _HEAD + n), dtype=np.uint8)
+    head = np.array([RECORD_MAGIC, status, total, nchunks, root, opcode, token, n], dtype="<i8")
+    rec[:_HEAD] = head.view(np.uint8)
+    if inline is not None and n:
+        rec[_HEAD : _HEAD + n] = inline
+    return rec
+
+
+def failure_record(opcode: int, failure: LocalFailure, root: int = -1) -> np.ndarray:
+    """The record reporting ``failure``."""
+    return make_record(opcode, status=failure.kind, root=root, message=str(failure))
+
+
+def payload_record(
+    opcode: int, frame: Frame, root: int = -1, token: int = 0, inline_max: int = INLINE_BYTES
+) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """The record of ``frame`` (inline up to ``inline_max`` bytes: the group's
+    ``Link.inline_bytes``) and the frame's bytes when they travel separately."""
+    data = frame.to_numpy()
+    if frame.nbytes <= inline_max:
+        return make_record(opcode, total=frame.nbytes, root=root, token=token, inline=data), None
+    return make_record(opcode, total=frame.nbytes, root=root, token=token), data
+
+
+def parse_rows(rows: np.ndarray) -> list[Record]:
+    """Every rank's record from the rows of a record all_gather (one row per group rank)."""
+    heads = rows[:, :_HEAD].copy().view("<i8")
+    out = []
+    for r in range(rows.shape[0]):
+        n = int(heads[r, 7])
+        out.append(Record(r, heads[r], rows[r, _HEAD : _HEAD + n] if n else None))
+    return out
+
+
+def parse_record(rank: int, row: np.ndarray) -> Record:
+    """Group rank ``rank``'s record from its bytes."""
+    rec = parse_rows(row.reshape(1, -1))[0]
+    rec.rank = rank
+    return rec
+
+
+def raise_failures(records: Sequence[Record], what: str, opcode: int, root: int) -> None:
+    """Raise, the same on every rank, when a record failed or the records are of different calls.
+
+    Raises:
+        ObjectCollectiveError: of the failed record's kind, naming every failed rank and its message.
+        CollectiveArgumentError: the ranks called different collectives or gave different roots.
+    """
+    if not all(rec.framed for rec in records):  # its fields are not a record's: name no status or opcode
+        calls = ", ".join(
+            f"rank {rec.rank}: {OP_NAMES.get(rec.opcode, rec.opcode) if rec.framed else 'another collective'}"
+            for rec in records
+        )
+        raise CollectiveArgumentError(f"{what}: ranks called different object collectives ({calls})")
+    failed = [rec for rec in records if rec.status != OK]
+    if failed:
+        detail = "; ".join(f"rank {rec.rank}: {rec.message}" for rec in failed)
+        ranks = ", ".join(str(rec.rank) for rec in failed)
+        cls = ERRORS.get(failed[0].status, ObjectCollectiveError)
+        raise cls(f"{what} failed on rank(s) {ranks}: {detail}", {rec.rank: rec.message for rec in failed})
+    if len({rec.opcode for rec in records}) > 1 or records[0].opcode != opcode:
+        calls = ", ".join(f"rank {rec.rank}: {OP_NAMES.get(rec.opcode, rec.opcode)}" for rec in records)
+        raise CollectiveArgumentError(f"{what}: ranks called different object collectives ({calls})")
+    if len({rec.root for rec in records}) > 1:
+        calls = ", ".join(f"rank {rec.rank}: {rec.root}" for rec in records)
+        raise CollectiveArgumentError(f"{what}: ranks disagree on the source/destination rank ({calls})")
+
+
+# ---- the group: ranks, exchanges, failure notices ------------------------------------------------
+
+#: The store key of a group's failure notice: ``"<group rank>|<reason>"``.
+NOTICE_KEY = "hwdist/object-collective-failure"
+_FIRST, _MOST = 0.05, 0.5  # a slow step looks for a notice after 50 ms, then twice as long each time...
+
+
+class _NoticeSeen(Exception):
+    def __init__(self, rank: str, reason: str, waited: float) -> None:
+        super().__init__(f"rank {rank}: {reason}")
+        self.rank, self.reason, self.waited = rank, reason, waited
 
 
 def world_size(group: Any) -> int:
     """The group's size; 1 outside a process group."""
-    return torch_dist.get_world_size(group) if is_distributed() else 1
+    return int(view(group).size)
 
 
 class Link:
-    """A group's driver, ranks and byte exchanges (through the transport, watching failure notices)."""
+    """One call's group: its view (size, driver), ranks, byte exchanges and failure notices."""
 
     def __init__(self, group: Any) -> None:
+        v = view(group)
         self.group = group
-        self.driver = registry.resolve(group)
-        self.world = torch_dist.get_world_size(group)
-        self.rank = torch_dist.get_rank(group)
+        self.driver = v.target(None)[0]
+        self.world = int(v.size)
+        self._ranks: Optional[list[int]] = v.ranks()  # None: the default group (group rank = global rank)
+        self.rank = v.rank if self._ranks is None else self.group_rank(v.rank)
         self._sliced: Optional[bool] = None
-        self._ranks: Optional[list[int]] = None
-        self._board: Optional[_notices.Board] = None
-
-    def _members(self) -> Optional[list[int]]:
-        if self.group is None or self.group is _compat.default_group():
-            return None
-        if self._ranks is None:
-            self._ranks = list(torch_dist.get_process_group_ranks(self.group))
-        return self._ranks
+        self._store: Any = None  # the group's store, on first use; False: none
+        # one state for the default group however it is named (None or the group object), so every rank
+        # sizes its records alike whichever spelling each rank used
+        state = _state.of(None if self._ranks is None else group)
+        if state.object_records is None:
+            state.object_records = RecordSize()
+        self.sizes: RecordSize = state.object_records
+        #: the size of this call's records and the largest payload they carry inline
+        self.record_bytes = self.sizes.nbytes
+        self.inline_bytes = self.record_bytes - _HEAD
 
     def global_rank(self, group_rank: int) -> int:
         """The global rank of ``group_rank``."""
-        members = self._members()
-        return group_rank if members is None else members[group_rank]
+        return group_rank if self._ranks is None else self._ranks[group_rank]
 
     def group_rank(self, global_rank: int) -> int:
         """The group rank of ``global_rank`` (-1 if not a member)."""
-        members = self._members()
-        if members is None:
+        if self._ranks is None:
             return global_rank if 0 <= global_rank < self.world else -1
-        return members.index(global_rank) if global_rank in members else -1
+        return self._ranks.index(global_rank) if global_rank in self._ranks else -1
 
     def has(self, op: str) -> bool:
         """Whether the driver can move bytes for ``op`` (natively or emulated)."""
         return transport.carries(self.driver, op)
-
-    # ---- exchanges (group ranks) ----
 
     def all_gather(self, data: np.ndarray) -> np.ndarray:
         """All-gather ``data`` (uint8, the same size on every rank) -> array of shape (world, n)."""
@@ -118,24 +330,41 @@ class Link:
         """Receive ``n`` bytes from group rank ``src``."""
         return self._call(transport.recv_bytes, n, self.global_rank(src))
 
+    def _padded(self, record: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        if record is None or record.size == self.record_bytes:
+            return record
+        out = np.zeros(self.record_bytes, dtype=np.uint8)
+        n = min(record.size, self.record_bytes)
+        out[:n] = record[:n]
+        return out
+
     def exchange(self, record: np.ndarray, what: str, opcode: int, root: int = -1) -> list[Record]:
         """All-gather every rank's record; raise the same error on every rank if any rank failed."""
-        records = parse_rows(self.all_gather(record))
+        records = parse_rows(self.all_gather(self._padded(record)))  # type: ignore[arg-type]
+        self.sizes.learn(records)
         raise_failures(records, what, opcode, root)
         return records
 
-    # ---- failure notices: a rank that leaves in the middle tells the others (see _notices.py) ----
+    def receive_record(self, record: Optional[np.ndarray], root: int, learn: bool = True) -> Record:
+        """Group rank ``root``'s record on every rank (``record`` matters there only), unchecked."""
+        rec = parse_record(root, self.broadcast(self._padded(record), self.record_bytes, root))
+        if learn:
+            self.sizes.learn([rec])
+        return rec
 
-    def _wait(self, work: Any, p2p: bool) -> None:
-        if self._sliced is None:
-            self._sliced = self.driver.comm_device().type == "cpu"
-        _notices.wait(work, p2p, self._sliced, self.notices.check)
+    def broadcast_record(
+        self, record: Optional[np.ndarray], what: str, opcode: int, root: int, learn: bool = True
+    ) -> Record:
+        """Group rank ``root``'s record on every rank (``record`` matters there only); raises its failure."""
+        rec = self.receive_record(record, root, learn)
+        raise_failures([rec], what, opcode, root)
+        return rec
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """One transport exchange; a failure here is posted for the other ranks."""
         try:
             return fn(*args, self.group, self.driver, self._wait)
-        except _notices.NoticeSeen as seen:
+        except _NoticeSeen as seen:
             raise PeerFailure(
                 f"an object collective failed on rank {seen.rank} of this group while rank {self.rank}"
                 f" waited for it ({seen.waited:.1f} s): {seen.reason}. Rank {self.rank} stops waiting instead"
@@ -148,16 +377,73 @@ class Link:
                 self.post_failure(f"{type(exc).__name__}: {exc}")
             raise
 
-    @property
-    def notices(self) -> _notices.Board:
-        """The group's failure notices."""
-        if self._board is None:
-            self._board = _notices.Board(self.group)
-        return self._board
+    def _store_or_false(self) -> Any:
+        if self._store is None:
+            self._store = _compat.group_store(self.group) or False
+        return self._store
 
     def post_failure(self, reason: str) -> None:
         """Tell the group's other ranks that this rank left an object collective in the middle."""
-        self.notices.post(self.rank, reason)
+        store = self._store_or_false()
+        if store is not False:
+            try:
+                store.set(NOTICE_KEY, f"{self.rank}|{reason[:2000]}")
+            except Exception:
+                pass  # the store is gone too: the others see the broken connections instead
+
+    def _check_notice(self, waited: float) -> None:
+        store = self._store_or_false()
+        if store is False:
+            return
+        try:
+            if not store.check([NOTICE_KEY]):
+                return
+            who, _, why = store.get(NOTICE_KEY).decode("utf-8", "replace").partition("|")
+        except Exception:
+            return
+        raise _NoticeSeen(who, why, waited)
+
+    def _wait(self, work: Any, p2p: bool) -> None:
+        """Wait for ``work``; between slices of a slow wait look for a notice (on the CPU only)."""
+        if work is None:
+            return
+        if self._sliced is None:
+            self._sliced = self.driver.comm_device().type == "cpu"
+        if not self._sliced:
+            work.wait()
+            return
+        start, step = time.monotonic(), _FIRST
+        if p2p:  # in a helper thread: gloo closes the pair of a p2p wait that times out
+            done = threading.Event()
+            failure: list[BaseException] = []
+
+            def run() -> None:
+                try:
+                    work.wait()
+                except BaseException as exc:  # noqa: BLE001 (handed to the caller)
+                    failure.append(exc)
+                done.set()
+
+            threading.Thread(target=run, name="hwdist-p2p-wait", daemon=True).start()
+            while not done.wait(step):
+                self._check_notice(time.monotonic() - start)
+                step = min(2 * step, _MOST)
+            if failure:
+                raise failure[0]
+            return
+        while True:
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=step))
+                return
+            except TypeError:  # a Python Work whose wait() takes no timeout: wait without slices
+                work.wait()
+                return
+            except RuntimeError:
+                if work.is_completed():  # it failed (not the slice's timeout): raise its own error
+                    work.wait()
+                    return
+            self._check_notice(time.monotonic() - start)
+            step = min(2 * step, _MOST)
 
 
 def check_root(link: Link, root: Any, name: str) -> int:
@@ -246,9 +532,7 @@ class Decoder:
     [`closing_status`][hwdist.collectives._objwire.closing_status]).
     """
 
-    def __init__(
-        self, serializer: Optional[Serializer], map_location: MapLocation, link: Optional[Link] = None
-    ) -> None:
+    def __init__(self, serializer: Optional[Serializer], map_location: MapLocation, link: Link) -> None:
         self.serializer = serializer
         self.map_location = map_location
         self.link = link
@@ -265,8 +549,7 @@ class Decoder:
             self.message = f"could not decode the object from rank {rank}: {type(exc).__name__}: {exc}"
             return None
         except BaseException as exc:  # KeyboardInterrupt & co.: this rank leaves now; tell the others
-            if self.link is not None:
-                self.link.post_failure(f"{type(exc).__name__} while decoding the object from rank {rank}")
+            self.link.post_failure(f"{type(exc).__name__} while decoding the object from rank {rank}")
             raise
 
 
@@ -276,22 +559,23 @@ CONFIRM = 1
 
 
 def closing_status(
-    link: Link, records: Sequence[Record], root: int, decoder: Decoder, what: str, op: int
+    link: Link, records: Sequence[Record], root: int, decoder: Decoder, what: str, op: int, moved: bool
 ) -> None:
     """The root's decode failure, raised on every rank (the root raises the original error).
 
-    A closing broadcast of the root's status runs when some payload moved
-    after the record exchange (a sender might otherwise wait on the root) or
-    when the root's serializer may refuse payloads (the root sets
+    A closing broadcast of the root's status runs when some payload moved to
+    the root after the record exchange (``moved``: point to point or by
+    broadcasts; a sender might otherwise wait on the root) or when the root's
+    serializer may refuse payloads (the root sets
     [`CONFIRM`][hwdist.collectives._objwire.CONFIRM] in its record). Otherwise every other rank has already
     finished, nothing is left waiting, and only the root raises.
     """
-    if any(r.inline is None and r.rank != root for r in records) or records[root].token & CONFIRM:
+    if moved or records[root].token & CONFIRM:
         if link.rank == root:
-            kind = LocalFailure(OTHER, decoder.message) if decoder.error is not None else None
-            rec = failure_record(op, kind, root=root) if kind is not None else make_record(op, root=root)
-            link.broadcast(rec, RECORD_BYTES, root)
+            failed = decoder.error is not None
+            rec = failure_record(op, LocalFailure(OTHER, decoder.message), root) if failed else None
+            link.receive_record(rec if rec is not None else make_record(op, root=root), root, learn=False)
         else:
-            raise_failures([parse_record(root, link.broadcast(None, RECORD_BYTES, root))], what, op, root)
+            link.broadcast_record(None, what, op, root, learn=False)
     if decoder.error is not None:
         raise decoder.error

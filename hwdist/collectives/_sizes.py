@@ -1,8 +1,7 @@
 """Size agreement by prediction: one collective per call in the steady state.
 
 An op whose ranks may hold different sizes (an uneven ``all_gather``/``gather``,
-``all_to_all`` with uneven splits, the object collectives, ``collect_results``)
-today exchanges sizes first and moves the data second: two collectives per
+``all_to_all`` with uneven splits) today exchanges sizes first and moves the data second: two collectives per
 call. Here every rank instead *predicts* the next call's size from the group's
 history for that op and call-shape key, and sends a buffer of the predicted
 capacity with a small fixed [`Header`][hwdist.collectives._sizes.Header] in front
@@ -60,7 +59,7 @@ import enum
 import zlib
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -88,8 +87,6 @@ __all__ = [
     "verdict",
     "history",
     "route",
-    "MatchFlag",
-    "match_flag",
     "gather",
 ]
 
@@ -358,18 +355,11 @@ class SizeHistory:
 
     Attributes:
         sizes: the largest size of each of the last ``HISTORY_LEN`` agreed calls.
-        layout: the layout fingerprint of the last call whose layouts agreed (None: none yet).
-        follows: which layout followed which (the last time), for
-            [`expected_layout`][hwdist.collectives._sizes.SizeHistory.expected_layout].
         hits, redos, explicit: counts of calls whose prediction held, missed, or that had none.
     """
 
-    FOLLOWS_MAX = 64  #: ``follows`` is cleared when it reaches this (on every rank alike)
-
     def __init__(self) -> None:
         self.sizes: deque[int] = deque(maxlen=HISTORY_LEN)
-        self.layout: Optional[int] = None
-        self.follows: dict[int, int] = {}
         self.misses = 0
         self.backoff = BACKOFF_START
         self.skip = 0
@@ -390,16 +380,6 @@ class SizeHistory:
         growth = last - s[-2] if len(s) > 1 else 0
         return min(last + max(growth, 0), 2 * max(last, 1))
 
-    def expected_layout(self) -> Optional[int]:
-        """The layout fingerprint the history expects next, or None: no agreed layout yet, or backing off.
-
-        The layout that followed the last one the last time it was seen, else the last one: a
-        repeated layout and a learned alternation (A, B, A, B) are predicted on every call.
-        """
-        if self.skip > 0 or self.layout is None:
-            return None
-        return self.follows.get(self.layout, self.layout)
-
     def predict(self, limit: int = PREDICT_MAX_BYTES) -> Optional[int]:
         """The capacity for the next call, or None: exchange explicitly (no history, backing off, too big).
 
@@ -418,13 +398,6 @@ class SizeHistory:
         if v.outcome is Outcome.ERROR:
             return
         self.sizes.append(v.largest)
-        if v.layouts_agree and v.headers:
-            new, last = v.headers[0].layout, self.layout
-            if last is not None and self.follows.get(last) != new:
-                if len(self.follows) >= self.FOLLOWS_MAX:
-                    self.follows.clear()
-                self.follows[last] = new
-            self.layout = new
         if v.capacity is None:
             self.explicit += 1
             self.skip = max(self.skip - 1, 0)
@@ -465,42 +438,6 @@ def route(capacity: Optional[int], in_band_max: int = IN_BAND_MAX_BYTES) -> str:
     if capacity is None:
         return "explicit"
     return "in_band" if capacity <= in_band_max else "beside"
-
-
-# ---------------------------------------------------------------------------
-# reductions: a layout check that rides in the reduced buffer itself
-# ---------------------------------------------------------------------------
-class MatchFlag(NamedTuple):
-    """A 0/1 "my data has the predicted layout" element under a reduce op: what a rank that matched
-    sends, what one that did not sends, and ``ok(reduced value)``: every rank matched."""
-
-    match: int
-    mismatch: int
-    ok: Callable[[Any], bool]
-
-
-def match_flag(reduce_op: str, wire_dtype: torch.dtype, world: int) -> Optional[MatchFlag]:
-    """The [`MatchFlag`][hwdist.collectives._sizes.MatchFlag] of ``reduce_op``, or None (no exact code:
-    BXOR, a sum the wire dtype cannot hold exactly). The exact check of a reduction whose ranks all
-    compare themselves with one prediction (``all_reduce_dict``); SUM 1/0 totals ``world``, MAX/BOR 0/1
-    stay 0, MIN/PRODUCT/BAND 1/0 stay 1, float AVG 1/0 stays above ``1 - 0.5/world``."""
-    if reduce_op in ("max", "bor"):
-        return MatchFlag(0, 1, lambda v: v == 0)
-    if reduce_op in ("min", "product", "band"):
-        return MatchFlag(1, 0, lambda v: v == 1)
-    if wire_dtype.is_floating_point:
-        eps = torch.finfo(wire_dtype).eps
-        if reduce_op == "sum" and world <= 2.0 / eps:  # every integer up to 2/eps is exact
-            return MatchFlag(1, 0, lambda v: v == world)
-        if reduce_op == "avg" and 8 * eps < 0.5 / world:
-            # all ones average to 1 (up to rounding); one zero gives at most 1 - 1/world
-            return MatchFlag(1, 0, lambda v: v > 1.0 - 0.5 / world)
-        return None
-    if reduce_op == "sum" and wire_dtype != torch.bool and not wire_dtype.is_complex and (
-        world <= torch.iinfo(wire_dtype).max
-    ):
-        return MatchFlag(1, 0, lambda v: v == world)
-    return None  # bxor, or a sum that could overflow the flag
 
 
 # ---------------------------------------------------------------------------

@@ -1,24 +1,23 @@
 """Object collectives with mmengine.dist's names, on any backend.
 
-Every call resolves its driver with ``registry.resolve(group)`` and then takes
-one of two paths, the same on every rank:
+Every call takes one of two paths, the same on every rank:
 
 * **portable** (default): serialize once (`serialization`), then one
-  *slot* per rank (`_objslots`, over the size-agreement mechanism of
-  `_sizes`): a 128-byte header (status, true size, opcode, root) and the
-  payload up to the capacity the group's size history predicts, the same on
-  every rank. In the steady state that one all_gather (``broadcast_object_list``:
-  one broadcast of ``src``'s slot) is the whole collective. If any rank failed
-  to serialize or passed a bad argument, every rank raises the same clear error
-  right there, instead of hanging in the next collective. Only the ranks whose
-  payload was over the capacity move it again: the bytes past the capacity by a
-  padded all_gather, whole payloads by one broadcast per rank above
-  ``PADDED_ALL_GATHER_LIMIT``, point to point to a gather root.
-  ``scatter_object_list`` agrees on its arguments first (the agreement
-  primitive, ``consensus.agree``), then broadcasts ``src``'s record. Bytes move
-  through hwdist's internal transport (`_objwire`, `transport`), in the byte
-  dtype the driver's plan allows. Tensors inside received objects land on CPU
-  or the ``map_location`` given.
+  *record* per rank (`_objwire`): 1 KiB holding the rank's status, the
+  payload's size, the collective's opcode and root and, up to
+  ``INLINE_BYTES`` (960), the payload itself, in one all_gather
+  (``broadcast_object_list``: one broadcast of ``src``'s record). A small
+  object is done in that one collective. If any rank failed to serialize or
+  passed a bad argument, every rank raises the same clear error right there,
+  instead of hanging in the next collective. Larger payloads then move at
+  their exact size: one padded all_gather when several ranks are large and
+  the total stays under ``PADDED_ALL_GATHER_LIMIT``, else one broadcast per
+  large rank (``gather_object``: point to point to the root). ``scatter_object_list``
+  agrees on its arguments first (the agreement primitive,
+  ``consensus.agree``), then broadcasts ``src``'s record. Bytes move through
+  hwdist's internal transport (`_objwire`, `transport`), in the byte dtype the
+  driver's plan allows. Tensors inside received objects land on CPU or the
+  ``map_location`` given.
 * **native**: torch's own ``all_gather_object`` & co. Used only when asked
   ([`set_object_path`][hwdist.collectives.objects.set_object_path] ``('native')``), when the driver
   declares ``native_object_collectives`` and the torch version has them
@@ -27,14 +26,14 @@ one of two paths, the same on every rank:
   portable path is the default because it measured faster on every size
   (see ``docs/objects.md``).
 
-Verification mode ([`hwdist.verify`][hwdist.collectives.verify]): the slot exchange checks the
+Verification mode ([`hwdist.verify`][hwdist.collectives.verify]): the record exchange checks the
 call's identity (which collective, its src/dst) in every mode, so those
 disagreements raise [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError]
 on every rank even when the mode is off (``broadcast_object_list`` and
 ``scatter_object_list`` against a different collective: only with the mode on).
 When the mode is on, each object collective also takes part in the mode's
-per-group digest exchange (op name, call number, src/dst) before its slot
-exchange: a slot exchange must never meet a tensor collective's 24-byte
+per-group digest exchange (op name, call number, src/dst) before its record
+exchange: a record exchange must never meet a tensor collective's 24-byte
 digest exchange on another rank, so every verified collective, tensor or
 object, starts with the same exchange.
 
@@ -64,55 +63,18 @@ from . import serialization as _ser
 from .consensus import agree
 from .call_entry import collective
 from .engine import check
-from ._objwire import (
-    CONFIRM,
-    Decoder,
-    Link,
-    check_root,
-    closing_status,
-    decode,
-    may_refuse,
-    serialize,
-    world_size,
-)
-from ._objslots import broadcast_slot, complete_broadcast, gather_slots, gather_tails
-from ._records import (
-    ASSERTED,
-    INLINE_BYTES,
-    OK,
-    OP_NAMES,
-    OPS,
-    RECORD_BYTES,
-    LocalFailure,
-    arg_error,
-    failure_record,
-    make_record,
-    parse_record,
-    raise_failures,
-)
-from . import serialization as _serialization
-from .serialization import (  # noqa: F401  (re-exported: in __all__ through _serialization.__all__)
-    Frame,
-    MapLocation,
-    PickleSerializer,
-    RestrictedPickleSerializer,
-    RestrictedUnpickler,
-    Serializer,
-    UnpicklingRefused,
-    get_serializer,
-    obj2tensor,
-    object_to_tensor,
-    register_safe_class,
-    restricted_loads,
-    safe_globals,
-    set_serializer,
-    tensor2obj,
-    tensor_to_object,
-    use_serializer,
-)
+from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure
+from ._objwire import Link, arg_error, check_root, closing_status, decode, failure_record, make_record
+from ._objwire import may_refuse, payload_record, raise_failures, serialize, world_size
+from .serialization import Frame, MapLocation, Serializer
 
-# serialization's public names are re-exported: objects is where users import them from
-# (the wire's Frame and encode/decode stay serialization's own)
+# re-exported (in __all__ through _ser.__all__): objects is where users import them from
+from .serialization import PickleSerializer, RestrictedPickleSerializer, RestrictedUnpickler  # noqa: F401
+from .serialization import UnpicklingRefused, get_serializer, obj2tensor, object_to_tensor  # noqa: F401
+from .serialization import register_safe_class, restricted_loads, safe_globals, set_serializer  # noqa: F401
+from .serialization import tensor2obj, tensor_to_object, use_serializer  # noqa: F401
+
+# serialization's public names, bar the wire's Frame and encode/decode
 __all__ = [
     "all_gather_object",
     "gather_object",
@@ -127,14 +89,12 @@ __all__ = [
     "set_object_path",
     "get_object_path",
     "object_path",
-    *(n for n in _serialization.__all__ if n not in ("Frame", "encode", "decode")),
+    *(n for n in _ser.__all__ if n not in ("Frame", "encode", "decode")),
 ]
 
 #: Above this many bytes in all, an all_gather moves each rank's payload by broadcast
 #: (exact sizes) instead of one padded all_gather.
 PADDED_ALL_GATHER_LIMIT = 1 << 20
-#: Bytes per rank in the record exchange, and the largest payload a record carries inline.
-RECORD_BYTES, INLINE_BYTES = RECORD_BYTES, INLINE_BYTES
 
 # ---- path selection ----------------------------------------------------------------------
 
@@ -206,6 +166,14 @@ def _native(driver: Any, map_location: MapLocation, serializer: Optional[Seriali
     )
 
 
+def _padded(own: Optional[np.ndarray], width: int) -> np.ndarray:
+    """``own`` (None: nothing) zero-padded to ``width`` bytes: this rank's row of a padded all_gather."""
+    row = np.zeros(width, dtype=np.uint8)
+    if own is not None:
+        row[: own.size] = own
+    return row
+
+
 # ---- public collectives -----------------------------------------------------------------
 
 
@@ -259,27 +227,26 @@ def all_gather_object(
         out: list[Any] = [None] * world
         torch_dist.all_gather_object(out, data, group=group)
         return out
-    own: Optional[np.ndarray] = None
-    failure: Optional[LocalFailure] = None
     try:
-        own = serialize(data, serializer).to_numpy()
+        rec, own = payload_record(op, serialize(data, serializer), inline_max=comm.inline_bytes)
     except LocalFailure as fail:
-        failure = fail
-    ex = gather_slots(comm, "all_gather_object", op, own, failure)
+        rec, own = failure_record(op, fail), None
+    records = comm.exchange(rec, "all_gather_object", op)
     results: list[Any] = [None] * world
     decoder = Decoder(serializer, map_location, comm)  # a failure is raised after this rank's last broadcast
-    for r in ex.records:
+    big = [r for r in records if r.inline is None]
+    for r in records:
         if r.inline is not None:
             results[r.rank] = decoder(r.rank, r.inline.copy())
-    if ex.over:  # only the ranks over the predicted capacity move again
-        if ex.verdict.tail_width * world <= PADDED_ALL_GATHER_LIMIT and len(ex.over) > 1:
-            for k, buf in enumerate(gather_tails(comm, ex, own)):
-                if buf is not None:
-                    results[k] = decoder(k, buf)
-        else:  # exact sizes, one broadcast per rank: gloo's broadcast beats its all_gather here
-            for k in ex.over:
-                buf = comm.broadcast(own if k == comm.rank else None, ex.records[k].total, k)
-                results[k] = decoder(k, buf)
+    largest = max((r.total for r in big), default=0)
+    if len(big) > 1 and largest * world <= PADDED_ALL_GATHER_LIMIT:  # one padded all_gather
+        rows = comm.all_gather(_padded(own, largest))
+        for r in big:
+            results[r.rank] = decoder(r.rank, rows[r.rank, : r.total])
+    else:  # exact sizes, one broadcast per rank: gloo's broadcast beats its all_gather here
+        for r in big:
+            buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
+            results[r.rank] = decoder(r.rank, buf)
     if decoder.error is not None:
         raise decoder.error
     return results
@@ -297,9 +264,10 @@ def gather_object(
 ) -> Optional[list[Any]]:
     """Gather a picklable object from every rank on rank ``dst``.
 
-    Outside a process group returns ``[data]`` (mmengine). Payloads move
-    point to point to ``dst`` at their exact size (no padding to the
-    largest); ``dst`` deserializes one rank's payload at a time.
+    Outside a process group returns ``[data]`` (mmengine). A payload that
+    does not fit its record moves in one padded all_gather while they total
+    under 1 MiB, else point to point to ``dst`` at its exact size; ``dst``
+    deserializes one rank's payload at a time.
 
     Args:
         data: this rank's object.
@@ -326,9 +294,7 @@ def gather_object(
     comm = Link(group)
     check("gather_object", comm.group, lambda: (None, {"dst": rank_field(dst)}))
     op = OPS["gather_object"]
-    own: Optional[np.ndarray] = None
-    failure: Optional[LocalFailure] = None
-    root, token = -1, 0
+    own = None
     try:
         root = check_root(comm, dst, "dst")
         if _native(comm.driver, map_location, serializer):
@@ -336,26 +302,33 @@ def gather_object(
             torch_dist.gather_object(data, out, dst=dst, group=group)
             return out
         token = CONFIRM if comm.rank == root and may_refuse(serializer) else 0
-        own = serialize(data, serializer).to_numpy()
+        rec, own = payload_record(
+            op, serialize(data, serializer), root=root, token=token, inline_max=comm.inline_bytes
+        )
     except LocalFailure as fail:
-        failure, root = fail, -1
-    # the root's own payload need not travel: it decodes it from here
-    sent = None if comm.rank == root else own
-    ex = gather_slots(comm, "gather_object", op, sent, failure, root=root, token=token)
-    root = ex.records[0].root
-    p2p = comm.has("send") and comm.has("recv")
+        rec, root = failure_record(op, fail), -1
+    records = comm.exchange(rec, "gather_object", op, root)
+    root = records[0].root
     results: Optional[list[Any]] = [None] * world if comm.rank == root else None
     decoder = Decoder(serializer, map_location, comm)
-    for r in ex.records:
-        if r.rank == root:
-            if results is not None:
-                results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
-            continue
+    big = [r for r in records if r.inline is None and r.rank != root]
+    largest = max((r.total for r in big), default=0)
+    # up to the limit in all, the payloads that did not fit their record: one padded all_gather (no
+    # sender then waits on the root: as for inline payloads, only the root raises its decode failure)
+    padded = bool(big) and largest * world <= PADDED_ALL_GATHER_LIMIT
+    rows = comm.all_gather(_padded(None if comm.rank == root else own, largest)) if padded else None
+    p2p = comm.has("send") and comm.has("recv")
+    for r in records:
         if r.inline is not None:
             if results is not None:
                 results[r.rank] = decoder(r.rank, r.inline.copy())
-            continue
-        if p2p:  # over the capacity: only those ranks' payloads move again, to the root
+        elif r.rank == root:
+            if results is not None:
+                results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
+        elif rows is not None:
+            if results is not None:
+                results[r.rank] = decoder(r.rank, rows[r.rank, : r.total])
+        elif p2p:  # larger payloads move point to point to the root, at their exact size
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]
             elif results is not None:
@@ -364,7 +337,7 @@ def gather_object(
             buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
             if results is not None:
                 results[r.rank] = decoder(r.rank, buf)
-    closing_status(comm, ex.records, root, decoder, "gather_object", op)
+    closing_status(comm, records, root, decoder, "gather_object", op, moved=bool(big) and not padded)
     return results
 
 
@@ -428,32 +401,34 @@ def broadcast_object_list(
     if not bad and _native(comm.driver, map_location, serializer):
         torch_dist.broadcast_object_list(data, src=src, group=group)
         return
-    # One broadcast of src's slot (status, size and the payload up to the predicted capacity): one
-    # collective in the steady state where torch uses two. Only src can fail (it alone serializes); its
-    # failure reaches every rank in the slot.
-    own: Optional[np.ndarray] = None
-    failure: Optional[LocalFailure] = None
+    # One broadcast of src's record (status, size and, when small, the payload itself): the same
+    # collectives as torch's size-then-data broadcast, one fewer for small objects. Only src can
+    # fail (it alone serializes); its failure reaches every rank in the record.
     if comm.rank == root:
+        own = None
         try:
             if bad:
                 raise LocalFailure(ASSERTED, f"data must be a list, got {type(data).__name__}")
-            own = serialize(data, serializer, "data").to_numpy()
+            rec, own = payload_record(
+                op, serialize(data, serializer, "data"), root=root, inline_max=comm.inline_bytes
+            )
         except LocalFailure as fail:
-            failure = fail
-    source, head = broadcast_slot(comm, "broadcast_object_list", op, root, own, failure)
+            rec = failure_record(op, fail, root=root)
+        source = comm.broadcast_record(rec, "broadcast_object_list", op, root)
+        if own is not None:
+            comm.broadcast(own, source.total, root)
+        return
+    source = comm.receive_record(None, root)
     if source.status == OK and (source.opcode != op or source.root != root):
         raise CollectiveArgumentError(
             f"broadcast_object_list: rank {root} sent {OP_NAMES.get(source.opcode, source.opcode)}"
-            " with source"
-            f" {source.root}; every rank must call broadcast_object_list with the same src"
+            f" with source {source.root}; every rank must call broadcast_object_list with the same src"
         )
     raise_failures([source], "broadcast_object_list", op, root)
-    buf = complete_broadcast(comm, source, head, own, root)
-    if comm.rank == root:
-        return
+    buf = source.inline if source.inline is not None else comm.broadcast(None, source.total, root)
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
         raise ArgumentAssertionError(bad)
-    data[:] = decode(buf.copy() if source.inline is not None else buf, serializer, map_location)
+    data[:] = decode(buf, serializer, map_location)
 
 
 # Same keyword shape as gather_object on purpose: the public object-collective signatures match.
@@ -564,7 +539,7 @@ def scatter_object_list(
         )
     # src's record: its status (did every item serialize) and the size of each rank's item, in one broadcast.
     frames: list[Frame] = []
-    table = 8 * world
+    table, rec, sizes = 8 * world, None, None
     if comm.rank == root:
         try:
             frames = [
@@ -572,19 +547,13 @@ def scatter_object_list(
                 for i, item in enumerate(cast(Sequence[Any], scatter_object_input_list))
             ]
             sizes = np.array([f.nbytes for f in frames], dtype="<i8").view(np.uint8)
-            inline = sizes if table <= INLINE_BYTES else None
-            rec = make_record(op, total=table, root=root, inline=inline)
+            rec = make_record(op, total=table, root=root, inline=sizes if table <= INLINE_BYTES else None)
         except LocalFailure as fail:
             rec = failure_record(op, fail, root=root)
-        comm.broadcast(rec, RECORD_BYTES, root)
-        raise_failures([parse_record(root, rec)], "scatter_object_list", op, root)
-        if table > INLINE_BYTES:
-            comm.broadcast(sizes, table, root)
-    else:
-        source = parse_record(root, comm.broadcast(None, RECORD_BYTES, root))
-        raise_failures([source], "scatter_object_list", op, root)
-        sizes = source.inline if source.inline is not None else comm.broadcast(None, table, root)
-    sizes = sizes.copy().view("<i8")
+    source = comm.broadcast_record(rec, "scatter_object_list", op, root)
+    if source.inline is None:  # a size table longer than a record's inline bytes (over 120 ranks)
+        source.inline = comm.broadcast(sizes, table, root)
+    sizes = source.inline.copy().view("<i8")
     p2p = comm.has("send") and comm.has("recv")
     mine: Optional[np.ndarray] = None
     for r in range(world):

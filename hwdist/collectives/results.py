@@ -9,9 +9,9 @@ Two transports:
 
 * over communication (``device='gpu'``, or ``device='cpu'`` without
   ``tmpdir``): every rank serializes its part once, in chunks of about
-  `CHUNK_BYTES`, and sends one slot (``_objslots``: status and size, and the
-  part itself when it fits the size the group's history predicts: one
-  collective in the steady state); a larger part moves point to point, and
+  `CHUNK_BYTES`, and sends one record (``_objwire``: status and size, and the
+  part itself when it fits the record: one collective); a larger part moves
+  point to point, and
   rank 0 receives and deserializes one chunk at a time, so it never holds
   more than one chunk of bytes besides the results.
 * through a directory (``device='cpu'`` with ``tmpdir``): first rank 0 writes
@@ -39,9 +39,8 @@ from . import _weights_only
 from . import serialization as _ser
 from .call_entry import collective
 from .engine import check
-from ._objslots import gather_slots
-from ._objwire import CONFIRM, Decoder, Link, closing_status, decode, describe, may_refuse, world_size
-from ._records import ARGUMENT, INLINE_BYTES, IO, OPS, SERIALIZE, LocalFailure, failure_record, make_record
+from ._objwire import ARGUMENT, CONFIRM, INLINE_BYTES, IO, OPS, SERIALIZE, Decoder, Link, LocalFailure
+from ._objwire import closing_status, decode, describe, failure_record, make_record, may_refuse, world_size
 from .serialization import Frame, MapLocation, Serializer
 
 __all__ = ["collect_results", "collect_results_cpu", "collect_results_gpu", "create_tmpdir"]
@@ -116,18 +115,19 @@ def _which_item(chunk: list[Any], start: int, serializer: Optional[Serializer], 
     return describe(exc, chunk, serializer, "its results")
 
 
-def _decode_joined(decoder: Decoder, rank: int, buf: np.ndarray, nchunks: int) -> list[Any]:
-    """The items of ``nchunks`` frames that travelled one after the other in one slot."""
-    items: list[Any] = []
-    pos = 0
-    for _ in range(nchunks):
-        try:
-            n = _ser.frame_length(buf, pos)
-        except ValueError:  # not a frame: the decoder reports it (and drains the rest)
-            n = buf.size - pos
-        items.extend(decoder(rank, buf[pos : pos + n]) or [])
-        pos += n
-    return items
+def _part_record(op: int, frames: list[Frame]) -> np.ndarray:
+    """This rank's record: its chunk count and size, and the part itself when it is one small chunk."""
+    total = sum(f.nbytes for f in frames)
+    if len(frames) == 1 and total <= INLINE_BYTES:
+        return make_record(op, total=total, nchunks=1, root=0, inline=frames[0].to_numpy())
+    return make_record(op, total=total, nchunks=len(frames), root=0)
+
+
+def _status(op: int, problem: Optional[str] = None) -> np.ndarray:
+    """A status record to rank 0's collective: fine, or the filesystem ``problem`` (an ``IO`` failure)."""
+    if problem:
+        return failure_record(op, LocalFailure(IO, problem), root=0)
+    return make_record(op, root=0)
 
 
 def _chunk_table(frames: list[Frame]) -> np.ndarray:
@@ -151,22 +151,20 @@ def _collect_comm(
     op = OPS["collect_results"]
     frames: list[Frame] = []
     part: list[Any] = []
-    failure: Optional[LocalFailure] = None
-    token = 0
     try:
         if bad:
             raise LocalFailure(ARGUMENT, bad)
         part = _check_args(result_part, size)
         if comm.rank != 0:
             frames = _encode_chunks(part, serializer, CHUNK_BYTES)
+            rec = _part_record(op, frames)
         else:
-            token = CONFIRM if may_refuse(serializer) else 0
+            rec = make_record(op, root=0, token=CONFIRM if may_refuse(serializer) else 0)
     except LocalFailure as fail:
-        failure = fail
-    # One slot per rank at the predicted capacity: a part that fits travels in it (its chunks one after
-    # the other); a larger one moves point to point to rank 0 below.
-    ex = gather_slots(comm, what, op, frames or None, failure, root=0, token=token, nchunks=len(frames))
-    records = ex.records
+        rec = failure_record(op, fail, root=0)
+    # One record per rank: a part of one small chunk travels in it; a larger one moves point to point
+    # to rank 0 below.
+    records = comm.exchange(rec, what, op, 0)
     p2p = comm.has("send") and comm.has("recv")
     parts: list[list[Any]] = [part] + [[] for _ in range(comm.world - 1)]
     me = comm.rank
@@ -174,7 +172,7 @@ def _collect_comm(
     for r in records[1:]:
         if r.inline is not None:
             if me == 0:
-                parts[r.rank] = _decode_joined(decoder, r.rank, r.inline.copy(), r.nchunks)
+                parts[r.rank] = decoder(r.rank, r.inline.copy()) or []
             continue
         nbytes = 8 * r.nchunks
         if p2p:
@@ -196,7 +194,7 @@ def _collect_comm(
                 buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
                 if me == 0:
                     parts[r.rank].extend(decoder(r.rank, buf) or [])
-    closing_status(comm, records, 0, decoder, what, op)
+    closing_status(comm, records, 0, decoder, what, op, moved=any(r.inline is None for r in records[1:]))
     if me != 0:
         return None
     return _interleave(parts, int(size))
@@ -260,11 +258,10 @@ def _write_probe(path: str, token: int) -> None:
     os.replace(tmp, path)
 
 
-def _not_shared(tmpdir: str, why: str) -> LocalFailure:
-    return LocalFailure(
-        IO,
+def _not_shared(tmpdir: str, why: str) -> str:
+    return (
         f"tmpdir {tmpdir!r} is not shared with rank 0 ({why}); checked before any rank wrote results."
-        " Use a directory on a filesystem every rank sees, or tmpdir=None to collect over communication",
+        " Use a directory on a filesystem every rank sees, or tmpdir=None to collect over communication"
     )
 
 
@@ -317,28 +314,21 @@ def _collect_files(
         token = records[0].token
         shared_token = token
         # 1. is the directory shared? (nobody has written results yet)
-        status = make_record(op, root=0)
-        if me != 0:
-            wd = _workdir(tmpdir, token)
-            why = _probe_ok(os.path.join(wd, "probe"), token)
-            if why is not None:
-                status = failure_record(op, _not_shared(tmpdir, why), root=0)
-        comm.exchange(status, what, op, 0)
+        why = _probe_ok(os.path.join(_workdir(tmpdir, token), "probe"), token) if me != 0 else None
+        comm.exchange(_status(op, why and _not_shared(tmpdir, why)), what, op, 0)
         # 2. write the parts (atomically), then tell everyone how it went
-        status = make_record(op, root=0)
+        problem = None
         if me != 0:
             try:
                 _write_part(os.path.join(_workdir(tmpdir, token), f"part_{me}.bin"), frames)
             except OSError as exc:
-                status = failure_record(
-                    op, LocalFailure(IO, f"cannot write its results into {tmpdir!r}: {exc}"), root=0
-                )
+                problem = f"cannot write its results into {tmpdir!r}: {exc}"
         frames = []
-        comm.exchange(status, what, op, 0)
+        comm.exchange(_status(op, problem), what, op, 0)
         # 3. rank 0 reads the parts while the others wait for its status: if it dies or fails
         # there, they know, and clean up (below) instead of leaving their parts behind
         parts: list[list[Any]] = [part]
-        status = make_record(op, root=0)
+        status = _status(op)
         read_error: Optional[BaseException] = None
         if me == 0:
             assert workdir is not None
@@ -351,9 +341,7 @@ def _collect_files(
                     )
             except Exception as exc:
                 read_error = exc
-                status = failure_record(
-                    op, LocalFailure(IO, f"could not read the results: {type(exc).__name__}: {exc}"), root=0
-                )
+                status = _status(op, f"could not read the results: {type(exc).__name__}: {exc}")
             except BaseException as exc:  # KeyboardInterrupt & co.: the others must not wait for the status
                 comm.post_failure(f"{type(exc).__name__} while reading the results")
                 raise
@@ -570,7 +558,7 @@ def create_tmpdir(
                     raise LocalFailure(ARGUMENT, f"tmpdir path is longer than {INLINE_BYTES} bytes: {path!r}")
                 rec = make_record(op, root=0, token=token, inline=raw)
             except OSError as exc:
-                rec = failure_record(op, LocalFailure(IO, f"cannot create tmpdir {path!r}: {exc}"), root=0)
+                rec = _status(op, f"cannot create tmpdir {path!r}: {exc}")
             except LocalFailure as fail:
                 rec = failure_record(op, fail, root=0)
         else:
@@ -579,15 +567,12 @@ def create_tmpdir(
         head = records[0]
         if tmpdir is None:
             path = bytes(head.inline).decode() if head.inline is not None else ""
-        status = make_record(op, root=0)
+        why = None
         if comm.rank != 0:
             why = _probe_ok(os.path.join(path, f".hwdist-probe-{head.token:016x}"), head.token)
-            if why is not None:
-                status = failure_record(
-                    op, LocalFailure(IO, f"directory {path!r} is not shared with rank 0 ({why})"), root=0
-                )
         try:
-            comm.exchange(status, what, op, 0)
+            problem = why and f"directory {path!r} is not shared with rank 0 ({why})"
+            comm.exchange(_status(op, problem), what, op, 0)
         except BaseException:
             if comm.rank == 0 and tmpdir is None and path:
                 shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,7 @@ Rows of docs/reliability.md's fault table:
   in ``send``;
 * a dead peer (SIGKILL), or a rank that left an object collective by an
   exception and stays alive: the rank that noticed posts a notice on the
-  group's store (hwdist/collectives/_notices.py) and every rank waiting in
+  group's store (hwdist/collectives/_objwire.py) and every rank waiting in
   that object collective raises ``PeerFailure``; the survivors of
   ``collect_results(tmpdir=...)`` remove their part files and the working
   directory.
@@ -46,7 +46,8 @@ _TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
 # On torch 2.1 a survivor waiting on the rank that failed is not woken by its failure notice in time
 # (measured on 2.1.2; passes on 2.4.1, 2.8.0, 2.13.0 and 2.15.0). Lift when torch >= 2.4 is the floor.
 notices_need_torch_2_4 = pytest.mark.skipif(
-    _TORCH < (2, 4), reason="failure notices do not wake a waiting survivor on torch < 2.4 (measured on 2.1.2)"
+    _TORCH < (2, 4),
+    reason="failure notices do not wake a waiting survivor on torch < 2.4 (measured on 2.1.2)",
 )
 
 
@@ -104,8 +105,9 @@ def _undecodable(op: str, size: int, restricted: bool) -> dict:
 @pytest.mark.parametrize("op", ["gather_object", "collect_results"])
 def test_undecodable_payload_raises_on_every_rank_fast(dist, backend, op):
     ws = 3
-    # big payloads travel point to point after the record exchange; small ones ride in it
-    for size, restricted in ((200_000, True), (100, True), (200_000, False)):
+    # big payloads travel point to point after the record exchange (over 1 MiB in all), mid-size ones
+    # in one padded all_gather, small ones ride in it
+    for size, restricted in ((200_000, True), (100, True), (400_000, False)):
         results = dist(_undecodable, ws, backend, op, size, restricted)
         kind0, msg0, secs0 = results[0]["outcome"]
         if restricted:
@@ -181,7 +183,8 @@ class _Interrupts:
 
 def _rank0_leaves(op: str) -> list:
     rank = hwdist.get_rank()
-    obj: Any = _Interrupts(100_000) if rank == 1 else {"rank": rank, "pad": np.zeros(20_000)}
+    # over 1 MiB in all: the payloads move point to point, so the senders wait on rank 0
+    obj: Any = _Interrupts(400_000) if rank == 1 else {"rank": rank, "pad": np.zeros(50_000)}
     start = time.monotonic()
     try:
         if op == "gather_object":
@@ -200,7 +203,9 @@ def test_destination_that_leaves_in_the_middle_makes_every_sender_raise_fast(op)
     assert res[0][0] == "KeyboardInterrupt", res[0]
     for rank in (1, 2):  # rank 2 was still sending (or about to) when rank 0 left
         kind, msg, secs = res[rank]
-        assert kind == "PeerFailure" and "KeyboardInterrupt while decoding the object from rank 1" in msg, res[rank]
+        assert kind == "PeerFailure" and "KeyboardInterrupt while decoding the object from rank 1" in msg, (
+            res[rank]
+        )
         assert secs < FAST, (rank, secs)
 
 
@@ -209,6 +214,7 @@ def _collect_then_rank0_dies(outdir: str, tmpdir: str, where: str) -> None:
     from hwdist.collectives import results as resmod
 
     if hwdist.get_rank() == 0:
+
         def die(*args: Any, **kwargs: Any) -> Any:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -226,7 +232,9 @@ def test_rank0_dies_in_collect_results_survivors_raise_fast_and_clean_up(tmp_pat
     outdir.mkdir()
     tmpdir = str(collect) if where == "reading" else ""
     with pytest.raises(RankFailure, match="root cause: rank 0 died"):
-        run_distributed(_collect_then_rank0_dies, 3, "gloo", str(outdir), tmpdir, where, pg_timeout=PG_TIMEOUT, timeout=90)
+        run_distributed(
+            _collect_then_rank0_dies, 3, "gloo", str(outdir), tmpdir, where, pg_timeout=PG_TIMEOUT, timeout=90
+        )
     got = _outcomes(outdir, (1, 2))
     assert got.keys() == {1, 2}, got
     for rank, (kind, msg, secs) in got.items():

@@ -1,11 +1,13 @@
-"""Object collectives with sizes agreed by prediction on real ranks: gloo and emu, 2 and 3 ranks.
+"""Object collectives across sizes on real ranks: gloo and emu, 2 and 3 ranks.
 
 Each rank builds its objects from (pattern, call, rank) and returns what it got;
 the test rebuilds what every rank gave and compares. The collectives hwdist
 issues are counted by wrapping the transport's ``issue`` (the engine entry every
-internal exchange goes through) inside the rank process: in the steady state an
-object collective is one collective. Failures injected on one rank after the
-history has a prediction must raise the same error on every rank within seconds.
+internal exchange goes through) inside the rank process: an object that fits its
+record is one collective, a larger one takes one record exchange plus its
+exact-size route, and the group's records then grow to hold such objects (up to
+1 MiB), so the next calls are one collective again. Failures injected on one rank after earlier
+calls must raise the same error on every rank within seconds.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ import pytest
 import hwdist
 from hwdist.testing.pytest_plugin import backends
 
-CALLS = 8
+CALLS = 6
 #: pattern -> payload length in characters for (call, rank)
 PATTERNS = {
-    "steady": lambda call, rank: 40,
-    "growing": lambda call, rank: 30 + 150 * call + 7 * rank,
-    "shrinking": lambda call, rank: max(3000 - 400 * call - rank, 0),
+    "small": lambda call, rank: 40,
+    "medium": lambda call, rank: 4000 + 7 * rank,
+    "growing": lambda call, rank: 30 + 600 * call + 7 * rank,
+    "shrinking": lambda call, rank: max(3000 - 600 * call - rank, 0),
     "alternating": lambda call, rank: 5000 + rank if call % 2 else 20,
-    "one_rank_big": lambda call, rank: 200_000 if (call == 5 and rank == 1) else 50,
+    "one_rank_big": lambda call, rank: 200_000 if (call == 4 and rank == 1) else 50,
 }
 OPS = ("all_gather_object", "gather_object", "broadcast_object_list", "collect_results")
 
@@ -80,24 +83,36 @@ def _call(op: str, obj, world: int):
     return hwdist.collect_results([obj, obj], 2 * world)
 
 
+def _record_bytes() -> int:
+    from hwdist import _state
+
+    sizes = _state.of(None).object_records
+    return 1024 if sizes is None else sizes.nbytes
+
+
 def _run_patterns() -> dict:
     from hwdist import _state
-    from hwdist.collectives import _sizes
+    from hwdist.collectives.objects import INLINE_BYTES
 
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
-    out: dict = {}
+    out: dict = {"inline": INLINE_BYTES}
     for op in OPS:
         for pattern in PATTERNS:
-            _state.of(None).sizes.clear()  # every rank at the same point: each pattern starts without history
+            _state.of(None).object_records = None  # every rank at the same point: 1 KiB records again
             got, counts = [], []
             for call in range(CALLS):
                 with _Count() as c:
                     res = _call(op, _value(pattern, call, rank), world)
                 got.append(_plain(res))
                 counts.append(c.n)
-            hist = _sizes.history(None, op if op == "broadcast_object_list" else "object collectives")
-            out[(op, pattern)] = {"got": got, "counts": counts,
-                                  "history": (list(hist.sizes), hist.hits, hist.redos, hist.explicit)}
+            out[(op, pattern)] = {"got": got, "counts": counts, "record": _record_bytes()}
+    # after a medium object, eight small calls bring the group's records back to 1 KiB
+    _state.of(None).object_records = None
+    hwdist.all_gather_object(_value("medium", 0, rank))
+    out["after_medium"] = _record_bytes()
+    for call in range(8):
+        hwdist.all_gather_object(_value("small", call, rank))
+    out["after_small"] = _record_bytes()
     return out
 
 
@@ -114,30 +129,32 @@ def _expected(op: str, pattern: str, call: int, rank: int, world: int):
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_sizes_grow_shrink_alternate_and_one_collective_in_the_steady_state(dist, world_size, backend):
+def test_every_size_arrives_and_a_small_object_is_one_collective(dist, world_size, backend):
     results = dist(_run_patterns, world_size, backend)
-    for key in results[0]:  # every rank's history moved the same way
-        assert len({repr(r[key]["history"]) for r in results}) == 1, key
-    for op in OPS:
-        assert results[0][(op, "steady")]["history"][1:] == (CALLS - 1, 0, 1)  # hits, redos, explicit
+    assert results[0]["inline"] >= 900  # a small dict of 40 characters fits, one of 4,000 does not
     for rank, res in enumerate(results):
         for op in OPS:
             for pattern in PATTERNS:
                 got = res[(op, pattern)]["got"]
                 for call in range(CALLS):
                     assert got[call] == _expected(op, pattern, call, rank, world_size), (op, pattern, call)
-    for op in OPS:
-        # a steady size: one collective per call once the history has a prediction, on every rank
-        for res in results:
-            assert res[(op, "steady")]["counts"][2:] == [1] * (CALLS - 2), (op, res[(op, "steady")]["counts"])
-        # one rank over the prediction: that call costs more, the next ones are one collective again
-        big = [res[(op, "one_rank_big")]["counts"] for res in results]
-        for counts in big:
-            assert counts[2:5] == [1, 1, 1] and counts[5] > 1, (op, counts)
-        # alternating big/small: the period is learned (one collective per call from the fifth call)
-        for res in results:
-            for pattern, first in (("alternating", 4), ("growing", 3), ("shrinking", 1)):
-                assert res[(op, pattern)]["counts"][first:] == [1] * (CALLS - first), (op, res[(op, pattern)])
+    w = world_size
+    for rank, res in enumerate(results):
+        for op in OPS:
+            # an object that fits its record: the record exchange is the whole collective, on every rank
+            assert res[(op, "small")]["counts"] == [1] * CALLS, (op, rank, res[(op, "small")]["counts"])
+            # one rank over its record on one call: that call costs more, the next ones are one again
+            big = res[(op, "one_rank_big")]["counts"]
+            assert big[:4] == [1] * 4 and big[5:] == [1] * (CALLS - 5), (op, rank, big)
+        medium = {op: res[(op, "medium")]["counts"] for op in OPS}
+        # every rank over a 1 KiB record: the first call takes one padded all_gather / one broadcast of
+        # the rest; the group's records then grow to hold them, so the next calls are one collective
+        for op in ("all_gather_object", "gather_object", "broadcast_object_list"):
+            assert medium[op] == [2] + [1] * (CALLS - 1), medium
+            assert res[(op, "medium")]["record"] == 8192, res[(op, "medium")]  # 4,000 characters and more
+        assert (res["after_medium"], res["after_small"]) == (8192, 1024)
+        if rank == 0:  # the root gets each other rank's chunk table and chunk, then sends its closing status
+            assert medium["collect_results"] == [1 + 2 * (w - 1) + 1] * CALLS, medium
 
 
 class _Unpicklable:
@@ -145,7 +162,7 @@ class _Unpicklable:
         self.lock = threading.Lock()
 
 
-def _failures_in_the_steady_state() -> list:
+def _failures_after_good_calls() -> list:
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
     bad_rank = world - 1
     seen: list = []
@@ -163,7 +180,7 @@ def _failures_in_the_steady_state() -> list:
     small = {"rank": rank}
     odd = _Unpicklable() if rank == bad_rank else small
     cases = [
-        # serialization failures on one rank (the message is longer than the predicted slot)
+        # serialization failures on one rank
         ("all_gather_object", lambda: hwdist.all_gather_object(odd)),
         ("gather_object", lambda: hwdist.gather_object(odd)),
         ("broadcast_object_list", lambda: hwdist.broadcast_object_list([odd], src=bad_rank)),
@@ -177,7 +194,7 @@ def _failures_in_the_steady_state() -> list:
          lambda: hwdist.all_gather_object(small) if rank == bad_rank else hwdist.gather_object(small)),
     ]
     for op, fn in cases:
-        for _ in range(3):  # the steady state: the history has a prediction
+        for _ in range(2):  # earlier calls that went well
             _call(op, small, world)
         attempt(fn)
         # the group still works, and the next call is right
@@ -187,10 +204,10 @@ def _failures_in_the_steady_state() -> list:
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_a_failure_on_one_rank_in_the_steady_state_raises_the_same_error_on_every_rank(
+def test_a_failure_on_one_rank_after_good_calls_raises_the_same_error_on_every_rank(
     dist, world_size, backend
 ):
-    per_rank = dist(_failures_in_the_steady_state, world_size, backend)
+    per_rank = dist(_failures_after_good_calls, world_size, backend)
     bad = world_size - 1
     kinds = ["SerializationError"] * 4 + ["CollectiveArgumentError"] * 3
     for seen in per_rank:

@@ -48,7 +48,9 @@ def _same(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+        return (
+            isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+        )
     return a == b
 
 
@@ -72,7 +74,9 @@ def _check_all(path: str) -> dict:
                 data = [_obj(rank, big), "tail"] if rank == src else [None, None]
                 hwdist.broadcast_object_list(data, src=src)
                 assert len(data) == 2 and _same(data[0], _obj(src, big)) and data[1] == "tail"
-                assert _same(hwdist.broadcast_object(_obj(rank, big) if rank == src else None, src=src), _obj(src, big))
+                assert _same(
+                    hwdist.broadcast_object(_obj(rank, big) if rank == src else None, src=src), _obj(src, big)
+                )
                 out = [None]
                 inp = [_obj(r, big) for r in range(world)] if rank == src else None
                 hwdist.scatter_object_list(out, inp, src=src)
@@ -198,11 +202,13 @@ def _bad_arguments() -> list:
     except hwdist.CollectiveArgumentError as exc:
         seen.append(str(exc))
     cases = [
-        lambda: hwdist.broadcast_object_list("not a list" if rank == 0 else [1], src=0),  # bad on src: every rank
+        lambda: hwdist.broadcast_object_list(
+            "not a list" if rank == 0 else [1], src=0
+        ),  # bad on src: every rank
         lambda: hwdist.gather_object(1, dst=world if rank == 0 else 0),
         lambda: hwdist.scatter_object_list([None], [1] if rank == 0 else None, src=0),  # wrong length on src
         lambda: hwdist.scatter_object_list([] if rank == 1 else [None], [1] * world if rank == 0 else None),
-        lambda: (hwdist.all_gather_object(1) if rank == 0 else hwdist.gather_object(1)),  # different calls
+        lambda: hwdist.all_gather_object(1) if rank == 0 else hwdist.gather_object(1),  # different calls
         # a serializer that is not one, on rank 1 only: named as such, not blamed on the object
         lambda: hwdist.all_gather_object({"t": torch.ones(1)}, serializer="pickle" if rank == 1 else None),
     ]
@@ -224,12 +230,17 @@ def test_bad_arguments_raise_on_every_rank(dist, backend):
     assert per_rank[0][0] is None
     assert per_rank[1][0] == "broadcast_object_list: data must be a list, got str"
     for msgs in per_rank:
-        assert "broadcast_object_list failed on rank(s) 0" in msgs[1] and "data must be a list, got str" in msgs[1]
+        assert (
+            "broadcast_object_list failed on rank(s) 0" in msgs[1]
+            and "data must be a list, got str" in msgs[1]
+        )
         assert "dst=2 is not a rank of the group" in msgs[2]
         assert "scatter_object_input_list must be a list of 2 objects" in msgs[3]
         assert "scatter_object_output_list must be a non-empty list" in msgs[4]
         assert "different object collectives" in msgs[5]
-        assert "failed on rank(s) 1: rank 1: serializer must be a hwdist Serializer or None, got str" in msgs[6]
+        assert (
+            "failed on rank(s) 1: rank 1: serializer must be a hwdist Serializer or None, got str" in msgs[6]
+        )
 
 
 def _restricted_refuses(marker: str) -> list:
@@ -313,7 +324,9 @@ def _scatter_src_disagreement() -> list:
         out.append(str(exc))
     assert time.monotonic() - start < 10
     got = [None]
-    hwdist.scatter_object_list(got, [i * 10 for i in range(world)] if rank == world - 1 else None, src=world - 1)
+    hwdist.scatter_object_list(
+        got, [i * 10 for i in range(world)] if rank == world - 1 else None, src=world - 1
+    )
     out.append(got[0])
     return out
 
@@ -352,7 +365,9 @@ def _observed_calls() -> list:
         hwdist.broadcast_object(rank)  # built on broadcast_object_list: seen once
         hwdist.scatter_object_list([None], list(range(world)) if rank == 0 else None)
         hwdist.collect_results([rank], world)
-        tmp = hwdist.create_tmpdir()  # shared by every rank (rank 0 makes it; the ranks may have their own tmp_path)
+        tmp = (
+            hwdist.create_tmpdir()
+        )  # shared by every rank (rank 0 makes it; the ranks may have their own tmp_path)
         hwdist.collect_results_cpu([rank], world, tmp)
         hwdist.collect_results_gpu([rank], world)
     finally:
@@ -366,8 +381,16 @@ def _observed_calls() -> list:
 @pytest.mark.parametrize("backend", backends())
 def test_every_object_collective_is_one_observed_call(dist, backend):
     expected = [
-        "all_gather_object", "all_gather_object", "gather_object", "broadcast_object_list", "broadcast_object",
-        "scatter_object_list", "collect_results", "create_tmpdir", "collect_results_cpu", "collect_results_gpu",
+        "all_gather_object",
+        "all_gather_object",
+        "gather_object",
+        "broadcast_object_list",
+        "broadcast_object",
+        "scatter_object_list",
+        "collect_results",
+        "create_tmpdir",
+        "collect_results_cpu",
+        "collect_results_gpu",
     ]
     for ops in dist(_observed_calls, 2, backend):
         assert ops == [(name, True) for name in expected]
