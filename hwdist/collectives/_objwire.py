@@ -8,8 +8,8 @@ the payload itself (layout: eight little-endian int64, then the inline bytes).
 A record is 1 KiB ([`RECORD_BYTES`][hwdist.collectives._objwire.RECORD_BYTES])
 until the group has carried larger objects: every rank sees the same records,
 so every rank sizes the group's next records alike
-([`RecordSize`][hwdist.collectives._objwire.RecordSize]: the smallest power of
-two holding the largest payload of the last 8 exchanges, up to 1 MiB). An
+([`RecordSize`][hwdist.collectives._objwire.RecordSize]: the largest payload
+of the last 8 exchanges, rounded up by at most an eighth, up to 1 MiB). An
 object that fits is done in that one collective; a larger one then moves at
 its exact size. A
 failed rank's record carries its message, so every rank raises the same error,
@@ -147,8 +147,8 @@ class RecordSize:
     """The size of one group's records: the same on every rank, kept in the group's state.
 
     Every rank of an exchange sees the same records, so every rank computes the same next size: the
-    smallest power of two (at least [`RECORD_BYTES`][hwdist.collectives._objwire.RECORD_BYTES]) that
-    holds the largest payload of the last 8 exchanges, counting only payloads up to
+    largest payload of the last 8 exchanges with its header, rounded up to an eighth of the next power
+    of two (at least [`RECORD_BYTES`][hwdist.collectives._objwire.RECORD_BYTES]), counting only payloads up to
     [`MAX_RECORD_BYTES`][hwdist.collectives._objwire.MAX_RECORD_BYTES]. A job that gathers 10 KiB
     objects each step then moves them in one collective; after 8 small calls the records are 1 KiB again.
     """
@@ -169,7 +169,8 @@ class RecordSize:
                 need = n
         self.needs.append(need)
         top = max(self.needs)
-        self.nbytes = 1 << (top - 1).bit_length()
+        step = max(RECORD_BYTES, (1 << (top - 1).bit_length()) // 8)  # at most 1/8 of headroom
+        self.nbytes = -(-top // step) * step
 
 
 def make_record(

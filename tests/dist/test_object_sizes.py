@@ -151,8 +151,9 @@ def test_every_size_arrives_and_a_small_object_is_one_collective(dist, world_siz
         # the rest; the group's records then grow to hold them, so the next calls are one collective
         for op in ("all_gather_object", "gather_object", "broadcast_object_list"):
             assert medium[op] == [2] + [1] * (CALLS - 1), medium
-            assert res[(op, "medium")]["record"] == 8192, res[(op, "medium")]  # 4,000 characters and more
-        assert (res["after_medium"], res["after_small"]) == (8192, 1024)
+            # 4,000 characters and more: the record holds them, with at most an eighth of headroom
+            assert 4096 < res[(op, "medium")]["record"] < 8192, res[(op, "medium")]
+        assert res["after_medium"] == res[("all_gather_object", "medium")]["record"] and res["after_small"] == 1024
         if rank == 0:  # the root gets each other rank's chunk table and chunk, then sends its closing status
             assert medium["collect_results"] == [1 + 2 * (w - 1) + 1] * CALLS, medium
 
