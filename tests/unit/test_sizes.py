@@ -218,3 +218,17 @@ def test_history_lives_in_the_group_state():
     assert _sizes.history(group, "all_gather", ("dst", 0)) is not h
     _state.clear()
     assert _sizes.history(group, "all_gather") is not h
+
+
+def test_group_state_is_one_typed_object_with_declared_fields():
+    """Every per-group cache is a declared field: a misspelt field fails in mypy, not at run time."""
+    import dataclasses
+
+    st = _state.of(None)
+    assert {f.name for f in dataclasses.fields(st)} == {
+        "verify_seq", "all_reduce_dict", "sizes", "gathers", "object_records", "flight", "torch_hooks"
+    }
+    st.sizes[("probe",)] = 1
+    assert _state.of(None) is st
+    _state.clear()
+    assert _state.of(None) is not st and _state.of(None).sizes == {}
