@@ -173,8 +173,8 @@ def all_gather_into_tensor_by_list(
 
     Drop when every backend hwdist drives has the flat form (gloo: torch>=2.2 as the floor).
     """
-    world_size = output.numel() // max(input.numel(), 1)
-    return _dist.all_gather(list(output.view(world_size, -1).unbind(0)), input.reshape(-1), group, async_op)
+    rows = output.view(_dist.get_world_size(group), input.numel())  # the group's size: input may be empty
+    return _dist.all_gather(list(rows.unbind(0)), input.reshape(-1), group, async_op)
 
 
 def register_torch_backend(
