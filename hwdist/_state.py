@@ -38,6 +38,9 @@ class GroupState:
             (``collectives/_gather.py``).
         object_records: the size of the object collectives' records in this group
             (``collectives/_objwire.py``, ``RecordSize``); None before the first object collective.
+        reducers: the ``FlatReducer`` of each small exchange shape hwdist's own agreement uses in
+            this group (``collectives/transport.py``, ``max_and_min``), keyed by driver, length,
+            dtype and device.
         flight: the flight recorder's ``GroupInfo`` (name, ranks, sequence numbers) for this
             group (``flight/recorder.py``); None until the first recorded call.
         torch_hooks: the ``GroupHooks`` through which the recorder sees torch's own
@@ -50,6 +53,7 @@ class GroupState:
     sizes: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     gathers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     object_records: Any = None
+    reducers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     flight: Any = None
     torch_hooks: Any = None
 

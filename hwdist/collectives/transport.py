@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from .. import registry
+from .. import _state, registry
 from ..drivers import tuning as _tuning
 from ..drivers.base import byte_carrier
 from ..drivers.tuning import tuning
@@ -160,7 +160,14 @@ def max_and_min(values: list[int], group: Any, world_size: int, driver: Any) -> 
         return [max(col) for col in zip(*table)], [min(col) for col in zip(*table)]
     buf = torch.tensor(values + [-v for v in values], dtype=torch.int32)
     buf = buf.to(device=driver.comm_device(), dtype=plan.comm_dtype)
-    reduce_buffer(buf, plan.reduce_op or "max", group, world_size, driver)
+    # the group keeps one reducer per buffer shape (agree's exchange of a call site): no route, buffer
+    # or wire call is made again on the next call
+    kept = _state.of(group).reducers
+    key = (driver, buf.numel(), buf.dtype, buf.device)
+    reducer = kept.get(key)
+    if reducer is None or not reducer.current():
+        reducer = kept[key] = FlatReducer(buf, plan.reduce_op or "max", group, world_size, driver)
+    reducer(buf)
     got = [int(x) for x in buf.tolist()]
     n = len(values)
     return got[:n], [-x for x in got[n:]]

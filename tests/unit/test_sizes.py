@@ -226,7 +226,8 @@ def test_group_state_is_one_typed_object_with_declared_fields():
 
     st = _state.of(None)
     assert {f.name for f in dataclasses.fields(st)} == {
-        "verify_seq", "all_reduce_dict", "sizes", "gathers", "object_records", "flight", "torch_hooks"
+        "verify_seq", "all_reduce_dict", "sizes", "gathers", "object_records", "reducers", "flight",
+        "torch_hooks",
     }
     st.sizes[("probe",)] = 1
     assert _state.of(None) is st
