@@ -17,7 +17,7 @@ import torch
 from . import _compat
 from ._plugins import load_plugins, register_or_decorate
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
-from .drivers.startup import torch_reserved
+from .drivers.startup import parse_backend_config, torch_reserved
 from .drivers.base import Driver
 
 __all__ = [
@@ -292,25 +292,6 @@ def _lookup(backend: str, device: Union[str, torch.device, None] = None) -> Driv
         if pair is not None:
             return pair
     return _by_name(key, backend)
-
-
-def parse_backend_config(spec: str) -> dict[str, str]:
-    """torch's ``'DEVICE:BACKEND[,DEVICE:BACKEND...]'`` as ``{device type: backend name}``, in its order.
-
-    Raises:
-        BackendError: ``spec`` is not of that form (says what is wrong).
-    """
-    mapping: dict[str, str] = {}
-    for part in str(spec).lower().split(","):
-        dev, sep, name = (x.strip() for x in part.partition(":"))
-        if not sep or not dev or not name or ":" in name:
-            raise BackendError(
-                f"cannot parse backend string {spec!r}: {part.strip()!r} is not 'DEVICE:BACKEND'"
-            )
-        if dev in mapping:
-            raise BackendError(f"cannot parse backend string {spec!r}: device {dev!r} is named twice")
-        mapping[dev] = name
-    return mapping
 
 
 def _no_tensor_device(mapping: dict[str, str], order: list[str]) -> str:

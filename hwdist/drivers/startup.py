@@ -188,3 +188,22 @@ def _guard_torch_creator(backend: str) -> None:
 
     guarded._hwdist_guarded = True  # type: ignore[attr-defined]
     _compat.replace_torch_backend_creator(backend, guarded)
+
+
+def parse_backend_config(spec: str) -> dict[str, str]:
+    """torch's ``'DEVICE:BACKEND[,DEVICE:BACKEND...]'`` as ``{device type: backend name}``, in its order.
+
+    Raises:
+        BackendError: ``spec`` is not of that form (says what is wrong).
+    """
+    mapping: dict[str, str] = {}
+    for part in str(spec).lower().split(","):
+        dev, sep, name = (x.strip() for x in part.partition(":"))
+        if not sep or not dev or not name or ":" in name:
+            raise BackendError(
+                f"cannot parse backend string {spec!r}: {part.strip()!r} is not 'DEVICE:BACKEND'"
+            )
+        if dev in mapping:
+            raise BackendError(f"cannot parse backend string {spec!r}: device {dev!r} is named twice")
+        mapping[dev] = name
+    return mapping
