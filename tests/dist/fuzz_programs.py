@@ -9,8 +9,8 @@ run on a subgroup. Every value is a small integer (exact in every dtype), made f
 Where torch supports the call (gloo, dtypes and shapes torch takes), the same call through raw
 ``torch.distributed`` must give the same result.
 
-``run_program`` returns the mismatches (empty when the program ran right); the tests are in
-tests/dist/test_fuzz.py.
+``run_program`` returns the mismatches (empty when the program ran right); the tests are
+``test_fuzz`` and ``test_fuzz_long`` in tests/dist/test_tensor_collectives.py.
 """
 
 from __future__ import annotations

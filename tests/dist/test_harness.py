@@ -1,9 +1,14 @@
-"""The harness itself: results come back, failures are reported with every rank's story."""
+"""The harness itself: results come back, failures are reported with every rank's story.
+
+At the end, its security defaults: a private pool directory, loopback-only sockets between the
+ranks, private directories from ``create_tmpdir``.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -171,3 +176,54 @@ def test_a_guarded_call_is_not_taken_for_an_unguarded_one(tmp_path):
                           text=True, timeout=180)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[3.0, 3.0]"
+
+
+# ---------------------------------------------------------------------------
+# security defaults: private directories, loopback only
+# ---------------------------------------------------------------------------
+
+
+def _mode(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_harness_directory_is_private(rank_pools):
+    pool = rank_pools.get(2, "gloo")
+    assert _mode(pool._dir) == 0o700
+
+
+def _sockets_and_dirs(base: str) -> dict:
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    addresses = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[9] in inodes:
+                addresses.append(cols[1].split(":")[0])  # local address, hex
+    made = hwdist.create_tmpdir()
+    given = hwdist.create_tmpdir(tmpdir=os.path.join(base, "given"))
+    modes = [_mode(made), _mode(given)]
+    hwdist.barrier()
+    if hwdist.get_rank() == 0:
+        os.rmdir(made)
+    return {"addresses": addresses, "modes": modes}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/net"), reason="needs /proc/net (Linux)")
+def test_harness_ranks_use_loopback_only_and_dirs_are_private(dist, tmp_path):
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    for r in dist(_sockets_and_dirs, 2, "gloo", str(tmp_path)):
+        assert r["addresses"], "no TCP socket found for the gloo pairs"
+        assert set(r["addresses"]) <= loopback, r["addresses"]
+        assert r["modes"] == [0o700, 0o700]

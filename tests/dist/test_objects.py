@@ -4,13 +4,30 @@ Expected values are built in each rank from rank numbers, never taken from hwdis
 The emulated accelerator 'emu' has ``native_object_collectives = False`` and
 refuses int64 on the wire, so on 'emu' the portable path runs under the
 driver's byte plan; on gloo each check runs once per path ('portable', 'native').
+
+Rows of docs/reliability.md's fault table, at the end: a payload the
+destination cannot decode (refused by the restricted serializer, or failing in
+the unpickler) in ``gather_object`` and ``collect_results`` over the network:
+the destination keeps receiving (drains) and reports the failure in a closing
+status, so no sender waits in ``send``; a dead peer (SIGKILL) in
+``broadcast_object_list``: the rank that noticed posts a notice on the group's
+store (hwdist/collectives/_objwire.py) and every rank waiting in that object
+collective raises ``PeerFailure`` (the destination that leaves, and rank 0
+dying in ``collect_results``, are in test_results.py). Each check measures how
+long each rank took to raise and asserts it is far below the process-group
+timeout. Fault injection: a class whose unpickling raises on the destination,
+and ``os.kill(SIGKILL)``; torch.distributed is never mocked. Big-endian numpy
+arrays keep their byte order through object collectives.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +36,10 @@ import torch.distributed as torch_dist
 
 import hwdist
 from hwdist.collectives import objects as objmod
+from hwdist.testing import RankFailure, run_distributed
 from hwdist.testing.pytest_plugin import backends, world_sizes
+
+from ._faults import FAST, PG_TIMEOUT, notices_need_torch_2_4, read_outcomes, timed, write_outcome
 
 PATHS = ("portable", "native")
 
@@ -412,3 +432,136 @@ def test_object_path_setting_from_the_environment():
     with hwdist.object_path("native") as value:
         assert value == "native" and hwdist.get_object_path() == "native"
     assert hwdist.get_object_path() == "portable"
+
+
+# ---------------------------------------------------------------------------
+# faults: a payload the destination cannot decode; a dead peer (every rank raises fast)
+# ---------------------------------------------------------------------------
+class _NotAllowed:
+    """Picklable by plain pickle; refused by the restricted serializer (not on its allow-list)."""
+
+    def __init__(self, size: int) -> None:
+        self.pad = b"x" * size
+
+
+def _explode_on_rank0(pad: bytes) -> bytes:
+    if hwdist.get_rank() == 0:
+        raise ValueError("this payload cannot be decoded on rank 0")
+    return pad
+
+
+class _FailsToDecode:
+    """Serializes fine; unpickling it on rank 0 raises (a decode error with plain pickle)."""
+
+    def __init__(self, size: int) -> None:
+        self.pad = b"y" * size
+
+    def __reduce__(self) -> Any:
+        return (_explode_on_rank0, (self.pad,))
+
+
+def _undecodable(op: str, size: int, restricted: bool) -> dict:
+    """Rank 1 sends what rank 0 cannot decode; rank 2 (and any other) sends a good payload after it."""
+    rank = hwdist.get_rank()
+    if rank == 1:
+        bad: Any = _NotAllowed(size) if restricted else _FailsToDecode(size)
+    else:
+        bad = {"rank": rank, "pad": np.zeros(max(1, size // 8))}
+    ser = hwdist.RestrictedPickleSerializer() if restricted and rank == 0 else None
+    if op == "gather_object":
+        outcome = timed(lambda: hwdist.gather_object(bad, dst=0, serializer=ser))
+    else:
+        outcome = timed(lambda: hwdist.collect_results([bad], hwdist.get_world_size(), serializer=ser))
+    # the group is still in step and usable
+    t = torch.ones(1)
+    hwdist.all_reduce(t)
+    return {"outcome": outcome, "after": t.item()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("op", ["gather_object", "collect_results"])
+def test_undecodable_payload_raises_on_every_rank_fast(dist, backend, op):
+    ws = 3
+    # big payloads travel point to point after the record exchange (over 1 MiB in all), mid-size ones
+    # in one padded all_gather, small ones ride in it
+    for size, restricted in ((200_000, True), (100, True), (400_000, False)):
+        results = dist(_undecodable, ws, backend, op, size, restricted)
+        kind0, msg0, secs0 = results[0]["outcome"]
+        if restricted:
+            assert kind0 == "UnpicklingRefused" and "_NotAllowed" in msg0, results[0]
+        else:
+            assert kind0 == "ValueError" and "cannot be decoded on rank 0" in msg0, results[0]
+        for rank in range(1, ws):
+            kind, msg, secs = results[rank]["outcome"]
+            assert kind == "ObjectCollectiveError", (size, restricted, rank, results[rank])
+            assert "failed on rank(s) 0: rank 0: could not decode the object from rank 1" in msg, msg
+            assert secs < FAST, (rank, secs)
+        assert secs0 < FAST
+        assert all(r["after"] == ws for r in results)
+
+
+def _bcast_with_dead_peer(outdir: str) -> None:
+    """Rank 2 dies; src 0 and rank 1 broadcast a large object (it moves after the record)."""
+    hwdist.barrier()
+    if hwdist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    data = [np.arange(100_000)] if hwdist.get_rank() == 0 else [None]
+    write_outcome(outdir, timed(lambda: hwdist.broadcast_object_list(data, src=0)))
+
+
+@pytest.mark.slow
+@notices_need_torch_2_4
+def test_dead_peer_in_broadcast_object_list_every_survivor_raises_fast(tmp_path):
+    with pytest.raises(RankFailure, match="root cause: rank 2 died"):
+        run_distributed(_bcast_with_dead_peer, 3, "gloo", str(tmp_path), pg_timeout=PG_TIMEOUT, timeout=90)
+    got = read_outcomes(tmp_path, (0, 1))
+    assert got.keys() == {0, 1}, got  # both survivors raised before the harness's 1.5 s grace ran out
+    for rank, (kind, msg, secs) in got.items():
+        assert kind != "no error" and secs < FAST, (rank, kind, msg, secs)
+    # rank 0 saw the broken connection; rank 1, waiting on rank 0, learnt it from rank 0's notice
+    assert got[1][0] == "PeerFailure" and "failed on rank 0 of this group" in got[1][1], got[1]
+
+
+# ---------------------------------------------------------------------------
+# object round trips keep the dtype, byte order included
+# ---------------------------------------------------------------------------
+def _arrays(rank: int) -> dict[str, np.ndarray]:
+    return {
+        "1d >i4": np.arange(3, dtype=">i4") + rank,
+        "2d >f8": np.arange(6, dtype=">f8").reshape(2, 3) + rank,
+        "transposed >f8": (np.arange(6, dtype=">f8").reshape(2, 3) + rank).T,
+        "0-d >i4": np.array(5 + rank, dtype=">i4"),
+        "0-d >f8": np.array(0.5 + rank, dtype=">f8"),
+        "empty >f8": np.empty(0, dtype=">f8"),
+        "empty 2d >i4": np.empty((0, 2), dtype=">i4"),
+        "large >i4": np.arange(40_000, dtype=">i4") + rank,
+        "record": np.array([(rank, 1.5)], dtype=[("a", ">i4"), ("b", "<f8")]),
+        "native 2d": np.arange(6, dtype="<i4").reshape(3, 2) + rank,
+    }
+
+
+def check_byte_orders() -> dict:
+    r = hwdist.get_rank()
+    out = {}
+    for name, ser in (("default", None), ("restricted", hwdist.RestrictedPickleSerializer())):
+        got = hwdist.all_gather_object(_arrays(r), serializer=ser)
+        box = [_arrays(r)]
+        hwdist.broadcast_object_list(box, src=0, serializer=ser)
+        out[name] = [
+            {k: (a.dtype.descr, a.shape, a.tolist()) for k, a in d.items()} for d in got + box
+        ]
+    return out
+
+
+@pytest.mark.parametrize("combo", [(2, "gloo"), (3, "gloo"), (3, "emu")], ids=["2-gloo", "3-gloo", "3-emu"])
+def test_object_round_trips_keep_byte_order(dist, combo):
+    ws, backend = combo
+
+    def described(rank: int) -> dict:
+        return {k: (a.dtype.descr, a.shape, a.tolist()) for k, a in _arrays(rank).items()}
+
+    want = [described(q) for q in range(ws)] + [described(0)]
+    for res in dist(check_byte_orders, ws, backend):
+        assert res["default"] == want
+        assert res["restricted"] == want

@@ -2,19 +2,37 @@
 
 Expected orders are computed from the interleaved sampler rule (item i is on
 rank i % W at position i // W), independently of hwdist.
+
+Rows of docs/reliability.md's fault table, at the end: the destination of
+``gather_object`` / ``collect_results`` that leaves in the middle and stays alive
+(a ``KeyboardInterrupt`` while decoding), rank 0 killed in ``collect_results``
+(over the network, or through ``tmpdir`` while reading the parts) and a rank
+killed half-way through writing its part: every survivor raises within seconds,
+far below the process-group timeout, and the survivors of
+``collect_results(tmpdir=...)`` remove their part files and the working
+directory. Fault injection: ``os.kill(SIGKILL)`` from a patched hwdist-internal
+``_objwire.Link.recv`` / ``results._read_part`` / ``results._write_part`` in one
+rank, and a class whose unpickling raises; torch.distributed is never mocked.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import stat
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 import hwdist
 from hwdist.collectives import results as resmod
+from hwdist.testing import RankFailure, run_distributed
 from hwdist.testing.pytest_plugin import backends, world_sizes
+
+from ._faults import FAST, PG_TIMEOUT, notices_need_torch_2_4, read_outcomes, timed, write_outcome
 
 # Under `mpiexec ... -m hwdist.testing.mpi_suite` every rank runs its own pytest
 # session, so pytest's tmp_path differs per rank: it is not a shared directory.
@@ -245,3 +263,142 @@ def test_interleave_matches_the_sampler_rule():
             parts = [list(range(r, n, world)) for r in range(world)]
             assert resmod._interleave(parts, n) == list(range(n))
             assert resmod._interleave(parts, max(0, n - 2)) == list(range(max(0, n - 2)))
+
+
+# ---------------------------------------------------------------------------
+# faults: the destination leaves or dies, a rank dies while writing (survivors raise fast)
+# ---------------------------------------------------------------------------
+def _explode(pad: bytes) -> bytes:
+    if hwdist.get_rank() == 0:
+        raise KeyboardInterrupt("interrupted while decoding")
+    return pad
+
+
+class _Interrupts:
+    """Unpickling it on rank 0 raises KeyboardInterrupt: rank 0 leaves in the middle and stays alive."""
+
+    def __init__(self, size: int) -> None:
+        self.pad = b"z" * size
+
+    def __reduce__(self) -> Any:
+        return (_explode, (self.pad,))
+
+
+def _rank0_leaves(op: str) -> list:
+    rank = hwdist.get_rank()
+    # over 1 MiB in all: the payloads move point to point, so the senders wait on rank 0
+    obj: Any = _Interrupts(400_000) if rank == 1 else {"rank": rank, "pad": np.zeros(50_000)}
+    start = time.monotonic()
+    try:
+        if op == "gather_object":
+            hwdist.gather_object(obj, dst=0)
+        else:
+            hwdist.collect_results([obj], 3)
+    except BaseException as exc:  # noqa: BLE001 (KeyboardInterrupt on rank 0 is the point)
+        return [type(exc).__name__, str(exc)[:400], time.monotonic() - start]
+    return ["no error", "", time.monotonic() - start]
+
+
+@pytest.mark.slow
+@notices_need_torch_2_4
+@pytest.mark.parametrize("op", ["gather_object", "collect_results"])
+def test_destination_that_leaves_in_the_middle_makes_every_sender_raise_fast(op):
+    res = run_distributed(_rank0_leaves, 3, "gloo", op, pg_timeout=PG_TIMEOUT, timeout=90)
+    assert res[0][0] == "KeyboardInterrupt", res[0]
+    for rank in (1, 2):  # rank 2 was still sending (or about to) when rank 0 left
+        kind, msg, secs = res[rank]
+        assert kind == "PeerFailure" and "KeyboardInterrupt while decoding the object from rank 1" in msg, (
+            res[rank]
+        )
+        assert secs < FAST, (rank, secs)
+
+
+def _collect_then_rank0_dies(outdir: str, tmpdir: str, where: str) -> None:
+    from hwdist.collectives import _objwire
+    from hwdist.collectives import results as resmod
+
+    if hwdist.get_rank() == 0:
+
+        def die(*args: Any, **kwargs: Any) -> Any:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        if where == "reading":
+            resmod._read_part = die  # the parts are written; rank 0 dies reading them
+        else:
+            _objwire.Link.recv = die  # over the network: dies at its first receive
+    part = [{"rank": hwdist.get_rank(), "pad": np.zeros(50_000)}]
+    write_outcome(outdir, timed(lambda: hwdist.collect_results(part, 3, tmpdir=tmpdir or None)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["reading", "network"])
+def test_rank0_dies_in_collect_results_survivors_raise_fast_and_clean_up(tmp_path, where):
+    outdir, collect = tmp_path / "out", tmp_path / "collect"
+    outdir.mkdir()
+    tmpdir = str(collect) if where == "reading" else ""
+    with pytest.raises(RankFailure, match="root cause: rank 0 died"):
+        run_distributed(
+            _collect_then_rank0_dies, 3, "gloo", str(outdir), tmpdir, where, pg_timeout=PG_TIMEOUT, timeout=90
+        )
+    got = read_outcomes(outdir, (1, 2))
+    assert got.keys() == {1, 2}, got
+    for rank, (kind, msg, secs) in got.items():
+        assert kind != "no error" and secs < FAST, (rank, kind, msg, secs)
+    if where == "reading":  # the survivors removed their parts and rank 0's working directory
+        assert [p for p in collect.rglob("*")] == [], list(collect.rglob("*"))
+
+
+def _die_while_writing(outdir: str, tmpdir: str) -> None:
+    rank = hwdist.get_rank()
+    if rank == 1:
+        original = resmod._write_part
+
+        def write_half_then_die(path: str, frames: list) -> None:
+            with open(f"{path}.tmp-{os.getpid()}", "wb") as fh:  # the same temporary name as the real one
+                data = frames[0].to_numpy()
+                fh.write(memoryview(data[: data.size // 2]))
+                fh.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        resmod._write_part = write_half_then_die
+    start = time.monotonic()
+    try:
+        hwdist.collect_results([{"i": rank, "pad": np.zeros(50_000)}], 3, tmpdir=tmpdir)
+    except Exception as exc:  # noqa: BLE001
+        write_outcome(outdir, [type(exc).__name__, str(exc)[:300], time.monotonic() - start])
+        raise
+    finally:
+        if rank == 1:
+            resmod._write_part = original
+    write_outcome(outdir, ["no error", "", time.monotonic() - start])
+
+
+@pytest.mark.slow
+def test_rank_killed_while_writing_results(tmp_path):
+    outdir, collect = tmp_path / "out", tmp_path / "collect"
+    outdir.mkdir()
+    with pytest.raises(RankFailure) as info:
+        run_distributed(_die_while_writing, 3, "gloo", str(outdir), str(collect), pg_timeout=30, timeout=60)
+    text = str(info.value)
+    # the harness names the dead rank first
+    assert "root cause: rank 1 died: died: killed by signal SIGKILL" in text
+    assert text.index("===== rank 1: died") < min(
+        text.index(f"===== rank {r}:") if f"===== rank {r}:" in text else len(text) for r in (0, 2)
+    )
+    # the survivors failed by themselves, fast (well within the 30 s process-group timeout)
+    for rank in (0, 2):
+        kind, msg, waited = json.loads((outdir / f"outcome{rank}.json").read_text())
+        assert kind != "no error" and waited < 10, (rank, kind, msg, waited)
+    # no partial result file (nor anything else) left behind: rank 0 removed its working directory
+    assert not collect.exists() or [p for p in collect.rglob("*")] == []
+
+
+def _mode(path: str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.slow
+def test_collect_results_directories_are_private(tmp_path):
+    made = hwdist.create_tmpdir(tmpdir=str(tmp_path / "new"))
+    assert _mode(made) == 0o700
+    assert resmod._PRIVATE == 0o700

@@ -1,8 +1,16 @@
-"""Verification mode: mismatched calls raise on every rank, listing each rank's value."""
+"""Verification mode: mismatched calls raise on every rank, listing each rank's value.
+
+The mode on every collective (one case per public collective), its cost when off (never
+reaching the check) and the ``HWDIST_DEBUG`` switch; the protocol's own cases (a barrier, a
+skipped call with the same signature) come first.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -116,3 +124,176 @@ def test_a_skipped_call_with_the_same_signature_raises_on_every_rank(dist, backe
         assert res["after"] == ws
     # the control: without call sites the skipping rank silently gets the wrong sum (1 + 1 + 100)
     assert results[1]["b_without_call_sites"] == [102.0, 102.0]
+
+
+# ---------------------------------------------------------------------------
+# verification mode: a mismatch in any collective raises on every rank, naming each rank's value
+# ---------------------------------------------------------------------------
+
+
+def _catch(fn: Callable[[], Any]) -> tuple[str, str]:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__ + ("+ValueError" if isinstance(exc, ValueError) else ""), str(exc)
+    return "none", ""
+
+
+def _odd(rank: int, normal: Any, odd: Any) -> Any:
+    """Rank 1's value is ``odd``, every other rank's ``normal``."""
+    return odd if rank == 1 else normal
+
+
+def _verification_cases() -> dict[str, tuple[str, str]]:
+    rank, ws = hwdist.get_rank(), hwdist.get_world_size()
+    f32 = torch.float32
+    out: dict[str, tuple[str, str]] = {}
+    with hwdist.verification():
+        # matching calls work as usual (and the uneven all_gather still may differ in shape)
+        t = torch.full((2,), float(rank + 1))
+        hwdist.all_reduce(t)
+        got = hwdist.all_gather(torch.arange(rank + 1.0))
+        d = {"b": torch.tensor(1.0), "a": torch.tensor([float(rank)])}
+        hwdist.all_reduce_dict(d)
+        objs = hwdist.all_gather_object({"r": rank})
+        assert t.tolist() == [ws * (ws + 1) / 2] * 2
+        assert [g.tolist() for g in got] == [list(map(float, range(r + 1))) for r in range(ws)]
+        assert d["b"].item() == ws and d["a"].item() == sum(range(ws))
+        assert objs == [{"r": r} for r in range(ws)]
+        cases: dict[str, Callable[[], Any]] = {
+            "all_reduce dtype": lambda: hwdist.all_reduce(
+                torch.zeros(4, 3, dtype=_odd(rank, f32, torch.float64))
+            ),
+            "all_reduce shape": lambda: hwdist.all_reduce(torch.zeros(_odd(rank, 4, 5))),
+            "all_reduce op": lambda: hwdist.all_reduce(torch.zeros(2), op=_odd(rank, "sum", "max")),
+            "all_reduce non-tensor": lambda: hwdist.all_reduce(_odd(rank, torch.zeros(2), [0.0, 0.0])),
+            "all_gather dtype": lambda: hwdist.all_gather(torch.zeros(2, dtype=_odd(rank, f32, torch.int32))),
+            "all_gather same_shape": lambda: hwdist.all_gather(
+                torch.zeros(_odd(rank, 2, 3)), same_shape=True
+            ),
+            "gather dst": lambda: hwdist.gather(torch.zeros(2), dst=_odd(rank, 0, 1)),
+            "broadcast shape": lambda: hwdist.broadcast(torch.zeros(_odd(rank, 2, 3))),
+            "broadcast src": lambda: hwdist.broadcast(torch.zeros(2), src=_odd(rank, 0, 1)),
+            "reduce dst": lambda: hwdist.reduce(torch.zeros(2), dst=_odd(rank, 0, 1)),
+            "scatter shape": lambda: hwdist.scatter(
+                torch.zeros(_odd(rank, 2, 3)), [torch.zeros(2)] * ws if rank == 0 else None
+            ),
+            "reduce_scatter shape": lambda: hwdist.reduce_scatter(
+                torch.zeros(_odd(rank, 2, 1)), [torch.ones(_odd(rank, 2, 1))] * ws
+            ),
+            "all_to_all sizes": lambda: hwdist.all_to_all(
+                [torch.zeros(1) for _ in range(ws)], [torch.zeros(_odd(rank, 1, 2)) for _ in range(ws)]
+            ),
+            "different collectives": lambda: (
+                hwdist.broadcast(torch.zeros(2)) if rank == 1 else hwdist.all_reduce(torch.zeros(2))
+            ),
+            "tensor vs object collective": lambda: (
+                hwdist.all_gather_object(rank) if rank == 1 else hwdist.all_reduce(torch.zeros(2))
+            ),
+            "all_reduce_dict keys": lambda: hwdist.all_reduce_dict(
+                {"a": torch.ones(2), **({"c": torch.ones(1)} if rank == 1 else {})}
+            ),
+            "all_reduce_dict shape": lambda: hwdist.all_reduce_dict(
+                {"a": torch.ones(_odd(rank, 2, 3))}, verify=False
+            ),
+            "all_reduce_params": lambda: hwdist.all_reduce_params(
+                [torch.ones(3), torch.ones(_odd(rank, 2, 4))]
+            ),
+            "broadcast_object_list src": lambda: hwdist.broadcast_object_list([rank], src=_odd(rank, 0, 1)),
+            # a non-source rank's bad data: only verification mode makes every rank raise
+            # (one broadcast otherwise)
+            "broadcast_object_list data": lambda: hwdist.broadcast_object_list(
+                "x" if rank == 1 else [rank], src=0
+            ),
+            "collect_results size": lambda: hwdist.collect_results([rank], _odd(rank, ws, ws + 1)),
+        }
+        for name, case in cases.items():
+            out[name] = _catch(case)
+        # the group is healthy afterwards, still in verification mode
+        t = torch.ones(1)
+        hwdist.all_reduce(t)
+        assert t.item() == ws
+    return out
+
+
+def _ranks(field: str, normal: str, odd: str, ws: int) -> str:
+    return f"{field}: " + "; ".join(f"rank {r}: {odd if r == 1 else normal}" for r in range(ws))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", one_backend())
+def test_verification_mode_catches_mismatches_in_every_collective(dist, backend):
+    ws = 3
+    per_rank = dist(_verification_cases, ws, backend)
+    expect = {
+        "all_reduce dtype": _ranks("data", "float32[4, 3]@cpu", "float64[4, 3]@cpu", ws),
+        "all_reduce shape": _ranks("data", "float32[4]@cpu", "float32[5]@cpu", ws),
+        "all_reduce op": _ranks("reduce_op", "sum", "max", ws),
+        "all_reduce non-tensor": _ranks("data", "float32[2]@cpu", "list", ws),
+        "all_gather dtype": _ranks("data", "float32@cpu", "int32@cpu", ws),
+        "all_gather same_shape": _ranks("data", "float32[2]@cpu", "float32[3]@cpu", ws),
+        "gather dst": _ranks("dst", "0", "1", ws),
+        "broadcast shape": _ranks("data", "float32[2]@cpu", "float32[3]@cpu", ws),
+        "broadcast src": _ranks("src", "0", "1", ws),
+        "reduce dst": _ranks("dst", "0", "1", ws),
+        "scatter shape": _ranks("data", "float32[2]@cpu", "float32[3]@cpu", ws),
+        "reduce_scatter shape": _ranks("output", "float32[2]@cpu", "float32[1]@cpu", ws),
+        "all_to_all sizes": "rank 1 sends 2 elements to rank 0, which expects 1",
+        "different collectives": _ranks("op", "all_reduce", "broadcast", ws),
+        "tensor vs object collective": _ranks("op", "all_reduce", "all_gather_object", ws),
+        "all_reduce_dict keys": _ranks("data['c']", "(missing)", "float32[1]@cpu", ws),
+        "all_reduce_dict shape": _ranks("data['a']", "float32[2]@cpu", "float32[3]@cpu", ws),
+        "all_reduce_params": _ranks("params[1]", "float32[2]@cpu", "float32[4]@cpu", ws),
+        "broadcast_object_list src": _ranks("src", "0", "1", ws),
+        "broadcast_object_list data": _ranks("data_is_list", "True", "False", ws),
+        "collect_results size": _ranks("size", str(ws), str(ws + 1), ws),
+    }
+    for rank, got in enumerate(per_rank):
+        assert set(got) == set(expect)
+        for name, text in expect.items():
+            kind, msg = got[name]
+            assert kind.endswith("+ValueError"), (rank, name, kind, msg)
+            assert text in msg, (rank, name, msg)
+            if name != "all_to_all sizes":  # on 'emu' that one is the emulated path's own ValueError
+                assert kind.startswith("CollectiveMismatch") and "verification mode" in msg, (rank, name, msg)
+
+
+def _cost_when_off() -> list:
+    # with the mode off, check_call is never reached: a collective's call count of it stays 0
+    calls = []
+    original = verify.check_call
+    verify.check_call = lambda *a, **k: calls.append(a[0])  # type: ignore[assignment]
+    try:
+        t = torch.ones(2)
+        hwdist.all_reduce(t)
+        hwdist.broadcast(t)
+        hwdist.all_gather(t)
+        hwdist.all_reduce_dict({"a": t})
+        hwdist.all_gather_object(1)
+        hwdist.collect_results([1], 2)
+        off = len(calls)
+        with hwdist.verification():
+            hwdist.all_reduce(t)
+            hwdist.all_gather_object(1)
+    finally:
+        verify.check_call = original  # type: ignore[assignment]
+    return [off, calls]
+
+
+@pytest.mark.slow
+def test_verification_mode_off_never_reaches_the_check(dist):
+    # (spying on hwdist's own verify.check_call, not on torch.distributed)
+    for off, calls in dist(_cost_when_off, 2, "gloo"):
+        assert off == 0
+        assert calls == ["all_reduce", "all_gather_object"]
+
+
+@pytest.mark.slow
+def test_env_variable_switches_verification_on():
+    code = "import hwdist, sys; sys.exit(0 if hwdist.verification_enabled() else 3)"
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, HWDIST_DEBUG="1", PYTHONPATH=root)
+    # (the other values, "0" etc.: test_env_flag_parsing)
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0

@@ -1,4 +1,4 @@
-"""Legal but unusual inputs on real ranks: odd strides, overflowing integer means, byte orders.
+"""Tensor collectives on real ranks with legal but unusual inputs: odd strides, integer means.
 
 * Tensors torch calls contiguous whose flat view has a stride other than 1 (``x[:, 0]`` with a
   batch of one: shape ``(1,)``, stride ``(4,)``; an empty ``torch.from_numpy`` array: stride 0),
@@ -9,14 +9,12 @@
   timeout.
 * An integer ``'mean'`` whose sum overflows its dtype is exact (int32 sums in a wider type, int64
   as quotients and remainders).
-* Big-endian numpy arrays keep their dtype through object collectives (default and restricted
-  serializer).
 * ``reduce_scatter`` of an empty complex tensor on the emulated accelerator returns on every rank.
-* ``all_reduce_dict`` with a value that has no lossless plan raises ``hwdist.PlanError`` on every
-  rank, verified or not.
 
 Every rank recomputes what each rank gave from the rank numbers and returns its mismatches; the
-parent asserts there are none. Each case is a row of the fault table in docs/reliability.md.
+parent asserts there are none. Each case is a row of the fault table in docs/reliability.md; the
+byte orders of numpy arrays in object collectives are in test_objects.py, ``all_reduce_dict``'s
+``PlanError`` in test_params.py.
 """
 
 from __future__ import annotations
@@ -293,51 +291,7 @@ def test_integer_mean_does_not_overflow(dist, combo):
 
 
 # ---------------------------------------------------------------------------
-# object round trips keep the dtype, byte order included
-# ---------------------------------------------------------------------------
-def _arrays(rank: int) -> dict[str, np.ndarray]:
-    return {
-        "1d >i4": np.arange(3, dtype=">i4") + rank,
-        "2d >f8": np.arange(6, dtype=">f8").reshape(2, 3) + rank,
-        "transposed >f8": (np.arange(6, dtype=">f8").reshape(2, 3) + rank).T,
-        "0-d >i4": np.array(5 + rank, dtype=">i4"),
-        "0-d >f8": np.array(0.5 + rank, dtype=">f8"),
-        "empty >f8": np.empty(0, dtype=">f8"),
-        "empty 2d >i4": np.empty((0, 2), dtype=">i4"),
-        "large >i4": np.arange(40_000, dtype=">i4") + rank,
-        "record": np.array([(rank, 1.5)], dtype=[("a", ">i4"), ("b", "<f8")]),
-        "native 2d": np.arange(6, dtype="<i4").reshape(3, 2) + rank,
-    }
-
-
-def check_byte_orders() -> dict:
-    r = hwdist.get_rank()
-    out = {}
-    for name, ser in (("default", None), ("restricted", hwdist.RestrictedPickleSerializer())):
-        got = hwdist.all_gather_object(_arrays(r), serializer=ser)
-        box = [_arrays(r)]
-        hwdist.broadcast_object_list(box, src=0, serializer=ser)
-        out[name] = [
-            {k: (a.dtype.descr, a.shape, a.tolist()) for k, a in d.items()} for d in got + box
-        ]
-    return out
-
-
-@pytest.mark.parametrize("combo", COMBOS[:2] + COMBOS[3:], ids=IDS[:2] + IDS[3:])
-def test_object_round_trips_keep_byte_order(dist, combo):
-    ws, backend = combo
-
-    def described(rank: int) -> dict:
-        return {k: (a.dtype.descr, a.shape, a.tolist()) for k, a in _arrays(rank).items()}
-
-    want = [described(q) for q in range(ws)] + [described(0)]
-    for res in dist(check_byte_orders, ws, backend):
-        assert res["default"] == want
-        assert res["restricted"] == want
-
-
-# ---------------------------------------------------------------------------
-# the emulated accelerator: reduce_scatter of an empty complex tensor; errors of all_reduce_dict
+# the emulated accelerator: reduce_scatter of an empty complex tensor
 # ---------------------------------------------------------------------------
 def check_empty_complex_reduce_scatter() -> dict:
     ws = hwdist.get_world_size()
@@ -359,43 +313,3 @@ def test_empty_complex_reduce_scatter(dist, combo):
     for res in dist(check_empty_complex_reduce_scatter, ws, backend):
         for name, got in res.items():
             assert got in (torch.Size([0]), torch.Size([0, 2])), (name, got)
-
-
-def check_dict_plan_errors() -> dict:
-    out = {}
-    for verify in (True, False):
-        start = time.monotonic()
-        # bitwise ops have no plan on floats on any backend; emu also has no int64 reduction
-        try:
-            hwdist.all_reduce_dict({"a": torch.ones(2), "b": torch.ones(1)}, "band", verify=verify)
-        except Exception as exc:  # the type is what the test checks
-            out[f"band {verify}"] = (type(exc).__name__, isinstance(exc, hwdist.PlanError), str(exc))
-        if hwdist.get_backend() == "emu":
-            out[f"int64 mean {verify}"] = capture_error(
-                hwdist.all_reduce_dict, {"n": torch.ones(2, dtype=torch.int64)}, "mean", verify=verify
-            )
-        out[f"took {verify}"] = time.monotonic() - start
-    try:
-        hwdist.all_reduce(torch.ones(2), "band")
-    except Exception as exc:
-        out["all_reduce"] = type(exc).__name__
-    hwdist.all_reduce_dict({"a": torch.ones(1)})  # the group still works
-    return out
-
-
-@pytest.mark.parametrize("combo", COMBOS, ids=IDS)
-def test_all_reduce_dict_raises_plan_error(dist, combo):
-    ws, backend = combo
-    results = dist(check_dict_plan_errors, ws, backend)
-    for res in results:
-        assert res["all_reduce"] == "PlanError"
-        for verify in (True, False):
-            kind, is_plan_error, text = res[f"band {verify}"]
-            assert kind == "PlanError" and is_plan_error, res
-            assert text.startswith("all_reduce_dict: ") and "bitwise ops need an integer" in text
-            if backend == "emu":
-                assert res[f"int64 mean {verify}"][0] == "PlanError"
-            assert res[f"took {verify}"] < FAST
-        assert {k: v for k, v in res.items() if "took" not in k} == {
-            k: v for k, v in results[0].items() if "took" not in k
-        }
