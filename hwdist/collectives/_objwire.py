@@ -208,11 +208,20 @@ def payload_record(
     opcode: int, frame: Frame, root: int = -1, token: int = 0, inline_max: int = INLINE_BYTES
 ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """The record of ``frame`` (inline up to ``inline_max`` bytes: the group's
-    ``Link.inline_bytes``) and the frame's bytes when they travel separately."""
-    data = frame.to_numpy()
-    if frame.nbytes <= inline_max:
-        return make_record(opcode, total=frame.nbytes, root=root, token=token, inline=data), None
-    return make_record(opcode, total=frame.nbytes, root=root, token=token), data
+    ``Link.inline_bytes``) and the frame's bytes when they travel separately.
+
+    An inline frame is written straight into a record of the group's size (``inline_max`` plus the
+    header), which ``Link`` then sends as it is: the payload is copied once.
+    """
+    n = frame.nbytes
+    if n <= inline_max:
+        rec = np.empty(max(RECORD_BYTES, _HEAD + inline_max), dtype=np.uint8)
+        head = np.array([RECORD_MAGIC, OK, n, 0, root, opcode, token, n], dtype="<i8")
+        rec[:_HEAD] = head.view(np.uint8)
+        frame.write_into(rec[_HEAD:])
+        rec[_HEAD + n :] = 0
+        return rec, None
+    return make_record(opcode, total=n, root=root, token=token), frame.to_numpy()
 
 
 def parse_rows(rows: np.ndarray) -> list[Record]:
@@ -316,6 +325,22 @@ class Link:
     def all_gather(self, data: np.ndarray) -> np.ndarray:
         """All-gather ``data`` (uint8, the same size on every rank) -> array of shape (world, n)."""
         return self._call(transport.gather_rows, data)
+
+    def gather(self, data: np.ndarray, root: int) -> Optional[list[np.ndarray]]:
+        """Gather ``data`` (uint8, the same size on every rank) on group rank ``root``: one array per rank
+        there, None elsewhere. Only where ``gathers`` is True."""
+        return self._call(transport.gather_rows_to, data, self.global_rank(root))
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the driver issues gather itself (a gather to one rank moves each payload once)."""
+        return transport.gathers(self.driver)
+
+    def cap_records(self, nbytes: int) -> None:
+        """Use records of at most ``nbytes`` in this call (every rank caps alike: the size is the group's)."""
+        if self.record_bytes > nbytes:
+            self.record_bytes = nbytes
+            self.inline_bytes = nbytes - _HEAD
 
     def broadcast(self, data: Optional[np.ndarray], n: int, src: int) -> np.ndarray:
         """Broadcast ``n`` bytes from group rank ``src``; ``data`` is used on ``src`` only."""

@@ -20,7 +20,7 @@ wrong there. The rank whose input was bad raises its own exception.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import torch.distributed as torch_dist
 
@@ -28,7 +28,7 @@ from .. import registry
 from ..errors import CollectiveArgumentError
 from . import transport
 
-__all__ = ["Agreement", "agree", "Raiser"]
+__all__ = ["Agreement", "agree", "raise_together", "Raiser"]
 
 #: What ``agree(raise_as=...)`` calls on every rank on the error path: ``(this rank's own problem or
 #: None, {rank: (exception type name, message)} of every rank that gave one)`` -> the exception to raise.
@@ -98,20 +98,35 @@ def agree(
     driver = driver if driver is not None else registry.resolve(group)
     highest, lowest = transport.max_and_min(mine, group, torch_dist.get_world_size(group), driver)
     if highest[0]:
-        first = -highest[1]
-        texts = transport.gather_bytes(
-            f"{type(problem).__name__}: {problem}".encode() if bad else b"", group, driver
-        )
-        if raise_as is not None:
-            failures = {r: t.decode(errors="replace").partition(": ") for r, t in enumerate(texts) if t}
-            raise raise_as(problem, {r: (kind, msg) for r, (kind, _, msg) in failures.items()})
-        if problem is not None:
-            raise problem
-        raise CollectiveArgumentError(
-            f"{fn}: rank {first} was given invalid arguments ({texts[first].decode(errors='replace')});"
-            f" rank {me} raises too so that no rank waits forever",
-            {r: t.decode(errors="replace") for r, t in enumerate(texts) if t},
-        )
+        raise_together(fn, group, problem, driver=driver, raise_as=raise_as)
     hi, lo = tuple(highest[3:]), tuple(lowest[3:])
     return Agreement(flag=highest[2], same=hi == lo, highest=hi, lowest=lo)
+
+
+def raise_together(
+    fn: str,
+    group: Any,
+    problem: Optional[BaseException],
+    *,
+    driver: Any = None,
+    raise_as: Optional[Raiser] = None,
+) -> NoReturn:
+    """The error path of [`agree`][hwdist.collectives.consensus.agree], for a caller that already knows
+    (from an exchange of its own) that some rank of ``group`` had a problem: every rank sends its
+    message (one small exchange of sizes, one of bytes) and raises. Arguments as ``agree``'s."""
+    driver = driver if driver is not None else registry.resolve(group)
+    texts = transport.gather_bytes(
+        f"{type(problem).__name__}: {problem}".encode() if problem is not None else b"", group, driver
+    )
+    if raise_as is not None:
+        failures = {r: t.decode(errors="replace").partition(": ") for r, t in enumerate(texts) if t}
+        raise raise_as(problem, {r: (kind, msg) for r, (kind, _, msg) in failures.items()})
+    if problem is not None:
+        raise problem
+    first = next(r for r, t in enumerate(texts) if t)
+    raise CollectiveArgumentError(
+        f"{fn}: rank {first} was given invalid arguments ({texts[first].decode(errors='replace')});"
+        f" rank {torch_dist.get_rank(group)} raises too so that no rank waits forever",
+        {r: t.decode(errors="replace") for r, t in enumerate(texts) if t},
+    )
 

@@ -12,7 +12,9 @@ Every call takes one of two paths, the same on every rank:
   instead of hanging in the next collective. Larger payloads then move at
   their exact size: one padded all_gather when several ranks are large and
   the total stays under ``PADDED_ALL_GATHER_LIMIT``, else one broadcast per
-  large rank (``gather_object``: point to point to the root). ``scatter_object_list``
+  large rank. ``gather_object`` moves them to the root only: one padded gather
+  (where the driver has gather; up to ``GATHER_LIMIT`` in all), else point to
+  point; its records stop growing at ``GATHER_RECORD_BYTES``. ``scatter_object_list``
   agrees on its arguments first (the agreement primitive,
   ``consensus.agree``), then broadcasts ``src``'s record. Bytes move through
   hwdist's internal transport (`_objwire`, `transport`), in the byte dtype the
@@ -63,7 +65,7 @@ from . import serialization as _ser
 from .consensus import agree
 from .call_entry import collective
 from .engine import check
-from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure
+from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure, RECORD_BYTES
 from ._objwire import Link, arg_error, check_root, closing_status, decode, failure_record, make_record
 from ._objwire import may_refuse, payload_record, raise_failures, serialize, world_size
 from .serialization import Frame, MapLocation, Serializer
@@ -95,6 +97,13 @@ __all__ = [
 #: Above this many bytes in all, an all_gather moves each rank's payload by broadcast
 #: (exact sizes) instead of one padded all_gather.
 PADDED_ALL_GATHER_LIMIT = 1 << 20
+#: The largest record of ``gather_object`` where the driver has gather: a record all_gather moves every
+#: payload to every rank, which costs more than a gather to the root above about this size (measured:
+#: docs/objects.md); the group's larger objects then go with 1 KiB records and one gather.
+GATHER_RECORD_BYTES = 384 << 10
+#: Above this many bytes in all (largest payload times ranks), ``gather_object`` sends each payload
+#: point to point at its exact size instead of one padded gather.
+GATHER_LIMIT = 2 << 20
 
 # ---- path selection ----------------------------------------------------------------------
 
@@ -167,10 +176,15 @@ def _native(driver: Any, map_location: MapLocation, serializer: Optional[Seriali
 
 
 def _padded(own: Optional[np.ndarray], width: int) -> np.ndarray:
-    """``own`` (None: nothing) zero-padded to ``width`` bytes: this rank's row of a padded all_gather."""
-    row = np.zeros(width, dtype=np.uint8)
+    """``own`` (None: nothing) zero-padded to ``width`` bytes: this rank's row of a padded all_gather
+    (``own`` itself when it is that long: no copy)."""
+    n = 0 if own is None else own.size
+    if n == width:
+        return own  # type: ignore[return-value]
+    row = np.empty(width, dtype=np.uint8)
     if own is not None:
-        row[: own.size] = own
+        row[:n] = own
+    row[n:] = 0
     return row
 
 
@@ -265,9 +279,11 @@ def gather_object(
     """Gather a picklable object from every rank on rank ``dst``.
 
     Outside a process group returns ``[data]`` (mmengine). A payload that
-    does not fit its record moves in one padded all_gather while they total
-    under 1 MiB, else point to point to ``dst`` at its exact size; ``dst``
-    deserializes one rank's payload at a time.
+    does not fit its record moves in one padded gather to ``dst`` while they
+    total under 2 MiB (an all_gather where the backend has no gather), else
+    point to point at its exact size; ``dst`` deserializes one rank's payload
+    at a time. Records carry payloads up to 384 KiB, not more: beyond that a
+    record exchange would move every payload to every rank.
 
     Args:
         data: this rank's object.
@@ -294,6 +310,10 @@ def gather_object(
     comm = Link(group)
     check("gather_object", comm.group, lambda: (None, {"dst": rank_field(dst)}))
     op = OPS["gather_object"]
+    if comm.gathers and comm.record_bytes > GATHER_RECORD_BYTES:
+        # the group carries large objects: records with room for them would move every payload to every
+        # rank; small records, then one gather moves each payload to the root only
+        comm.cap_records(RECORD_BYTES)
     own = None
     try:
         root = check_root(comm, dst, "dst")
@@ -313,10 +333,14 @@ def gather_object(
     decoder = Decoder(serializer, map_location, comm)
     big = [r for r in records if r.inline is None and r.rank != root]
     largest = max((r.total for r in big), default=0)
-    # up to the limit in all, the payloads that did not fit their record: one padded all_gather (no
-    # sender then waits on the root: as for inline payloads, only the root raises its decode failure)
-    padded = bool(big) and largest * world <= PADDED_ALL_GATHER_LIMIT
-    rows = comm.all_gather(_padded(None if comm.rank == root else own, largest)) if padded else None
+    # up to the limit in all, the payloads that did not fit their record: one padded gather to the root
+    # (an all_gather where the driver has no gather). No sender then waits on the root: as for inline
+    # payloads, only the root raises its decode failure.
+    padded = bool(big) and largest * world <= (GATHER_LIMIT if comm.gathers else PADDED_ALL_GATHER_LIMIT)
+    rows = None
+    if padded:
+        row = _padded(None if comm.rank == root else own, largest)
+        rows = comm.gather(row, root) if comm.gathers else comm.all_gather(row)
     p2p = comm.has("send") and comm.has("recv")
     for r in records:
         if r.inline is not None:
@@ -325,9 +349,9 @@ def gather_object(
         elif r.rank == root:
             if results is not None:
                 results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
-        elif rows is not None:
+        elif padded:
             if results is not None:
-                results[r.rank] = decoder(r.rank, rows[r.rank, : r.total])
+                results[r.rank] = decoder(r.rank, rows[r.rank][: r.total])  # type: ignore[index]
         elif p2p:  # larger payloads move point to point to the root, at their exact size
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]

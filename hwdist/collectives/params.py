@@ -25,7 +25,7 @@ from ..drivers.base import Plan, Post
 from ..drivers.tuning import tuning
 from . import transport
 from . import tensor as _t
-from .consensus import agree
+from .consensus import agree, raise_together
 from ._args import not_dense, op_field
 from ._wire import divide
 from .call_entry import collective
@@ -66,6 +66,7 @@ def check_same_dicts(
     driver: Any = None,
     words: Optional[tuple[int, int]] = None,
     what: str = "",
+    known: Optional[tuple[bool, bool]] = None,
 ) -> None:
     """Every rank raises together unless every rank holds the same keys, shapes and dtypes (and ``op``).
 
@@ -86,6 +87,8 @@ def check_same_dicts(
         words: the layout's fingerprint when the caller has it.
         what: what every rank must pass the same of, in the mismatch message
             (default: keys, shapes and dtypes, and op when given).
+        known: ``(some rank had a bad argument, every rank's fingerprint is the same)`` when an
+            exchange of the caller's own told every rank already (no agreement exchange then).
     """
     if problem is not None:
         words = (0, 0)
@@ -104,7 +107,13 @@ def check_same_dicts(
             kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
         return kind(f"{fn}: {explained}")
 
-    if agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same:
+    if known is None:
+        same = agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same
+    else:
+        if known[0]:
+            raise_together(fn, group, problem, driver=driver, raise_as=raise_as)
+        same = known[1]
+    if same:
         return
     text = repr([op, _describe(keys, values)])
     texts = [t.decode() for t in transport.gather_bytes(text.encode(), group, driver)]
@@ -158,22 +167,26 @@ class _Part:
     one ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
     """
 
-    __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "reducer")
+    __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "reducer",
+                 "size", "extra")  # fmt: skip
 
     def __init__(
-        self, idx: list[int], plan: Plan, shapes: list[torch.Size], dtypes: list[torch.dtype]
+        self, idx: list[int], plan: Plan, shapes: list[torch.Size], dtypes: list[torch.dtype], extra: int
     ) -> None:
         self.idx, self.plan = idx, plan
         self.shapes = [shapes[i] for i in idx]
         self.numels = [math.prod(s) for s in self.shapes]
         self.offsets = [sum(self.numels[:j]) for j in range(len(idx))]
+        self.size = sum(self.numels)  #: elements of the values (the buffer has ``extra`` more)
         self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
         self.own = all(dtypes[i] == self.pack_dtype for i in idx)  #: no value changes dtype
         one = self.shapes[0]
-        #: the stacked buffer's shape, or None: concatenated
+        #: the stacked values' shape, or None: concatenated
         same = self.own and self.numels[0] and all(s == one for s in self.shapes)
         self.stacked = torch.Size((len(idx), *one)) if same else None
         self.reducer: Optional[transport.FlatReducer] = None  #: route, rows and wire call, made once
+        #: elements after the values: the layout's check slots in one part (``DictLayout.check``), else 0
+        self.extra = extra
 
     def pack(self, values: Sequence[Tensor], cdev: torch.device) -> tuple[Tensor, Tensor, bool]:
         """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``.
@@ -183,7 +196,7 @@ class _Part:
                 sparse, meta); only where the values were not checked first.
         """
         members = [values[i] for i in self.idx]
-        if self.stacked is not None:
+        if self.stacked is not None and not self.extra:
             try:
                 flat = torch.stack(members)
                 home = flat.device == cdev
@@ -194,15 +207,23 @@ class _Part:
                 raise TypeError("the values do not fit the layout")
             flat = (flat.detach() if flat.requires_grad else flat).to(cdev)
         else:
-            flat = torch.empty(sum(self.numels), dtype=self.pack_dtype, device=cdev)
+            flat = torch.empty(self.size + self.extra, dtype=self.pack_dtype, device=cdev)
             home = all(m.device == cdev for m in members)
             with torch.no_grad():
-                if home:
-                    torch.cat([m.reshape(-1) for m in members], out=flat)  # casts into pack_dtype
+                if self.stacked is not None and home:
+                    torch.stack(members, out=flat[: self.size].view(self.stacked))  # raises on other shapes
+                elif home:
+                    # casts into pack_dtype
+                    torch.cat([m.reshape(-1) for m in members], out=flat[: self.size])
                 else:
                     for m, off, n in zip(members, self.offsets, self.numels):
                         flat[off : off + n].copy_(m.reshape(-1))
         return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
+
+    def blank(self, cdev: torch.device) -> tuple[Tensor, Tensor, bool]:
+        """A buffer of this part's size and dtype, with no values (a rank whose dict differs sends it)."""
+        flat = torch.zeros(self.size + self.extra, dtype=self.pack_dtype, device=cdev)
+        return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), True
 
     def finish(
         self, buf: tuple[Tensor, Tensor, bool], keys: list[Any], values: list[Any], data: Any, ws: int
@@ -211,8 +232,12 @@ class _Part:
         flat, wire, home = buf
         if self.plan.post is Post.DIVIDE:
             divide(wire, ws, self.plan.dtype)
-        if self.stacked is not None or not any(self.shapes):  # stacked rows, or 0-d values
-            pieces: Sequence[Tensor] = flat.unbind(0)  # one call makes every view
+        if self.extra:
+            flat = flat[: self.size]
+        if self.stacked is not None:
+            pieces: Sequence[Tensor] = flat.view(self.stacked).unbind(0)  # one call makes every view
+        elif not any(self.shapes):  # 0-d values
+            pieces = flat.unbind(0)
         else:
             pieces = [p.view(s) for p, s in zip(flat.split(self.numels), self.shapes)]
         for i, piece in zip(self.idx, pieces):
@@ -231,9 +256,9 @@ class DictLayout:
     """
 
     __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "words",
-                 "stacked")  # fmt: skip
+                 "stacked", "check", "slots")  # fmt: skip
 
-    def __init__(self, op: str, keys: list[Any], values: list[Tensor], driver: Any) -> None:
+    def __init__(self, op: str, keys: list[Any], values: list[Tensor], driver: Any, group: Any) -> None:
         self.op, self.keys, self.driver, self.cdev = op, keys, driver, driver.comm_device()
         self.dtypes, self.shapes = [v.dtype for v in values], [v.shape for v in values]
         self.device_type = values[0].device.type
@@ -245,15 +270,65 @@ class DictLayout:
             floor = p.post is Post.DIVIDE and not (dt.is_floating_point or dt.is_complex)
             way = f"{p.comm_dtype} {p.reduce_op} {p.post.value} {p.dtype if p.view else ''} {floor}"
             ways.setdefault(way, []).append(i)
+        order = sorted(ways)
+        ws = torch_dist.get_world_size(group)
+        #: (the part whose buffer ends with the check slots, a raised slot's value), or None where no part
+        #: can carry them (``_raised_value``)
+        self.check: Optional[tuple[int, float]] = None
+        for j, w in enumerate(order):
+            up = _raised_value(plans[self.dtypes[ways[w][0]]], ws)
+            if up is not None:
+                self.check = (j, up)
+                break
         self.parts = [
-            _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes) for w in sorted(ways)
-        ]
-        self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
+            _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes,
+                  _SLOTS if self.check is not None and self.check[0] == j else 0)
+            for j, w in enumerate(order)
+        ]  # fmt: skip
+        self.stacked = all(p.stacked is not None and not p.extra for p in self.parts)  #: stack checks shapes
         self.words = _fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
+        #: the check slots of a rank that holds this layout and packed its values into it
+        self.slots = self.slot_values(self.words, False) if self.check is not None else None
 
     def pack(self, values: list[Tensor]) -> Buffers:
         """The buffers of ``values`` (checked first: dense tensors with data, of this layout)."""
         return [part.pack(values, self.cdev) for part in self.parts]
+
+    def blank(self) -> Buffers:
+        """Buffers of this layout without values: what a rank that holds another dict sends in its place."""
+        return [part.blank(self.cdev) for part in self.parts]
+
+    def slot_values(self, words: Optional[tuple[int, int]], other: bool) -> Tensor:
+        """The check slots of a rank that holds a dict of fingerprint ``words`` (None: a bad argument);
+        ``other``: its values are not in this layout's buffers.
+
+        Slot 0 is raised by a bad argument, slot 1 by ``other``, then two slots per fingerprint bit: the
+        first raised where the bit is 1, the second where it is 0. After the reduction a pair with both
+        raised is a bit on which two ranks differ.
+        """
+        assert self.check is not None
+        j, up = self.check
+        bits = 0 if words is None else words[0] << 31 | words[1]
+        raised = [words is None, other]
+        for b in range(_BITS):
+            one = bool(bits >> b & 1)
+            raised += [one, not one]
+        vals = [up if r else 1.0 - up for r in raised]
+        return torch.tensor(vals, dtype=self.parts[j].pack_dtype, device=self.cdev)
+
+    def set_slots(self, bufs: Buffers, slots: Tensor) -> None:
+        """Write the check slots after the values of the carrying part."""
+        j = self.check[0]  # type: ignore[index]
+        bufs[j][0][self.parts[j].size :].copy_(slots)
+
+    def read_slots(self, bufs: Buffers) -> tuple[bool, bool, bool]:
+        """After the reduction: (some rank had a bad argument, some rank's values are not in these buffers,
+        every rank's fingerprint is the same)."""
+        j, up = self.check  # type: ignore[misc]
+        tail = bufs[j][0][self.parts[j].size :]
+        raised = (tail != 0) if up else (tail == 0)
+        head = raised[:2].tolist()
+        return bool(head[0]), bool(head[1]), not bool((raised[2::2] & raised[3::2]).any())
 
     def try_pack(self, op: str, keys: list[Any], values: list[Any]) -> Optional[Buffers]:
         """The buffers of ``values`` when this call has this layout, with dense tensors that have data.
@@ -272,18 +347,50 @@ class DictLayout:
         except Exception:  # noqa: BLE001 - not tensors, sparse or meta (older torch: AssertionError from
             return None  # its meta kernels): the checks name it
 
-    def finish(
-        self, bufs: Buffers, keys: list[Any], values: list[Tensor], data: Any, group: Any, ws: int
-    ) -> None:
-        """Reduce every buffer in place (its route chosen once, again after ``set_tuning``), write back."""
-        for part, (_, wire, _) in zip(self.parts, bufs):
+    def reduce(self, bufs: Buffers, group: Any, ws: int, which: Optional[bool] = None) -> None:
+        """Reduce the buffers in place (each route chosen once, again after ``set_tuning``).
+
+        ``which``: None, every buffer; True, only the one with the check slots; False, the others.
+        """
+        j = -1 if self.check is None else self.check[0]
+        for i, (part, (_, wire, _)) in enumerate(zip(self.parts, bufs)):
+            if which is not None and (i == j) != which:
+                continue
             if part.reducer is None or not part.reducer.current():
                 part.reducer = transport.FlatReducer(
                     wire, part.plan.reduce_op or "sum", group, ws, self.driver
                 )
             part.reducer(wire)
+
+    def finish(self, bufs: Buffers, keys: list[Any], values: list[Tensor], data: Any, ws: int) -> None:
+        """Write every reduced value back (``reduce`` first)."""
         for part, buf in zip(self.parts, bufs):
             part.finish(buf, keys, values, data, ws)
+
+
+#: Issued reduce ops whose result tells whether some rank raised a check slot: by sending 1 to a sum,
+#: average, max or or (the result is nonzero), or 0 to a min, product or and (the result is zero).
+_ANY_OPS, _ALL_OPS = frozenset({"sum", "avg", "max", "bor"}), frozenset({"min", "product", "band"})
+_BITS = 62  #: the fingerprint's bits (two 31-bit words)
+_SLOTS = 2 + 2 * _BITS  #: check slots: a bad argument, values elsewhere, two per fingerprint bit
+
+
+def _raised_value(plan: Plan, ws: int) -> Optional[float]:
+    """A raised check slot's value in a buffer of ``plan`` (1 or 0), or None where the reduction cannot
+    tell (bxor; an integer sum that could wrap around with this many ranks; an integer average).
+
+    A sum of non-negative numbers is zero only when all are, in every float type too; a product,
+    minimum or and of zeros and ones is zero when one is.
+    """
+    op, cd = plan.reduce_op, plan.comm_dtype
+    if op in _ALL_OPS:
+        return 0.0
+    if op not in _ANY_OPS:
+        return None
+    if op in ("sum", "avg") and not (cd.is_floating_point or cd.is_complex or cd == torch.bool):
+        if op == "avg" or ws > torch.iinfo(cd).max:  # an integer average of ones may floor to 0
+            return None
+    return 1.0
 
 
 @dataclass(eq=False)
@@ -292,6 +399,8 @@ class _DictState:
 
     ws: int
     last: Optional[DictLayout] = None
+    #: the layout every rank held in the last verified call (the same on every rank), or None
+    agreed: Optional[DictLayout] = None
     built: dict[tuple[Any, ...], DictLayout] = field(default_factory=dict)
 
     def layout(
@@ -312,7 +421,7 @@ class _DictState:
         if found is None:
             if len(self.built) >= 64:
                 self.built.clear()
-            found = self.built[sig] = DictLayout(op, keys, values, driver)  # PlanError: all_reduce's type
+            found = self.built[sig] = DictLayout(op, keys, values, driver, group)  # PlanError: all_reduce's
         return found
 
 
@@ -426,15 +535,50 @@ def all_reduce_dict(
                 problem, layout = exc, None
             except (RuntimeError, NotImplementedError) as exc:  # a value torch cannot pack: every rank raises
                 problem, layout = kind(f"{type(exc).__name__}: {exc}"), None
+    known: Optional[tuple[bool, bool]] = None  # what the check slots told, when they were sent
     if checked:
+        agreed, state.agreed = state.agreed, None  # set again once every rank is known to hold it
+        if agreed is not None and agreed.check is not None:
+            # every rank held ``agreed`` in the last verified call: its buffers go now, with check slots
+            # that compare every rank's fingerprint, in one collective (a bad argument or another dict
+            # on some rank is known to every rank from the same exchange)
+            mine = layout is agreed and bufs is not None
+            sent: Buffers = bufs if mine else agreed.blank()  # type: ignore[assignment]
+            if mine:
+                agreed.set_slots(sent, agreed.slots)  # type: ignore[arg-type]
+            else:
+                held = None if problem is not None else _fingerprint(rop, keys, values)
+                agreed.set_slots(sent, agreed.slot_values(held, True))
+            agreed.reduce(sent, group, state.ws, which=True)  # the check first: the others go only if needed
+            bad, elsewhere, same = agreed.read_slots(sent)
+            if not bad and same and not elsewhere:
+                agreed.reduce(sent, group, state.ws, which=False)
+                agreed.finish(sent, keys, values, data, state.ws)
+                state.agreed = state.last = agreed
+                return
+            if not bad and same:  # every rank holds the same other dict: it goes next
+                if layout is not None:
+                    bufs = layout.pack(values)
+                    layout.reduce(bufs, group, state.ws)
+                    layout.finish(bufs, keys, values, data, state.ws)
+                state.last = layout
+                state.agreed = layout if layout is not None and layout.check is not None else None
+                return
+            # else every rank raises: the difference or the bad argument, named
+            known = (bad, same)
         words = layout.words if layout is not None else None
         driver = layout.driver if layout is not None else None
-        check_same_dicts("all_reduce_dict", keys, values, problem, group, op=rop, driver=driver, words=words)
+        check_same_dicts(
+            "all_reduce_dict", keys, values, problem, group, op=rop, driver=driver, words=words, known=known
+        )
     elif problem is not None:
         raise _alone(problem)
     if layout is not None and bufs is not None:
-        layout.finish(bufs, keys, values, data, group, state.ws)
+        layout.reduce(bufs, group, state.ws)
+        layout.finish(bufs, keys, values, data, state.ws)
         state.last = layout
+        if checked and layout.check is not None:
+            state.agreed = layout
 
 
 def _alone(problem: Exception) -> Exception:

@@ -335,6 +335,40 @@ def gather_rows(
     return rows if width == n else rows[:, :n]
 
 
+def gathers(driver: Any) -> bool:
+    """Whether ``driver`` issues ``gather`` itself for bytes (not emulated with an all_gather)."""
+    try:
+        return driver.plan("gather", byte_carrier(driver, "gather")).native_op == "gather"
+    except PlanError:
+        return False
+
+
+def gather_rows_to(
+    data: np.ndarray, dst: int, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> Optional[list[np.ndarray]]:
+    """Every rank's ``data`` (uint8, the same length on every rank) as rows on global rank ``dst``: a gather.
+
+    Only the destination receives: the bytes of a gather to one rank cross the
+    network once, where an all_gather moves every rank's to every rank. Use it
+    where [`gathers`][hwdist.collectives.transport.gathers] says the driver issues gather itself.
+
+    Returns:
+        On ``dst``: one uint8 array per group rank, in group-rank order (each ``len(data)`` bytes, not
+        copied out of what was received); elsewhere None.
+    """
+    driver = driver if driver is not None else registry.resolve(group)
+    world = _world(group)
+    dev = driver.comm_device()
+    carrier = byte_carrier(driver, "gather")
+    n = data.size
+    inp = _wire(data, carrier, dev)
+    root = view(group).rank == dst
+    outs = [torch.empty_like(inp) for _ in range(world)] if root else None
+    work = issue(wire_call(group, "gather", send=inp, recv=outs, root=dst, driver=driver), wait is not None)
+    _settle(work, wait, False)
+    return None if outs is None else [_host(t, n) for t in outs]
+
+
 def broadcast_sized(
     data: Optional[np.ndarray],
     n: int,

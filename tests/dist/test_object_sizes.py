@@ -30,6 +30,7 @@ PATTERNS = {
     "shrinking": lambda call, rank: max(3000 - 600 * call - rank, 0),
     "alternating": lambda call, rank: 5000 + rank if call % 2 else 20,
     "one_rank_big": lambda call, rank: 200_000 if (call == 4 and rank == 1) else 50,
+    "large": lambda call, rank: 400_000 + 7 * rank,
 }
 OPS = ("all_gather_object", "gather_object", "broadcast_object_list", "collect_results")
 
@@ -95,7 +96,9 @@ def _run_patterns() -> dict:
     from hwdist.collectives.objects import INLINE_BYTES
 
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
-    out: dict = {"inline": INLINE_BYTES}
+    from hwdist.collectives import transport
+
+    out: dict = {"inline": INLINE_BYTES, "gathers": transport.gathers(hwdist.registry.resolve(None))}
     for op in OPS:
         for pattern in PATTERNS:
             _state.of(None).object_records = None  # every rank at the same point: 1 KiB records again
@@ -153,6 +156,19 @@ def test_every_size_arrives_and_a_small_object_is_one_collective(dist, world_siz
             assert medium[op] == [2] + [1] * (CALLS - 1), medium
             # 4,000 characters and more: the record holds them, with at most an eighth of headroom
             assert 4096 < res[(op, "medium")]["record"] < 8192, res[(op, "medium")]
+        # 400 KB from every rank: records grow to hold it, except gather_object's where the backend has
+        # gather: records over 384 KiB would move every payload to every rank, so it stays a 1 KiB
+        # record exchange plus one gather to the root (torch's gather_object takes two too)
+        large = {op: res[(op, "large")]["counts"] for op in OPS}
+        # the first all_gather_object: one padded all_gather up to 1 MiB in all (2 ranks), else a broadcast
+        # from each rank (gather_object without gather: point to point, then the root's closing status)
+        first = 2 if w == 2 else 1 + w
+        assert large["all_gather_object"] == [first] + [1] * (CALLS - 1), large
+        assert large["broadcast_object_list"] == [2] + [1] * (CALLS - 1), large
+        # (the root receives from each other rank, which sends once)
+        to_root = 2 if w == 2 else (1 + w if rank == 0 else 3)
+        gathered = [2] * CALLS if res["gathers"] else [to_root] + [1] * (CALLS - 1)
+        assert large["gather_object"] == gathered, (res["gathers"], large)
         assert res["after_medium"] == res[("all_gather_object", "medium")]["record"]
         assert res["after_small"] == 1024
         if rank == 0:  # the root gets each other rank's chunk table and chunk, then sends its closing status

@@ -483,9 +483,9 @@ def _undecodable(op: str, size: int, restricted: bool) -> dict:
 @pytest.mark.parametrize("op", ["gather_object", "collect_results"])
 def test_undecodable_payload_raises_on_every_rank_fast(dist, backend, op):
     ws = 3
-    # big payloads travel point to point after the record exchange (over 1 MiB in all), mid-size ones
-    # in one padded all_gather, small ones ride in it
-    for size, restricted in ((200_000, True), (100, True), (400_000, False)):
+    # big payloads travel point to point after the record exchange (gather_object: over 2 MiB in all),
+    # mid-size ones in one padded gather or all_gather, small ones ride in it
+    for size, restricted in ((200_000, True), (100, True), (800_000, False)):
         results = dist(_undecodable, ws, backend, op, size, restricted)
         kind0, msg0, secs0 = results[0]["outcome"]
         if restricted:

@@ -1,10 +1,15 @@
-"""all_reduce_dict and all_reduce_params on real ranks (gloo and the emulated accelerator)."""
+"""all_reduce_dict and all_reduce_params on real ranks (gloo and the emulated accelerator).
+
+At the end, a row of docs/reliability.md's fault table: ``all_reduce_dict`` with a value that has
+no lossless plan raises ``hwdist.PlanError`` on every rank, verified or not.
+"""
 
 from __future__ import annotations
 
 import functools
 import math
 import operator
+import time
 from typing import Any
 
 import pytest
@@ -259,8 +264,9 @@ def test_all_reduce_dict_collectives_per_call(dist, combo):
     for got in dist(check_dict_calls, ws, backend, backend):
         names = [s[0] for s in got["steps"]]
         assert [s[2] for s in got["steps"]] == [expect_sum(n) for n in names]
-        # verify=True: the check, then the data; whatever dict came before
-        assert [s[1] for s in got["steps"]] == ([2] * 5 if many else [0] * 5)
+        # verify=True: the dict of the last verified call goes with the check in one collective; another
+        # dict costs the check (the last dict's buffer with its check slots) and then its own buffer
+        assert [s[1] for s in got["steps"]] == ([2, 1, 2, 2, 2] if many else [0] * 5)
         assert got["empty"] == ((1, 0) if many else (0, 0))  # an empty dict: the check alone
         for name, op, verify, n, result in got["ops"]:
             ranks = range(ws)
@@ -326,3 +332,152 @@ def test_all_reduce_dict_collectives_per_call(dist, combo):
             assert f"op is 'sum' on rank 0 but 'max' on rank {last}" in errs["op"][0][1]
         n, loss = got["healthy"]
         assert loss == total + ws and n == (2 if many else 0)
+
+
+#: The verified dict's check slots under every way a reduction can tell a raised slot: "any" ops (sum,
+#: mean, max, or: bool's sum issues max) and "all" ops (min, product, and: bool's product issues min);
+#: bxor cannot tell, so its check stays a separate exchange. (emu has no bitwise ops.)
+VERIFIED = [
+    (torch.float32, ("sum", "mean", "max", "min", "product")),
+    (torch.bfloat16, ("sum", "min")),
+    (torch.int32, ("sum", "product", "band", "bor", "bxor")),
+    (torch.bool, ("sum", "product")),
+]
+
+
+def _verified_dict(r: int, dtype: torch.dtype, more: bool = False) -> dict:
+    """Two keys; ``more``: a third (another layout)."""
+    if dtype == torch.bool:
+        d = {"a": torch.tensor([r % 2 == 0, True]), "b": torch.tensor(r == 0)}
+    else:
+        d = {"a": torch.tensor([r + 1, r + 2], dtype=dtype), "b": torch.tensor(r + 3, dtype=dtype)}
+    if more:
+        d["s"] = d["b"].clone()
+    return d
+
+
+def check_verified_repeats(backend: str) -> list:
+    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    out = []
+    for dtype, ops in VERIFIED:
+        for op in ops:
+            if backend == "emu" and op in ("band", "bor", "bxor"):
+                continue
+            row: dict = {"dtype": str(dtype), "op": op, "counts": [], "values": []}
+
+            def run(d: dict) -> None:
+                row["counts"].append(_reduce_counted(d, op))
+                row["values"].append({k: v.tolist() for k, v in d.items()})
+
+            for _ in range(3):  # the same dict: the first call checks, then one collective a call
+                run(_verified_dict(r, dtype))
+            d = _verified_dict(r, dtype)
+            if r == ws - 1:  # one rank holds another dict: every rank raises, naming the difference
+                d["c"] = torch.ones(1, dtype=dtype)
+            row["extra"] = _catch(hwdist.all_reduce_dict, d, op)
+            run(_verified_dict(r, dtype))  # checked again after the error, then one collective again
+            run(_verified_dict(r, dtype))
+            d = _verified_dict(r, dtype)
+            if r == ws - 1:  # a bad value on one rank: every rank raises, naming it
+                d["b"] = 3
+            row["bad"] = _catch(hwdist.all_reduce_dict, d, op)
+            run(_verified_dict(r, dtype))
+            run(_verified_dict(r, dtype, more=True))  # every rank moves to another dict together
+            run(_verified_dict(r, dtype, more=True))
+            out.append(row)
+    return out
+
+
+def _want(dtype: str, op: str, ws: int, more: bool) -> dict:
+    red = {
+        "sum": sum, "mean": lambda v: sum(v) / ws, "max": max, "min": min, "product": math.prod,
+        "band": functools.partial(functools.reduce, operator.and_),
+        "bor": functools.partial(functools.reduce, operator.or_),
+        "bxor": functools.partial(functools.reduce, operator.xor),
+    }[op]  # fmt: skip
+    if dtype == "torch.bool":
+        pick = any if op == "sum" else all
+        want = {"a": [pick(r % 2 == 0 for r in range(ws)), True], "b": pick(r == 0 for r in range(ws))}
+    else:
+        want = {
+            "a": [red([r + 1 for r in range(ws)]), red([r + 2 for r in range(ws)])],
+            "b": red([r + 3 for r in range(ws)]),
+        }
+    if more:
+        want["s"] = want["b"]
+    return want
+
+
+def test_verified_dict_repeats_in_one_collective_and_still_names_a_difference(dist, combo):
+    """verify=True: the dict of the last verified call goes with its check in one collective, for every op
+    and dtype class; another dict, a bad value or a different dict on one rank is still seen by every rank."""
+    ws, backend = combo
+    if ws == 1:
+        pytest.skip("a one-rank group communicates nothing")
+    results = dist(check_verified_repeats, ws, backend, backend)
+    for rank_rows in results:
+        for row in rank_rows:
+            dtype, op, counts = row["dtype"], row["op"], row["counts"]
+            case = (dtype, op, counts)
+            one = 2 if op == "bxor" else 1  # bxor: the agreement exchange, then the data
+            # 3 repeats; after the error, checked then one; after the bad value, checked; another dict: the
+            # last dict's buffer with its check slots, then the new dict; then the new one in one
+            assert counts == [2, one, one, 2, one, 2, 2, one], case
+            for i, values in enumerate(row["values"]):
+                want = _want(dtype, op, ws, i >= 6)
+                if dtype in ("torch.float32", "torch.bfloat16"):
+                    want = {k: pytest.approx(v) for k, v in want.items()}
+                assert values == want, (case, i)
+            assert row["extra"][0] == "ValueError", case
+            assert f"rank {ws - 1} has extra keys 'c'" in row["extra"][1], case
+            assert row["bad"][0] == "ValueError", case
+            assert f"rank {ws - 1}: data['b'] must be a torch.Tensor, got int" in row["bad"][1], case
+
+
+# ---------------------------------------------------------------------------
+# all_reduce_dict with a value that has no lossless plan: PlanError on every rank
+# ---------------------------------------------------------------------------
+COMBOS = [(2, "gloo"), (3, "gloo"), (2, "emu"), (3, "emu")]
+IDS = [f"{ws}-{be}" for ws, be in COMBOS]
+#: A bad input must reach every rank well within this (the group timeout is minutes).
+FAST = 10.0
+
+
+def check_dict_plan_errors() -> dict:
+    out = {}
+    for verify in (True, False):
+        start = time.monotonic()
+        # bitwise ops have no plan on floats on any backend; emu also has no int64 reduction
+        try:
+            hwdist.all_reduce_dict({"a": torch.ones(2), "b": torch.ones(1)}, "band", verify=verify)
+        except Exception as exc:  # the type is what the test checks
+            out[f"band {verify}"] = (type(exc).__name__, isinstance(exc, hwdist.PlanError), str(exc))
+        if hwdist.get_backend() == "emu":
+            out[f"int64 mean {verify}"] = _catch(
+                hwdist.all_reduce_dict, {"n": torch.ones(2, dtype=torch.int64)}, "mean", verify=verify
+            )
+        out[f"took {verify}"] = time.monotonic() - start
+    try:
+        hwdist.all_reduce(torch.ones(2), "band")
+    except Exception as exc:
+        out["all_reduce"] = type(exc).__name__
+    hwdist.all_reduce_dict({"a": torch.ones(1)})  # the group still works
+    return out
+
+
+@pytest.mark.parametrize("combo", COMBOS, ids=IDS)
+def test_all_reduce_dict_raises_plan_error(dist, combo):
+    ws, backend = combo
+    results = dist(check_dict_plan_errors, ws, backend)
+    for res in results:
+        assert res["all_reduce"] == "PlanError"
+        for verify in (True, False):
+            kind, is_plan_error, text = res[f"band {verify}"]
+            assert kind == "PlanError" and is_plan_error, res
+            assert text.startswith("all_reduce_dict: ") and "bitwise ops need an integer" in text
+            if backend == "emu":
+                assert res[f"int64 mean {verify}"][0] == "PlanError"
+            assert res[f"took {verify}"] < FAST
+        assert {k: v for k, v in res.items() if "took" not in k} == {
+            k: v for k, v in results[0].items() if "took" not in k
+        }

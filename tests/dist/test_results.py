@@ -286,8 +286,8 @@ class _Interrupts:
 
 def _rank0_leaves(op: str) -> list:
     rank = hwdist.get_rank()
-    # over 1 MiB in all: the payloads move point to point, so the senders wait on rank 0
-    obj: Any = _Interrupts(400_000) if rank == 1 else {"rank": rank, "pad": np.zeros(50_000)}
+    # over 2 MiB in all: the payloads move point to point (not in one gather), so the senders wait on rank 0
+    obj: Any = _Interrupts(800_000) if rank == 1 else {"rank": rank, "pad": np.zeros(50_000)}
     start = time.monotonic()
     try:
         if op == "gather_object":
