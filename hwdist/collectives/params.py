@@ -188,15 +188,19 @@ class _Part:
         #: elements after the values: the layout's check slots in one part (``DictLayout.check``), else 0
         self.extra = extra
 
-    def pack(self, values: Sequence[Tensor], cdev: torch.device) -> tuple[Tensor, Tensor, bool]:
+    def pack(
+        self, values: Sequence[Tensor], cdev: torch.device, slots: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor, bool]:
         """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``.
+
+        ``slots``: the layout's check slots, written after the values (the part with ``extra``).
 
         Raises:
             RuntimeError, NotImplementedError, TypeError: a value that does not fit (another shape,
                 sparse, meta); only where the values were not checked first.
         """
         members = [values[i] for i in self.idx]
-        if self.stacked is not None and not self.extra:
+        if self.stacked is not None:
             try:
                 flat = torch.stack(members)
                 home = flat.device == cdev
@@ -206,18 +210,20 @@ class _Part:
             if flat.shape != self.stacked or flat.layout is not torch.strided or flat.is_meta:
                 raise TypeError("the values do not fit the layout")
             flat = (flat.detach() if flat.requires_grad else flat).to(cdev)
+            if self.extra:
+                flat = torch.cat([flat.reshape(-1), slots])  # type: ignore[list-item]
         else:
             flat = torch.empty(self.size + self.extra, dtype=self.pack_dtype, device=cdev)
             home = all(m.device == cdev for m in members)
             with torch.no_grad():
-                if self.stacked is not None and home:
-                    torch.stack(members, out=flat[: self.size].view(self.stacked))  # raises on other shapes
-                elif home:
-                    # casts into pack_dtype
-                    torch.cat([m.reshape(-1) for m in members], out=flat[: self.size])
+                if home:  # casts into pack_dtype
+                    tail = [slots] if self.extra else []
+                    torch.cat([m.reshape(-1) for m in members] + tail, out=flat)  # type: ignore[operator]
                 else:
                     for m, off, n in zip(members, self.offsets, self.numels):
                         flat[off : off + n].copy_(m.reshape(-1))
+                    if self.extra:
+                        flat[self.size :].copy_(slots)  # type: ignore[arg-type]
         return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
 
     def blank(self, cdev: torch.device) -> tuple[Tensor, Tensor, bool]:
@@ -256,10 +262,13 @@ class DictLayout:
     """
 
     __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "words",
-                 "stacked", "check", "slots")  # fmt: skip
+                 "stacked", "checked", "check", "slots", "expect")  # fmt: skip
 
-    def __init__(self, op: str, keys: list[Any], values: list[Tensor], driver: Any, group: Any) -> None:
+    def __init__(
+        self, op: str, keys: list[Any], values: list[Tensor], driver: Any, group: Any, checked: bool
+    ) -> None:
         self.op, self.keys, self.driver, self.cdev = op, keys, driver, driver.comm_device()
+        self.checked = checked  #: for calls with ``verify=True`` (only those carry check slots)
         self.dtypes, self.shapes = [v.dtype for v in values], [v.shape for v in values]
         self.device_type = values[0].device.type
         plans = {dt: driver.plan("all_reduce", dt, op) for dt in dict.fromkeys(self.dtypes)}  # PlanError
@@ -275,7 +284,7 @@ class DictLayout:
         #: (the part whose buffer ends with the check slots, a raised slot's value), or None where no part
         #: can carry them (``_raised_value``)
         self.check: Optional[tuple[int, float]] = None
-        for j, w in enumerate(order):
+        for j, w in enumerate(order if checked else ()):
             up = _raised_value(plans[self.dtypes[ways[w][0]]], ws)
             if up is not None:
                 self.check = (j, up)
@@ -285,14 +294,22 @@ class DictLayout:
                   _SLOTS if self.check is not None and self.check[0] == j else 0)
             for j, w in enumerate(order)
         ]  # fmt: skip
-        self.stacked = all(p.stacked is not None and not p.extra for p in self.parts)  #: stack checks shapes
+        self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
         self.words = _fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
         #: the check slots of a rank that holds this layout and packed its values into it
-        self.slots = self.slot_values(self.words, False) if self.check is not None else None
+        self.slots: Optional[Tensor] = None
+        if self.check is not None:
+            self.slots = self.slot_values(self.words, False)
+        #: the slots after the reduction when every rank sent ``slots`` (a sum multiplies them by the
+        #: group's size; a sum that rounds, as in bfloat16 over many ranks, is decoded slot by slot)
+        self.expect: Optional[Tensor] = None
+        if self.slots is not None and self.check is not None:
+            summed = self.parts[self.check[0]].plan.reduce_op == "sum"
+            self.expect = self.slots * ws if summed else self.slots
 
     def pack(self, values: list[Tensor]) -> Buffers:
         """The buffers of ``values`` (checked first: dense tensors with data, of this layout)."""
-        return [part.pack(values, self.cdev) for part in self.parts]
+        return [part.pack(values, self.cdev, self.slots) for part in self.parts]
 
     def blank(self) -> Buffers:
         """Buffers of this layout without values: what a rank that holds another dict sends in its place."""
@@ -326,17 +343,20 @@ class DictLayout:
         every rank's fingerprint is the same)."""
         j, up = self.check  # type: ignore[misc]
         tail = bufs[j][0][self.parts[j].size :]
+        # every rank sent this layout's own slots: one comparison
+        if self.expect is not None and torch.equal(tail, self.expect):
+            return False, False, True
         raised = (tail != 0) if up else (tail == 0)
         head = raised[:2].tolist()
         return bool(head[0]), bool(head[1]), not bool((raised[2::2] & raised[3::2]).any())
 
-    def try_pack(self, op: str, keys: list[Any], values: list[Any]) -> Optional[Buffers]:
+    def try_pack(self, op: str, keys: list[Any], values: list[Any], checked: bool) -> Optional[Buffers]:
         """The buffers of ``values`` when this call has this layout, with dense tensors that have data.
 
         Else None (the caller then checks the values and builds the call's layout). Cheaper than the
         checks and the signature: the path of every call whose dict is the one of the call before.
         """
-        if op != self.op or keys != self.keys:
+        if op != self.op or keys != self.keys or checked != self.checked:
             return None
         try:
             if [v.dtype for v in values] != self.dtypes:  # (torch.stack would promote a stray int)
@@ -404,7 +424,7 @@ class _DictState:
     built: dict[tuple[Any, ...], DictLayout] = field(default_factory=dict)
 
     def layout(
-        self, group: Any, op: str, keys: list[Any], values: list[Any], kind: type[Exception]
+        self, group: Any, op: str, keys: list[Any], values: list[Any], kind: type[Exception], checked: bool
     ) -> DictLayout:
         """This call's layout (built once per layout and driver), its values checked.
 
@@ -416,12 +436,13 @@ class _DictState:
         if text is not None:
             raise kind(text)
         driver = registry.resolve(group, values[0].device.type)
-        sig = (op, tuple(keys), tuple(v.dtype for v in values), tuple(v.shape for v in values), driver)
+        dtypes, shapes = tuple(v.dtype for v in values), tuple(v.shape for v in values)
+        sig = (op, tuple(keys), dtypes, shapes, driver, checked)
         found = self.built.get(sig)
         if found is None:
             if len(self.built) >= 64:
                 self.built.clear()
-            found = self.built[sig] = DictLayout(op, keys, values, driver, group)  # PlanError: all_reduce's
+            found = self.built[sig] = DictLayout(op, keys, values, driver, group, checked)  # PlanError
         return found
 
 
@@ -523,13 +544,14 @@ def all_reduce_dict(
             keys = sorted(data, key=_key_order)
         values = [data[k] for k in keys]
         layout = state.last if values else None
-        bufs = layout.try_pack(rop, keys, values) if layout is not None else None  # the dict of the last call
+        # the dict of the last call
+        bufs = layout.try_pack(rop, keys, values, checked) if layout is not None else None
         if values and bufs is None:
             # a bad value: ValueError on every rank when checked; else TypeError on this rank (ValueError in
             # verification mode with verify=True, where the digest exchange proved it is the same everywhere)
             kind = TypeError if not verify else ValueError
             try:
-                layout = state.layout(group, rop, keys, values, kind)
+                layout = state.layout(group, rop, keys, values, kind, checked)
                 bufs = layout.pack(values)
             except (TypeError, ValueError) as exc:  # PlanError is a TypeError
                 problem, layout = exc, None
@@ -544,9 +566,7 @@ def all_reduce_dict(
             # on some rank is known to every rank from the same exchange)
             mine = layout is agreed and bufs is not None
             sent: Buffers = bufs if mine else agreed.blank()  # type: ignore[assignment]
-            if mine:
-                agreed.set_slots(sent, agreed.slots)  # type: ignore[arg-type]
-            else:
+            if not mine:  # (packed buffers carry the layout's own slots)
                 held = None if problem is not None else _fingerprint(rop, keys, values)
                 agreed.set_slots(sent, agreed.slot_values(held, True))
             agreed.reduce(sent, group, state.ws, which=True)  # the check first: the others go only if needed
