@@ -238,12 +238,12 @@ class _Part:
         flat, wire, home = buf
         if self.plan.post is Post.DIVIDE:
             divide(wire, ws, self.plan.dtype)
-        if self.extra:
+        if self.extra:  # the values, without the check slots after them
             flat = flat[: self.size]
-        if self.stacked is not None:
-            pieces: Sequence[Tensor] = flat.view(self.stacked).unbind(0)  # one call makes every view
-        elif not any(self.shapes):  # 0-d values
-            pieces = flat.unbind(0)
+            if self.stacked is not None:
+                flat = flat.view(self.stacked)
+        if self.stacked is not None or not any(self.shapes):  # stacked rows, or 0-d values
+            pieces: Sequence[Tensor] = flat.unbind(0)  # one call makes every view
         else:
             pieces = [p.view(s) for p, s in zip(flat.split(self.numels), self.shapes)]
         for i, piece in zip(self.idx, pieces):
