@@ -25,6 +25,7 @@ import faulthandler
 import sys
 import threading
 import time
+from typing import Callable, Optional
 
 from . import _compat, settings
 
@@ -36,6 +37,7 @@ EXIT_BOUND_S = 30.0
 _lock = threading.Lock()
 _installed = False
 _ran = False
+_forget: Optional[Callable[[], None]] = None  # drops hwdist's own references to the groups
 
 
 def installed() -> bool:
@@ -43,9 +45,17 @@ def installed() -> bool:
     return _installed
 
 
-def install() -> None:
-    """Register the exit hook (once per process; later calls do nothing)."""
-    global _installed
+def install(forget: Optional[Callable[[], None]] = None) -> None:
+    """Register the exit hook (once per process; later calls do nothing).
+
+    Args:
+        forget: drops every reference hwdist keeps to process groups (``registry.forget_groups``);
+            the hook calls it before destroying the group, so that the group's last reference goes
+            with the destroy and not with the interpreter's finalisation.
+    """
+    global _installed, _forget
+    if forget is not None:
+        _forget = forget
     if _installed:
         return
     with _lock:
@@ -86,6 +96,8 @@ def _teardown() -> None:
     try:
         import torch.distributed as torch_dist
 
+        if _forget is not None:
+            _forget()
         if _compat.DESTROY_GIL_PAUSE_S:  # torch < 2.8: let gloo's workers finish first (see _compat)
             time.sleep(_compat.DESTROY_GIL_PAUSE_S)
         torch_dist.destroy_process_group()

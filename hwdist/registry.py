@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, TypeVar, Union, overload
 
 import torch
 
-from . import _compat
+from . import _compat, _state
 from ._plugins import load_plugins, register_or_decorate
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
 from .drivers.startup import parse_backend_config, torch_reserved
@@ -537,7 +537,7 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
     _group_cache[(id(group), dtype)] = (group, drv)
     from . import _exit  # a group hwdist uses is torn down at exit, one torch created too
 
-    _exit.install()
+    _exit.install(forget_groups)
     return drv
 
 
@@ -626,10 +626,33 @@ def clear_cache() -> None:
     _forget()
 
 
+#: Called by every ``_forget``: caches elsewhere that hold process groups drop them (``on_forget``).
+_forget_hooks: list[Callable[[], None]] = []
+
+
+def on_forget(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever the group -> driver resolutions are forgotten (a cache that keeps groups)."""
+    if hook not in _forget_hooks:
+        _forget_hooks.append(hook)
+
+
 def _forget() -> None:
     global generation
     _group_cache.clear()
     generation += 1
+    for hook in _forget_hooks:
+        hook()
+
+
+def forget_groups() -> None:
+    """Drop every reference hwdist keeps to process groups: resolutions, per-group state, views.
+
+    What ``hwdist.destroy`` does before destroying the groups, and the exit hook before it tears the
+    default group down (a group still referenced would be destroyed by the interpreter's finalisation
+    instead, the teardown order that aborts gloo now and then).
+    """
+    _state.clear()
+    _forget()
 
 
 for _cls in BUILTIN_DRIVERS:

@@ -426,6 +426,14 @@ class _Serial:
 SERIAL = _Serial()
 
 _default_view: Optional[GroupView] = None  # the default group's view, while its group and registry last
+
+
+def _forget_default_view() -> None:
+    global _default_view
+    _default_view = None  # its pass-through cache holds the group's bound methods
+
+
+registry.on_forget(_forget_default_view)
 _world: Callable[[], Any] = _compat.default_group if _compat.DIST_AVAILABLE else (lambda: None)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 import torch.distributed as torch_dist
 
-from .. import _compat, _exit, _state, info, registry
+from .. import _compat, _exit, info, registry
 from ..collectives import transport
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from ..drivers.startup import ensure_torch_backend
@@ -103,7 +103,7 @@ def init_backend(
         kwargs["init_method"] = init_method
     torch_dist.init_process_group(backend=driver.torch_name, rank=rank, world_size=world_size, **kwargs)
     registry.record_group(_compat.default_group(), driver)
-    _exit.install()
+    _exit.install(registry.forget_groups)
     return driver
 
 
@@ -118,8 +118,7 @@ def destroy() -> None:
     the group earlier, or to initialise a new one in the same process.
     """
     info.set_local_group(None)
-    registry.clear_cache()
-    _state.clear()
+    registry.forget_groups()
     if _compat.DIST_AVAILABLE and torch_dist.is_initialized():
         if _compat.DESTROY_GIL_PAUSE_S:  # torch < 2.8: let gloo's workers finish first (see _compat)
             time.sleep(_compat.DESTROY_GIL_PAUSE_S)
@@ -194,7 +193,7 @@ def _init_with_package(init_with: str, driver: Any, launch: LaunchInfo, **kwargs
     else:
         start(backend=driver.torch_name, **kwargs)
     registry.record_group(_compat.default_group(), driver)
-    _exit.install()
+    _exit.install(registry.forget_groups)
     return driver
 
 

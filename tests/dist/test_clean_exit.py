@@ -100,6 +100,33 @@ def test_group_made_by_torch_and_used_by_hwdist_is_torn_down_at_exit(tmp_path):
     assert p.stdout.count("at exit, group alive: False") == 2, p.stdout
 
 
+def test_exit_hook_leaves_no_reference_to_the_group_it_destroys(tmp_path):
+    """hwdist's caches (the resolved driver, the engine's pass-through calls bound to the group, the
+    group's state) drop the group before the hook destroys it: a group still referenced there would be
+    destroyed by the interpreter's finalisation instead, which aborts gloo now and then."""
+    script = tmp_path / "references.py"
+    script.write_text(_REPORT_AT_EXIT + textwrap.dedent("""
+        import gc
+        import weakref
+        import torch
+        import hwdist
+        from hwdist import _exit as exit_hook
+        td.init_process_group("gloo")
+        t = torch.ones(4)
+        hwdist.all_reduce(t)
+        hwdist.broadcast(t, 0)
+        hwdist.all_reduce_dict({"loss": torch.tensor(1.0)})
+        hwdist.all_gather_object({"rank": td.get_rank()})
+        group = weakref.ref(td.distributed_c10d._get_default_group())
+        exit_hook._teardown()  # what the hook runs at exit
+        gc.collect()
+        say("group referenced after the teardown:", group() is not None)
+    """))
+    p = _torchrun(script)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert p.stdout.count("group referenced after the teardown: False") == 2, p.stdout + p.stderr[-3000:]
+
+
 def test_hook_off_leaves_the_group_and_destroy_stays_safe(tmp_path):
     script = tmp_path / "switch.py"
     script.write_text(_REPORT_AT_EXIT + textwrap.dedent("""
