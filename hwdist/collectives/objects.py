@@ -98,9 +98,9 @@ __all__ = [
 #: (exact sizes) instead of one padded all_gather.
 PADDED_ALL_GATHER_LIMIT = 1 << 20
 #: The largest record of ``gather_object`` where the driver has gather: a record all_gather moves every
-#: payload to every rank, which costs more than a gather to the root from about this size on (measured
-#: at 2 ranks: docs/objects.md); the group's larger objects then go with 1 KiB records and one gather.
-GATHER_RECORD_BYTES = 64 << 10
+#: payload to every rank, which costs more than a gather to the root above about this size (512 KiB
+#: objects: docs/objects.md); the group's larger objects then go with 1 KiB records and one gather.
+GATHER_RECORD_BYTES = 384 << 10
 #: Above this many bytes in all (largest payload times ranks), ``gather_object`` sends each payload
 #: point to point at its exact size instead of one padded gather.
 GATHER_LIMIT = 2 << 20
@@ -282,7 +282,7 @@ def gather_object(
     does not fit its record moves in one padded gather to ``dst`` while they
     total under 2 MiB (an all_gather where the backend has no gather), else
     point to point at its exact size; ``dst`` deserializes one rank's payload
-    at a time. Records carry payloads up to 64 KiB, not more: beyond that a
+    at a time. Records carry payloads up to 384 KiB, not more: beyond that a
     record exchange (an all_gather) would move every payload to every rank.
 
     Args:

@@ -157,7 +157,7 @@ def test_every_size_arrives_and_a_small_object_is_one_collective(dist, world_siz
             # 4,000 characters and more: the record holds them, with at most an eighth of headroom
             assert 4096 < res[(op, "medium")]["record"] < 8192, res[(op, "medium")]
         # 400 KB from every rank: records grow to hold it, except gather_object's where the backend has
-        # gather: records over 64 KiB would move every payload to every rank, so it stays a 1 KiB
+        # gather: records over 384 KiB would move every payload to every rank, so it stays a 1 KiB
         # record exchange plus one gather to the root (torch's gather_object takes two too)
         large = {op: res[(op, "large")]["counts"] for op in OPS}
         # the first all_gather_object: one padded all_gather up to 1 MiB in all (2 ranks), else a broadcast
