@@ -1,0 +1,604 @@
+"""``all_reduce_dict``: a dict of tensors reduced in few flat buffers, its layouts and its check.
+
+The values are packed into one flat buffer per way of reducing (``DictLayout``), usually one. With
+``verify=True`` the ranks agree on the layout once (``consensus.agree``), and later calls send the
+agreed layout's buffers with check slots that every rank reads from the same reduction
+(docs/collectives.md, "all_reduce_dict and its layout check"). Public through
+[`hwdist.collectives.params`][hwdist.collectives.params].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed as torch_dist
+
+from .. import _compat, _state, registry
+from .verify import describe_tensor
+from ..errors import ArgumentAssertionError, PlanError
+from ..drivers.base import Plan, Post
+from . import transport
+from . import tensor as _t
+from .consensus import agree, raise_together
+from ._args import op_field
+from ._wire import divide
+from .call_entry import collective
+from .engine import check
+
+__all__ = ["all_reduce_dict", "check_same_dicts"]
+
+Tensor = torch.Tensor
+
+
+def _key_order(key: Any) -> tuple[str, str]:
+    # str keys sort as sorted() does; other hashable keys sort deterministically.
+    return ("", key) if isinstance(key, str) else (type(key).__name__, repr(key))
+
+
+def _describe(keys: Sequence[Any], values: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
+    """(repr of key, shape, dtype name) of each value: what the ranks compare and what errors show."""
+    return [(repr(k), tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in zip(keys, values)]
+
+
+def _fingerprint(op: Optional[str], keys: Sequence[Any], values: Sequence[Any]) -> tuple[int, int]:
+    """Two 31-bit words of a hash of the keys, shapes and dtypes (and ``op``): what the ranks compare."""
+    desc = _describe(keys, values)
+    text = repr(desc if op is None else [("op", (), op), *desc])
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
+
+
+def check_same_dicts(
+    fn: str,
+    keys: Sequence[Any],
+    values: Sequence[Any],
+    problem: Optional[Exception],
+    group: Any,
+    *,
+    op: Optional[str] = None,
+    driver: Any = None,
+    words: Optional[tuple[int, int]] = None,
+    what: str = "",
+    known: Optional[tuple[bool, bool]] = None,
+) -> None:
+    """Every rank raises together unless every rank holds the same keys, shapes and dtypes (and ``op``).
+
+    One small exchange (``collectives.consensus.agree``) of a fingerprint and of
+    ``problem`` (this rank's bad argument, found before any communication). When some rank's
+    argument was bad, every rank raises the same message (``problem``'s type where it was this
+    rank's, else ValueError); when the layouts differ, the descriptions are exchanged (error path
+    only) and every rank raises a ValueError naming the difference.
+
+    Args:
+        fn: the public op's name (starts every message).
+        keys: the dict's keys, sorted.
+        values: their tensors, in that order.
+        problem: this rank's bad argument (its message without ``fn``), or None.
+        group: the process group.
+        op: the reduce op, when every rank must pass the same one.
+        driver: the group's driver when the caller has it.
+        words: the layout's fingerprint when the caller has it.
+        what: what every rank must pass the same of, in the mismatch message
+            (default: keys, shapes and dtypes, and op when given).
+        known: ``(some rank had a bad argument, every rank's fingerprint is the same)`` when an
+            exchange of the caller's own told every rank already (no agreement exchange then).
+    """
+    if problem is not None:
+        words = (0, 0)
+    elif words is None:
+        words = _fingerprint(op, keys, values)
+
+    def raise_as(mine: Optional[BaseException], failures: dict[int, tuple[str, str]]) -> BaseException:
+        texts = [msg for _, msg in failures.values()]
+        if len(failures) == torch_dist.get_world_size(group) and len(set(texts)) == 1:
+            explained = texts[0]  # the same bad argument on every rank: no rank list needed
+        else:
+            explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
+        kinds = (TypeError, ValueError, ArgumentAssertionError, PlanError)
+        kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
+        if all(name == "PlanError" for name, _ in failures.values()):
+            kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
+        return kind(f"{fn}: {explained}")
+
+    if known is None:
+        same = agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same
+    else:
+        if known[0]:
+            raise_together(fn, group, problem, driver=driver, raise_as=raise_as)
+        same = known[1]
+    if same:
+        return
+    text = repr([op, _describe(keys, values)])
+    texts = [t.decode() for t in transport.gather_bytes(text.encode(), group, driver)]
+    what = what or ("keys, shapes and dtypes" if op is None else "keys, shapes, dtypes and op")
+    raise ValueError(f"{fn}: {_explain(texts)}; every rank must pass the same {what}")
+
+
+def _explain(texts: list[str]) -> str:
+    """Where the ranks' layouts differ from rank 0's (``texts``: each rank's ``repr([op, description])``)."""
+    import ast
+
+    parsed = [ast.literal_eval(t) for t in texts]
+    ops = [op for op, _ in parsed]
+    descs = [{k: (s, d) for k, s, d in desc} for _, desc in parsed]
+    ref = descs[0]
+    parts = []
+    for r, other in enumerate(descs[1:], start=1):
+        if ops[r] != ops[0]:
+            parts.append(f"op is '{ops[0]}' on rank 0 but '{ops[r]}' on rank {r}")
+        missing = sorted(set(ref) - set(other))
+        extra = sorted(set(other) - set(ref))
+        if missing:
+            parts.append(f"rank {r} lacks keys {', '.join(missing)} that rank 0 has")
+        if extra:
+            parts.append(f"rank {r} has extra keys {', '.join(extra)}")
+        for k in sorted(set(ref) & set(other)):
+            if ref[k][0] != other[k][0]:
+                parts.append(f"key {k} has shape {ref[k][0]} on rank 0 but {other[k][0]} on rank {r}")
+            if ref[k][1] != other[k][1]:
+                parts.append(f"key {k} has dtype {ref[k][1]} on rank 0 but {other[k][1]} on rank {r}")
+    return "; ".join(parts) or "the ranks' dicts differ"
+
+
+def _value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
+    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+        if v.layout is not torch.strided:
+            layout = str(v.layout).replace("torch.", "")
+            return f"data[{k!r}] must be a dense (strided) tensor, got a {layout} tensor"
+        if v.is_meta:
+            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
+    return None
+
+
+class _Part:
+    """One flat buffer of a dict layout: which values (``idx``), packed in which dtype, reduced how.
+
+    Values of one non-empty shape that travel in their own dtype are stacked (one ``torch.stack``,
+    one ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
+    """
+
+    __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "reducer",
+                 "size", "extra")  # fmt: skip
+
+    def __init__(
+        self, idx: list[int], plan: Plan, shapes: list[torch.Size], dtypes: list[torch.dtype], extra: int
+    ) -> None:
+        self.idx, self.plan = idx, plan
+        self.shapes = [shapes[i] for i in idx]
+        self.numels = [math.prod(s) for s in self.shapes]
+        self.offsets = [sum(self.numels[:j]) for j in range(len(idx))]
+        self.size = sum(self.numels)  #: elements of the values (the buffer has ``extra`` more)
+        self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
+        self.own = all(dtypes[i] == self.pack_dtype for i in idx)  #: no value changes dtype
+        one = self.shapes[0]
+        #: the stacked values' shape, or None: concatenated
+        same = self.own and self.numels[0] and all(s == one for s in self.shapes)
+        self.stacked = torch.Size((len(idx), *one)) if same else None
+        self.reducer: Optional[transport.FlatReducer] = None  #: route, rows and wire call, made once
+        #: elements after the values: the layout's check slots in one part (``DictLayout.check``), else 0
+        self.extra = extra
+
+    def pack(
+        self, values: Sequence[Tensor], cdev: torch.device, slots: Optional[Tensor] = None
+    ) -> tuple[Tensor, Tensor, bool]:
+        """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``.
+
+        ``slots``: the layout's check slots, written after the values (the part with ``extra``).
+
+        Raises:
+            RuntimeError, NotImplementedError, TypeError: a value that does not fit (another shape,
+                sparse, meta); only where the values were not checked first.
+        """
+        members = [values[i] for i in self.idx]
+        if self.stacked is not None:
+            try:
+                flat = torch.stack(members)
+                home = flat.device == cdev
+            except (RuntimeError, AssertionError):  # values on several devices (or of other shapes, or a
+                # meta value on an older torch, whose meta kernels assert: raises again)
+                flat, home = torch.stack([m.to(cdev) for m in members]), False
+            if flat.shape != self.stacked or flat.layout is not torch.strided or flat.is_meta:
+                raise TypeError("the values do not fit the layout")
+            flat = (flat.detach() if flat.requires_grad else flat).to(cdev)
+            if self.extra:
+                flat = torch.cat([flat.reshape(-1), slots])  # type: ignore[list-item]
+        else:
+            flat = torch.empty(self.size + self.extra, dtype=self.pack_dtype, device=cdev)
+            home = all(m.device == cdev for m in members)
+            with torch.no_grad():
+                if home:  # casts into pack_dtype
+                    tail = [slots] if self.extra else []
+                    torch.cat([m.reshape(-1) for m in members] + tail, out=flat)  # type: ignore[operator]
+                else:
+                    for m, off, n in zip(members, self.offsets, self.numels):
+                        flat[off : off + n].copy_(m.reshape(-1))
+                    if self.extra:
+                        flat[self.size :].copy_(slots)  # type: ignore[arg-type]
+        return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
+
+    def blank(self, cdev: torch.device) -> tuple[Tensor, Tensor, bool]:
+        """A buffer of this part's size and dtype, with no values (a rank whose dict differs sends it)."""
+        flat = torch.zeros(self.size + self.extra, dtype=self.pack_dtype, device=cdev)
+        return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), True
+
+    def finish(
+        self, buf: tuple[Tensor, Tensor, bool], keys: list[Any], values: list[Any], data: Any, ws: int
+    ) -> None:
+        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
+        flat, wire, home = buf
+        if self.plan.post is Post.DIVIDE:
+            divide(wire, ws, self.plan.dtype)
+        if self.extra:  # the values, without the check slots after them
+            flat = flat[: self.size]
+            if self.stacked is not None:
+                flat = flat.view(self.stacked)
+        if self.stacked is not None or not any(self.shapes):  # stacked rows, or 0-d values
+            pieces: Sequence[Tensor] = flat.unbind(0)  # one call makes every view
+        else:
+            pieces = [p.view(s) for p, s in zip(flat.split(self.numels), self.shapes)]
+        for i, piece in zip(self.idx, pieces):
+            data[keys[i]] = piece if home and self.own else piece.to(values[i].device, values[i].dtype)
+
+
+#: One call's packed buffers: ``(buffer, wire, home)`` per part (``_Part.pack``).
+Buffers = list[tuple[Tensor, Tensor, bool]]
+
+
+class DictLayout:
+    """One dict layout (op, sorted keys, dtypes, shapes, device type) and how its values travel.
+
+    Built once per layout and group (``_DictState``), reused call after call: one flat buffer per
+    way of reducing (communication dtype, issued op, mean division, integer floor), usually one.
+    """
+
+    __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "words",
+                 "stacked", "checked", "check", "slots", "expect")  # fmt: skip
+
+    def __init__(
+        self, op: str, keys: list[Any], values: list[Tensor], driver: Any, group: Any, checked: bool
+    ) -> None:
+        self.op, self.keys, self.driver, self.cdev = op, keys, driver, driver.comm_device()
+        self.checked = checked  #: for calls with ``verify=True`` (only those carry check slots)
+        self.dtypes, self.shapes = [v.dtype for v in values], [v.shape for v in values]
+        self.device_type = values[0].device.type
+        plans = {dt: driver.plan("all_reduce", dt, op) for dt in dict.fromkeys(self.dtypes)}  # PlanError
+        ways: dict[str, list[int]] = {}
+        for i, dt in enumerate(self.dtypes):
+            p = plans[dt]
+            # a mean floor-divides integers (summed in a wider type) and true-divides floats: two parts
+            floor = p.post is Post.DIVIDE and not (dt.is_floating_point or dt.is_complex)
+            way = f"{p.comm_dtype} {p.reduce_op} {p.post.value} {p.dtype if p.view else ''} {floor}"
+            ways.setdefault(way, []).append(i)
+        order = sorted(ways)
+        ws = torch_dist.get_world_size(group)
+        #: (the part whose buffer ends with the check slots, a raised slot's value), or None where no part
+        #: can carry them (``_raised_value``)
+        self.check: Optional[tuple[int, float]] = None
+        for j, w in enumerate(order if checked else ()):
+            up = _raised_value(plans[self.dtypes[ways[w][0]]], ws)
+            if up is not None:
+                self.check = (j, up)
+                break
+        self.parts = [
+            _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes,
+                  _SLOTS if self.check is not None and self.check[0] == j else 0)
+            for j, w in enumerate(order)
+        ]  # fmt: skip
+        self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
+        self.words = _fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
+        #: the check slots of a rank that holds this layout and packed its values into it
+        self.slots: Optional[Tensor] = None
+        if self.check is not None:
+            self.slots = self.slot_values(self.words, False)
+        #: the slots after the reduction when every rank sent ``slots`` (a sum multiplies them by the
+        #: group's size; a sum that rounds, as in bfloat16 over many ranks, is decoded slot by slot)
+        self.expect: Optional[Tensor] = None
+        if self.slots is not None and self.check is not None:
+            summed = self.parts[self.check[0]].plan.reduce_op == "sum"
+            self.expect = self.slots * ws if summed else self.slots
+
+    def pack(self, values: list[Tensor]) -> Buffers:
+        """The buffers of ``values`` (checked first: dense tensors with data, of this layout)."""
+        return [part.pack(values, self.cdev, self.slots) for part in self.parts]
+
+    def blank(self) -> Buffers:
+        """Buffers of this layout without values: what a rank that holds another dict sends in its place."""
+        return [part.blank(self.cdev) for part in self.parts]
+
+    def slot_values(self, words: Optional[tuple[int, int]], other: bool) -> Tensor:
+        """The check slots of a rank that holds a dict of fingerprint ``words`` (None: a bad argument);
+        ``other``: its values are not in this layout's buffers.
+
+        Slot 0 is raised by a bad argument, slot 1 by ``other``, then two slots per fingerprint bit: the
+        first raised where the bit is 1, the second where it is 0. After the reduction a pair with both
+        raised is a bit on which two ranks differ.
+        """
+        assert self.check is not None
+        j, up = self.check
+        bits = 0 if words is None else words[0] << 31 | words[1]
+        raised = [words is None, other]
+        for b in range(_BITS):
+            one = bool(bits >> b & 1)
+            raised += [one, not one]
+        vals = [up if r else 1.0 - up for r in raised]
+        return torch.tensor(vals, dtype=self.parts[j].pack_dtype, device=self.cdev)
+
+    def set_slots(self, bufs: Buffers, slots: Tensor) -> None:
+        """Write the check slots after the values of the carrying part."""
+        j = self.check[0]  # type: ignore[index]
+        bufs[j][0][self.parts[j].size :].copy_(slots)
+
+    def read_slots(self, bufs: Buffers) -> tuple[bool, bool, bool]:
+        """After the reduction: (some rank had a bad argument, some rank's values are not in these buffers,
+        every rank's fingerprint is the same)."""
+        j, up = self.check  # type: ignore[misc]
+        tail = bufs[j][0][self.parts[j].size :]
+        # every rank sent this layout's own slots: one comparison
+        if self.expect is not None and torch.equal(tail, self.expect):
+            return False, False, True
+        raised = (tail != 0) if up else (tail == 0)
+        head = raised[:2].tolist()
+        return bool(head[0]), bool(head[1]), not bool((raised[2::2] & raised[3::2]).any())
+
+    def try_pack(self, op: str, keys: list[Any], values: list[Any], checked: bool) -> Optional[Buffers]:
+        """The buffers of ``values`` when this call has this layout, with dense tensors that have data.
+
+        Else None (the caller then checks the values and builds the call's layout). Cheaper than the
+        checks and the signature: the path of every call whose dict is the one of the call before.
+        """
+        if op != self.op or keys != self.keys or checked != self.checked:
+            return None
+        try:
+            if [v.dtype for v in values] != self.dtypes:  # (torch.stack would promote a stray int)
+                return None
+            if not self.stacked and [v.shape for v in values] != self.shapes:
+                return None
+            return self.pack(values) if values[0].device.type == self.device_type else None
+        except Exception:  # noqa: BLE001 - not tensors, sparse or meta (older torch: AssertionError from
+            return None  # its meta kernels): the checks name it
+
+    def reduce(self, bufs: Buffers, group: Any, ws: int, which: Optional[bool] = None) -> None:
+        """Reduce the buffers in place (each route chosen once, again after ``set_tuning``).
+
+        ``which``: None, every buffer; True, only the one with the check slots; False, the others.
+        """
+        j = -1 if self.check is None else self.check[0]
+        for i, (part, (_, wire, _)) in enumerate(zip(self.parts, bufs)):
+            if which is not None and (i == j) != which:
+                continue
+            if part.reducer is None or not part.reducer.current():
+                part.reducer = transport.FlatReducer(
+                    wire, part.plan.reduce_op or "sum", group, ws, self.driver
+                )
+            part.reducer(wire)
+
+    def finish(self, bufs: Buffers, keys: list[Any], values: list[Tensor], data: Any, ws: int) -> None:
+        """Write every reduced value back (``reduce`` first)."""
+        for part, buf in zip(self.parts, bufs):
+            part.finish(buf, keys, values, data, ws)
+
+
+#: Issued reduce ops whose result tells whether some rank raised a check slot: by sending 1 to a sum,
+#: average, max or or (the result is nonzero), or 0 to a min, product or and (the result is zero).
+_ANY_OPS, _ALL_OPS = frozenset({"sum", "avg", "max", "bor"}), frozenset({"min", "product", "band"})
+_BITS = 62  #: the fingerprint's bits (two 31-bit words)
+_SLOTS = 2 + 2 * _BITS  #: check slots: a bad argument, values elsewhere, two per fingerprint bit
+
+
+def _raised_value(plan: Plan, ws: int) -> Optional[float]:
+    """A raised check slot's value in a buffer of ``plan`` (1 or 0), or None where the reduction cannot
+    tell (bxor; an integer sum that could wrap around with this many ranks; an integer average).
+
+    A sum of non-negative numbers is zero only when all are, in every float type too; a product,
+    minimum or and of zeros and ones is zero when one is.
+    """
+    op, cd = plan.reduce_op, plan.comm_dtype
+    if op in _ALL_OPS:
+        return 0.0
+    if op not in _ANY_OPS:
+        return None
+    if op in ("sum", "avg") and not (cd.is_floating_point or cd.is_complex or cd == torch.bool):
+        if op == "avg" or ws > torch.iinfo(cd).max:  # an integer average of ones may floor to 0
+            return None
+    return 1.0
+
+
+@dataclass(eq=False)
+class _DictState:
+    """One process group's ``all_reduce_dict`` layouts (a local cache: nothing here decides what is sent)."""
+
+    ws: int
+    last: Optional[DictLayout] = None
+    #: the layout every rank held in the last verified call (the same on every rank), or None
+    agreed: Optional[DictLayout] = None
+    built: dict[tuple[Any, ...], DictLayout] = field(default_factory=dict)
+
+    def layout(
+        self, group: Any, op: str, keys: list[Any], values: list[Any], kind: type[Exception], checked: bool
+    ) -> DictLayout:
+        """This call's layout (built once per layout and driver), its values checked.
+
+        Raises:
+            ``kind``: a value that is not a dense tensor with data.
+            PlanError: no plan for a value's dtype and ``op`` on this backend.
+        """
+        text = _value_problem(keys, values)
+        if text is not None:
+            raise kind(text)
+        driver = registry.resolve(group, values[0].device.type)
+        dtypes, shapes = tuple(v.dtype for v in values), tuple(v.shape for v in values)
+        sig = (op, tuple(keys), dtypes, shapes, driver, checked)
+        found = self.built.get(sig)
+        if found is None:
+            if len(self.built) >= 64:
+                self.built.clear()
+            found = self.built[sig] = DictLayout(op, keys, values, driver, group, checked)  # PlanError
+        return found
+
+
+def _describe_dict_call(data: Any, op: Any) -> tuple[Any, dict[str, Any]]:
+    """Verification mode: what must agree (keys, shapes, dtypes, op); the sample picks the device."""
+    if isinstance(data, MutableMapping):
+        try:
+            keys = sorted(data)
+        except TypeError:
+            keys = sorted(data, key=_key_order)
+        fields: Any = {repr(k): describe_tensor(data[k]) for k in keys}
+        first = next((v for v in data.values() if isinstance(v, torch.Tensor)), None)
+    else:
+        fields, first = type(data).__name__, None
+    return first, {"data": fields, "reduce_op": op_field(op)}
+
+
+@collective(2)
+def all_reduce_dict(
+    data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True
+) -> None:
+    """Reduce every tensor of a dict across ranks with one flattened collective.
+
+    Keys are processed in sorted order. Tensors are packed into one flat
+    buffer per communication dtype (usually exactly one: all float32 metrics
+    travel together); mixed dtypes are never merged lossily (an int64 counter
+    does not go through float32). Each key is replaced by its reduced tensor
+    in the key's own dtype, shape and device (as in mmengine). Same ops and
+    mean rule as [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce].
+
+    With ``verify=True`` (default) every rank checks that all ranks hold the same keys, shapes, dtypes and
+    op; on a mismatch or a bad value on any rank, every rank raises ValueError naming the difference (e.g.
+    "rank 1 lacks keys 'b'"), instead of hanging or mixing up values. The check is one small collective
+    before the data: the ranks agree on a fingerprint of the layout (keys, shapes, dtypes, op) and on
+    whether some rank's arguments were bad (``collectives.consensus.agree``). See ``docs/collectives.md``.
+    Every value is checked (a tensor, dense, not meta) and ``op`` and ``data`` too before any
+    communication; with ``verify=True`` a bad one on ONE rank makes every rank raise. ``verify=False``
+    skips the check (mmengine's behaviour: a mismatch is then undefined, and a bad value raises on its own
+    rank only, before that rank communicates). In verification mode
+    ([`hwdist.verification`][hwdist.collectives.verify.verification], ``HWDIST_DEBUG=1``) the mode's
+    digest exchange checks keys, shapes, dtypes and ``op`` whatever ``verify`` says and replaces this
+    check; a mismatch raises [`hwdist.CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch]
+    (a ValueError). ``verify`` must be the same on every rank.
+
+    Non-distributed or a one-rank group: does nothing.
+
+    Args:
+        data: ``{key: Tensor}``, updated in place.
+        op: the reduce op.
+        group: process group.
+        verify: check that every rank holds the same keys, shapes and dtypes.
+
+    Raises:
+        ValueError: unknown ``op``; the dicts differ across ranks, or a
+            value on some rank is not a dense tensor with data (verify).
+        TypeError: ``data`` is not a dict (on that rank; ValueError on the
+            others), or a value is not a tensor (``verify=False``).
+
+    Examples:
+        >>> data = {"loss": torch.tensor(1.0 + rank), "n": torch.tensor([2 * rank])}
+        >>> # rank 0: {'loss': 1., 'n': [0]}   rank 1: {'loss': 2., 'n': [2]}
+        >>> dist.all_reduce_dict(data)
+        >>> # rank 0: {'loss': 3., 'n': [2]}   rank 1: {'loss': 3., 'n': [2]}
+    """
+    # verification mode: a sparse or meta value, a bad op or type on one rank differ here; its check
+    # replaces this function's own one
+    checked = not check("all_reduce_dict", group, lambda: _describe_dict_call(data, op)) and verify
+    problem: Optional[Exception] = None  # a bad op or data: raised here, or on every rank by the check
+    alone: Optional[Exception] = None  # the same, as this rank raises it when no other rank is told
+    try:
+        rop = _t.normalize_reduce_op(op, "op", "all_reduce_dict")
+    except ValueError as exc:
+        problem = alone = exc
+        rop = "sum"
+    if problem is None and type(data) is not dict and not isinstance(data, MutableMapping):
+        problem = ArgumentAssertionError(f"data must be a dict of tensors, got {type(data).__name__}")
+        alone = _alone(problem)
+    if not torch_dist.is_initialized():
+        if alone is not None:
+            raise alone
+        return
+    # kept by the group object (not None): a default group made by a new init gets new layouts
+    st = _state.of(group if group is not None else _compat.default_group())
+    state: Optional[_DictState] = st.all_reduce_dict
+    if state is None:
+        state = st.all_reduce_dict = _DictState(torch_dist.get_world_size(group))
+    if alone is not None and (not checked or state.ws == 1):
+        raise alone
+    if state.ws == 1:
+        return
+    keys: list[Any] = []
+    values: list[Any] = []
+    layout: Optional[DictLayout] = None
+    bufs: Optional[Buffers] = None
+    if problem is None:
+        try:
+            keys = sorted(data)
+        except TypeError:  # keys of mixed types: still one order on every rank
+            keys = sorted(data, key=_key_order)
+        values = [data[k] for k in keys]
+        layout = state.last if values else None
+        # the dict of the last call
+        bufs = layout.try_pack(rop, keys, values, checked) if layout is not None else None
+        if values and bufs is None:
+            # a bad value: ValueError on every rank when checked; else TypeError on this rank (ValueError in
+            # verification mode with verify=True, where the digest exchange proved it is the same everywhere)
+            kind = TypeError if not verify else ValueError
+            try:
+                layout = state.layout(group, rop, keys, values, kind, checked)
+                bufs = layout.pack(values)
+            except (TypeError, ValueError) as exc:  # PlanError is a TypeError
+                problem, layout = exc, None
+            except (RuntimeError, NotImplementedError) as exc:  # a value torch cannot pack: every rank raises
+                problem, layout = kind(f"{type(exc).__name__}: {exc}"), None
+    known: Optional[tuple[bool, bool]] = None  # what the check slots told, when they were sent
+    if checked:
+        agreed, state.agreed = state.agreed, None  # set again once every rank is known to hold it
+        if agreed is not None and agreed.check is not None:
+            # every rank held ``agreed`` in the last verified call: its buffers go now, with check slots
+            # that compare every rank's fingerprint, in one collective (a bad argument or another dict
+            # on some rank is known to every rank from the same exchange)
+            mine = layout is agreed and bufs is not None
+            sent: Buffers = bufs if mine else agreed.blank()  # type: ignore[assignment]
+            if not mine:  # (packed buffers carry the layout's own slots)
+                held = None if problem is not None else _fingerprint(rop, keys, values)
+                agreed.set_slots(sent, agreed.slot_values(held, True))
+            agreed.reduce(sent, group, state.ws, which=True)  # the check first: the others go only if needed
+            bad, elsewhere, same = agreed.read_slots(sent)
+            if not bad and same and not elsewhere:
+                agreed.reduce(sent, group, state.ws, which=False)
+                agreed.finish(sent, keys, values, data, state.ws)
+                state.agreed = state.last = agreed
+                return
+            if not bad and same:  # every rank holds the same other dict: it goes next
+                if layout is not None:
+                    bufs = layout.pack(values)
+                    layout.reduce(bufs, group, state.ws)
+                    layout.finish(bufs, keys, values, data, state.ws)
+                state.last = layout
+                state.agreed = layout if layout is not None and layout.check is not None else None
+                return
+            # else every rank raises: the difference or the bad argument, named
+            known = (bad, same)
+        words = layout.words if layout is not None else None
+        driver = layout.driver if layout is not None else None
+        check_same_dicts(
+            "all_reduce_dict", keys, values, problem, group, op=rop, driver=driver, words=words, known=known
+        )
+    elif problem is not None:
+        raise _alone(problem)
+    if layout is not None and bufs is not None:
+        layout.reduce(bufs, group, state.ws)
+        layout.finish(bufs, keys, values, data, state.ws)
+        state.last = layout
+        if checked and layout.check is not None:
+            state.agreed = layout
+
+
+def _alone(problem: Exception) -> Exception:
+    """``problem`` as this rank raises it when no other rank is told (the op's name first)."""
+    return type(problem)(f"all_reduce_dict: {problem}")
