@@ -306,6 +306,13 @@ def carries(driver: Any, op: str) -> bool:
     return True
 
 
+def _rows_in(data: np.ndarray, op: str, group: Any, driver: Any) -> tuple[Any, int, torch.dtype, Tensor]:
+    """(driver, group size, byte carrier, ``data`` on the wire) for a gather of equal rows by ``op``."""
+    driver = driver if driver is not None else registry.resolve(group)
+    carrier = byte_carrier(driver, op)
+    return driver, _world(group), carrier, _wire(data, carrier, driver.comm_device())
+
+
 def gather_rows(
     data: np.ndarray, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
 ) -> np.ndarray:
@@ -320,13 +327,9 @@ def gather_rows(
     Returns:
         A ``(world, len(data))`` uint8 array, rows in group-rank order.
     """
-    driver = driver if driver is not None else registry.resolve(group)
-    world = _world(group)
-    dev = driver.comm_device()
-    carrier = byte_carrier(driver, "all_gather")
+    driver, world, carrier, inp = _rows_in(data, "all_gather", group, driver)
     n = data.size
-    inp = _wire(data, carrier, dev)
-    out = torch.empty(inp.numel() * world, dtype=carrier, device=dev)
+    out = torch.empty(inp.numel() * world, dtype=carrier, device=inp.device)
     # one receive tensor (the engine falls back to the list form where the driver has no flat one)
     work = issue(wire_call(group, "all_gather_flat", send=inp, recv=out, driver=driver), wait is not None)
     _settle(work, wait, False)
@@ -356,12 +359,8 @@ def gather_rows_to(
         On ``dst``: one uint8 array per group rank, in group-rank order (each ``len(data)`` bytes, not
         copied out of what was received); elsewhere None.
     """
-    driver = driver if driver is not None else registry.resolve(group)
-    world = _world(group)
-    dev = driver.comm_device()
-    carrier = byte_carrier(driver, "gather")
+    driver, world, _, inp = _rows_in(data, "gather", group, driver)
     n = data.size
-    inp = _wire(data, carrier, dev)
     root = view(group).rank == dst
     outs = [torch.empty_like(inp) for _ in range(world)] if root else None
     work = issue(wire_call(group, "gather", send=inp, recv=outs, root=dst, driver=driver), wait is not None)
