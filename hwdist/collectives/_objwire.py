@@ -192,11 +192,15 @@ def make_record(
         inline = np.frombuffer(message.encode("utf-8", "replace")[:INLINE_BYTES], dtype=np.uint8)
     n = 0 if inline is None else int(inline.size)
     rec = np.zeros(max(RECORD_BYTES, _HEAD + n), dtype=np.uint8)
-    head = np.array([RECORD_MAGIC, status, total, nchunks, root, opcode, token, n], dtype="<i8")
-    rec[:_HEAD] = head.view(np.uint8)
+    _write_head(rec, status, total, nchunks, root, opcode, token, n)
     if inline is not None and n:
         rec[_HEAD : _HEAD + n] = inline
     return rec
+
+
+def _write_head(rec: np.ndarray, *fields: int) -> None:
+    """The record's header: the magic, then status, total, nchunks, root, opcode, token, inline length."""
+    rec[:_HEAD] = np.array([RECORD_MAGIC, *fields], dtype="<i8").view(np.uint8)
 
 
 def failure_record(opcode: int, failure: LocalFailure, root: int = -1) -> np.ndarray:
@@ -216,8 +220,7 @@ def payload_record(
     n = frame.nbytes
     if n <= inline_max:
         rec = np.empty(max(RECORD_BYTES, _HEAD + inline_max), dtype=np.uint8)
-        head = np.array([RECORD_MAGIC, OK, n, 0, root, opcode, token, n], dtype="<i8")
-        rec[:_HEAD] = head.view(np.uint8)
+        _write_head(rec, OK, n, 0, root, opcode, token, n)
         frame.write_into(rec[_HEAD:])
         rec[_HEAD + n :] = 0
         return rec, None

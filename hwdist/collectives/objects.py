@@ -310,7 +310,8 @@ def gather_object(
     comm = Link(group)
     check("gather_object", comm.group, lambda: (None, {"dst": rank_field(dst)}))
     op = OPS["gather_object"]
-    if comm.gathers and comm.record_bytes > GATHER_RECORD_BYTES:
+    gathers = comm.gathers  # the driver's plan, looked up once
+    if gathers and comm.record_bytes > GATHER_RECORD_BYTES:
         # the group carries large objects: records with room for them would move every payload to every
         # rank; small records, then one gather moves each payload to the root only
         comm.cap_records(RECORD_BYTES)
@@ -336,11 +337,11 @@ def gather_object(
     # up to the limit in all, the payloads that did not fit their record: one padded gather to the root
     # (an all_gather where the driver has no gather). No sender then waits on the root: as for inline
     # payloads, only the root raises its decode failure.
-    padded = bool(big) and largest * world <= (GATHER_LIMIT if comm.gathers else PADDED_ALL_GATHER_LIMIT)
+    padded = bool(big) and largest * world <= (GATHER_LIMIT if gathers else PADDED_ALL_GATHER_LIMIT)
     rows = None
     if padded:
         row = _padded(None if comm.rank == root else own, largest)
-        rows = comm.gather(row, root) if comm.gathers else comm.all_gather(row)
+        rows = comm.gather(row, root) if gathers else comm.all_gather(row)
     p2p = comm.has("send") and comm.has("recv")
     for r in records:
         if r.inline is not None:
