@@ -41,7 +41,7 @@ import torch.distributed as torch_dist
 from .. import _compat, registry
 from ..drivers.base import Driver, Plan, Post
 from . import call_entry
-from ._handle import CollectiveHandle
+from .call_entry import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device, comm_index_source, fixed_comm_device
 
 __all__ = [

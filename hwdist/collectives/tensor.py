@@ -27,14 +27,13 @@ import numpy as np
 import torch
 
 from . import _args
-from . import _fingerprints as fp
 from ._alltoall import ALL_TO_ALL
 from ._args import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
 from ._args import ReduceOpLike, normalize_reduce_op
-from .call_entry import collective
+from .call_entry import CollectiveHandle, collective
 from .engine import view
+from .verify import TensorFields as _fields
 from ._gather import gathered_numels
-from ._handle import CollectiveHandle
 from ._strategies import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -75,7 +74,7 @@ _check_tensor = _args.check_tensor
 # ---------------------------------------------------------------------------
 # all_reduce / reduce
 # ---------------------------------------------------------------------------
-@collective(2, describe=fp.all_reduce)
+@collective(2, describe=_fields.all_reduce)
 def all_reduce(
     data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False
 ) -> Any:
@@ -126,7 +125,7 @@ def all_reduce(
     return view(group).run(ALL_REDUCE, data, async_op, rop)
 
 
-@collective(3, describe=fp.reduce)
+@collective(3, describe=_fields.reduce)
 def reduce(
     data: Tensor,
     dst: int = 0,
@@ -169,7 +168,7 @@ def reduce(
 # ---------------------------------------------------------------------------
 # all_gather / gather
 # ---------------------------------------------------------------------------
-@collective(1, describe=fp.all_gather)
+@collective(1, describe=_fields.all_gather)
 def all_gather(
     data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False
 ) -> Any:
@@ -213,7 +212,7 @@ def all_gather(
     return view(group).run(ALL_GATHER, data, async_op, extra=(same_shape, async_op))
 
 
-@collective(2, describe=fp.gather)
+@collective(2, describe=_fields.gather)
 def gather(
     data: Tensor,
     dst: int = 0,
@@ -258,7 +257,7 @@ def gather(
     return g.run(GATHER, data, async_op, root=dst, extra=(same_shape, async_op))
 
 
-@collective(1, describe=fp.pad_to_largest_tensor)
+@collective(1, describe=_fields.pad_to_largest_tensor)
 def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[list[int], Tensor]:
     """Flatten ``tensor`` and pad it with zeros to the largest element count of any rank.
 
@@ -294,7 +293,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
 # ---------------------------------------------------------------------------
 # broadcast / scatter / reduce_scatter / all_to_all
 # ---------------------------------------------------------------------------
-@collective(2, describe=fp.broadcast)
+@collective(2, describe=_fields.broadcast)
 def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Broadcast ``data`` from rank ``src`` to every rank, in place.
 
@@ -323,7 +322,7 @@ def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_
     return g.run(BROADCAST, data, async_op, root=src)
 
 
-@collective(3, describe=fp.scatter)
+@collective(3, describe=_fields.scatter)
 def scatter(
     data: Tensor,
     scatter_list: Optional[Sequence[Tensor]] = None,
@@ -369,7 +368,7 @@ def scatter(
     return g.run(SCATTER, data, async_op, root=src, extra=scatter_list)  # src checks the list (status slot)
 
 
-@collective(3, describe=fp.reduce_scatter)
+@collective(3, describe=_fields.reduce_scatter)
 def reduce_scatter(
     output: Tensor,
     input_list: Union[Sequence[Tensor], Tensor],
@@ -408,7 +407,7 @@ def reduce_scatter(
     return g.run(REDUCE_SCATTER, output, async_op, rop, extra=items)
 
 
-@collective(2, describe=fp.all_to_all)
+@collective(2, describe=_fields.all_to_all)
 def all_to_all(
     output_list: Sequence[Tensor],
     input_list: Sequence[Tensor],
@@ -444,7 +443,7 @@ def all_to_all(
     return g.run(ALL_TO_ALL, ins[0], async_op, extra=(ins, outs))
 
 
-@collective(0, describe=fp.barrier)
+@collective(0, describe=_fields.barrier)
 def barrier(group: Optional[Any] = None) -> None:
     """Block until every rank of ``group`` arrives; no-op when not distributed.
 

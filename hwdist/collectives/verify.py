@@ -43,6 +43,7 @@ import torch.distributed as torch_dist
 from .. import _state, registry, settings
 from ..errors import CollectiveMismatch
 from . import engine, transport
+from ._args import op_field
 
 __all__ = [
     "CollectiveMismatch",
@@ -315,3 +316,104 @@ def seq_reset(group: Optional[Any] = None) -> None:
 
 
 _mode_changed()  # the initial value (HWDIST_DEBUG): mirrors and the engine's hook
+
+
+# ---------------------------------------------------------------------------
+# what verification mode compares for each tensor collective
+# ---------------------------------------------------------------------------
+Fields = tuple[Any, Any, dict[str, Any]]
+
+
+def _describe_many(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [describe_tensor(t) for t in value]
+    return describe_tensor(value)
+
+
+class TensorFields:
+    """What verification mode compares for each tensor collective: one describer per op.
+
+    Each takes the collective's own arguments and returns ``(group, sample,
+    fields)``: the group, a tensor of the call (it picks the driver the digest
+    travels with) and the fields every rank must agree on. They run only while
+    verification mode is on (the engine's hook), before the argument checks, so
+    a rank with bad arguments still takes part and every rank raises.
+    Point-to-point calls are not described: they have one partner, not the
+    whole group (docs/reliability.md).
+    """
+
+    @staticmethod
+    def all_reduce(
+        data: Any, op: Any = "sum", group: Optional[Any] = None, *, async_op: bool = False
+    ) -> Fields:
+        return group, data, {"data": describe_tensor(data), "reduce_op": op_field(op)}
+
+    @staticmethod
+    def reduce(
+        data: Any, dst: Any = 0, op: Any = "sum", group: Optional[Any] = None, *, async_op: bool = False
+    ) -> Fields:
+        return group, data, {"data": describe_tensor(data), "reduce_op": op_field(op), "dst": rank_field(dst)}
+
+    @staticmethod
+    def broadcast(data: Any, src: Any = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Fields:
+        return group, data, {"data": describe_tensor(data), "src": rank_field(src)}
+
+    @staticmethod
+    def all_gather(
+        data: Any, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False
+    ) -> Fields:
+        desc = describe_tensor(data) if same_shape else describe_dtype(data)
+        return group, data, {"data": desc, "same_shape": bool(same_shape)}
+
+    @staticmethod
+    def gather(
+        data: Any,
+        dst: Any = 0,
+        group: Optional[Any] = None,
+        *,
+        same_shape: bool = False,
+        async_op: bool = False,
+    ) -> Fields:
+        desc = describe_tensor(data) if same_shape else describe_dtype(data)
+        return group, data, {"data": desc, "same_shape": bool(same_shape), "dst": rank_field(dst)}
+
+    @staticmethod
+    def pad_to_largest_tensor(tensor: Any, group: Optional[Any] = None) -> Fields:
+        return group, tensor, {"tensor": describe_dtype(tensor)}
+
+    @staticmethod
+    def scatter(
+        data: Any,
+        scatter_list: Any = None,
+        src: Any = 0,
+        group: Optional[Any] = None,
+        *,
+        async_op: bool = False,
+    ) -> Fields:
+        return group, data, {"data": describe_tensor(data), "src": rank_field(src)}
+
+    @staticmethod
+    def reduce_scatter(
+        output: Any, input_list: Any, op: Any = "sum", group: Optional[Any] = None, *, async_op: bool = False
+    ) -> Fields:
+        fields = {
+            "output": describe_tensor(output),
+            "input": _describe_many(input_list),
+            "reduce_op": op_field(op),
+        }
+        return group, output, fields
+
+    @staticmethod
+    def all_to_all(
+        output_list: Any, input_list: Any, group: Optional[Any] = None, *, async_op: bool = False
+    ) -> Fields:
+        # piece sizes may differ by design: dtype and count here, sizes in the transport (_alltoall)
+        first = input_list[0] if isinstance(input_list, (list, tuple)) and input_list else input_list
+        pieces = [
+            len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in (input_list, output_list)
+        ]
+        return group, first, {"input": describe_dtype(first), "pieces": pieces}
+
+    @staticmethod
+    def barrier(group: Optional[Any] = None) -> Fields:
+        return group, None, {}

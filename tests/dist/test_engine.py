@@ -241,8 +241,7 @@ _ENGINE_USERS = [
     "hwdist/collectives/transport.py",
     "hwdist/collectives/_wire.py",
     "hwdist/collectives/_args.py",
-    "hwdist/collectives/_handle.py",
-    "hwdist/collectives/_fingerprints.py",
+    "hwdist/collectives/call_entry.py",
     "hwdist/collectives/verify.py",
 ]
 _COLLECTIVES = {
