@@ -163,15 +163,22 @@ class _Part:
 
     Values of one non-empty shape that travel in their own dtype are stacked (one ``torch.stack``,
     one ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
+    The part that carries the layout's check slots (``extra`` elements) has them after the values.
     """
 
     __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "reducer",
-                 "size", "extra")  # fmt: skip
+                 "size", "extra", "cdev", "cpu", "rows", "tail")  # fmt: skip
 
     def __init__(
-        self, idx: list[int], plan: Plan, shapes: list[torch.Size], dtypes: list[torch.dtype], extra: int
+        self,
+        idx: list[int],
+        plan: Plan,
+        shapes: list[torch.Size],
+        dtypes: list[torch.dtype],
+        cdev: torch.device,
+        extra: int,
     ) -> None:
-        self.idx, self.plan = idx, plan
+        self.idx, self.plan, self.cdev, self.cpu = idx, plan, cdev, cdev.type == "cpu"
         self.shapes = [shapes[i] for i in idx]
         self.numels = [math.prod(s) for s in self.shapes]
         self.offsets = [sum(self.numels[:j]) for j in range(len(idx))]
@@ -179,69 +186,86 @@ class _Part:
         self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
         self.own = all(dtypes[i] == self.pack_dtype for i in idx)  #: no value changes dtype
         one = self.shapes[0]
-        #: the stacked values' shape, or None: concatenated
         same = self.own and self.numels[0] and all(s == one for s in self.shapes)
+        #: the stacked values' shape, or None: concatenated
         self.stacked = torch.Size((len(idx), *one)) if same else None
-        self.reducer: Optional[transport.FlatReducer] = None  #: route, rows and wire call, made once
+        #: the stacked values are rows of more than one element (a 1-D buffer views them back)
+        self.rows = same and len(one) > 0
         #: elements after the values: the layout's check slots in one part (``DictLayout.check``), else 0
         self.extra = extra
+        #: what ``pack`` writes after the values: this rank's own check slots (set by the layout)
+        self.tail: Optional[Tensor] = None
+        self.reducer: Optional[transport.FlatReducer] = None  #: route, rows and wire call, made once
 
-    def pack(
-        self, values: Sequence[Tensor], cdev: torch.device, slots: Optional[Tensor] = None
-    ) -> tuple[Tensor, Tensor, bool]:
+    def pack(self, values: Sequence[Tensor]) -> tuple[Tensor, Tensor, bool]:
         """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``.
-
-        ``slots``: the layout's check slots, written after the values (the part with ``extra``).
 
         Raises:
             RuntimeError, NotImplementedError, TypeError: a value that does not fit (another shape,
                 sparse, meta); only where the values were not checked first.
         """
         members = [values[i] for i in self.idx]
+        cdev, tail = self.cdev, self.tail
         if self.stacked is not None:
             try:
                 flat = torch.stack(members)
-                home = flat.device == cdev
+                home = flat.is_cpu if self.cpu else flat.device == cdev
             except (RuntimeError, AssertionError):  # values on several devices (or of other shapes, or a
                 # meta value on an older torch, whose meta kernels assert: raises again)
                 flat, home = torch.stack([m.to(cdev) for m in members]), False
             if flat.shape != self.stacked or flat.layout is not torch.strided or flat.is_meta:
                 raise TypeError("the values do not fit the layout")
-            flat = (flat.detach() if flat.requires_grad else flat).to(cdev)
-            if self.extra:
-                flat = torch.cat([flat.reshape(-1), slots])  # type: ignore[list-item]
+            if flat.requires_grad:
+                flat = flat.detach()
+            if not home:
+                flat = flat.to(cdev)
+            if tail is not None:
+                flat = torch.cat([flat.view(-1) if self.rows else flat, tail])
         else:
             flat = torch.empty(self.size + self.extra, dtype=self.pack_dtype, device=cdev)
-            home = all(m.device == cdev for m in members)
+            home = all(m.is_cpu for m in members) if self.cpu else all(m.device == cdev for m in members)
             with torch.no_grad():
                 if home:  # casts into pack_dtype
-                    tail = [slots] if self.extra else []
-                    torch.cat([m.reshape(-1) for m in members] + tail, out=flat)  # type: ignore[operator]
+                    flat_values = [m.reshape(-1) for m in members]
+                    torch.cat(flat_values if tail is None else [*flat_values, tail], out=flat)
                 else:
                     for m, off, n in zip(members, self.offsets, self.numels):
                         flat[off : off + n].copy_(m.reshape(-1))
-                    if self.extra:
-                        flat[self.size :].copy_(slots)  # type: ignore[arg-type]
+                    if tail is not None:
+                        flat[self.size :].copy_(tail)
         return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
 
-    def blank(self, cdev: torch.device) -> tuple[Tensor, Tensor, bool]:
+    def reduce(self, wire: Tensor, group: Any, ws: int, driver: Any) -> None:
+        """Reduce ``wire`` (a packed buffer as it travels) in place: the route is chosen once, and again
+        after ``set_tuning``."""
+        reducer = self.reducer
+        if reducer is None or not reducer.current():
+            reducer = self.reducer = transport.FlatReducer(
+                wire, self.plan.reduce_op or "sum", group, ws, driver
+            )
+        reducer(wire)
+
+    def blank(self) -> tuple[Tensor, Tensor, bool]:
         """A buffer of this part's size and dtype, with no values (a rank whose dict differs sends it)."""
-        flat = torch.zeros(self.size + self.extra, dtype=self.pack_dtype, device=cdev)
+        flat = torch.zeros(self.size + self.extra, dtype=self.pack_dtype, device=self.cdev)
         return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), True
 
     def finish(
         self, buf: tuple[Tensor, Tensor, bool], keys: list[Any], values: list[Any], data: Any, ws: int
     ) -> None:
-        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
+        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device).
+
+        ``buf``'s buffer may hold the values alone (``DictLayout.read_slots`` cut the slots off).
+        """
         flat, wire, home = buf
         if self.plan.post is Post.DIVIDE:
             divide(wire, ws, self.plan.dtype)
-        if self.extra:  # the values, without the check slots after them
+        if self.extra and flat.shape[0] != self.size:  # the values, without the check slots after them
             flat = flat[: self.size]
-            if self.stacked is not None:
-                flat = flat.view(self.stacked)
-        if self.stacked is not None or not any(self.shapes):  # stacked rows, or 0-d values
-            pieces: Sequence[Tensor] = flat.unbind(0)  # one call makes every view
+        if self.stacked is not None:
+            pieces: Sequence[Tensor] = (flat.view(self.stacked) if self.rows else flat).unbind(0)
+        elif not any(self.shapes):  # 0-d values: one call makes every view
+            pieces = flat.unbind(0)
         else:
             pieces = [p.view(s) for p, s in zip(flat.split(self.numels), self.shapes)]
         for i, piece in zip(self.idx, pieces):
@@ -260,7 +284,7 @@ class DictLayout:
     """
 
     __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "words",
-                 "stacked", "checked", "check", "slots", "expect")  # fmt: skip
+                 "stacked", "checked", "check", "expect")  # fmt: skip
 
     def __init__(
         self, op: str, keys: list[Any], values: list[Tensor], driver: Any, group: Any, checked: bool
@@ -288,30 +312,28 @@ class DictLayout:
                 self.check = (j, up)
                 break
         self.parts = [
-            _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes,
+            _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes, self.cdev,
                   _SLOTS if self.check is not None and self.check[0] == j else 0)
             for j, w in enumerate(order)
         ]  # fmt: skip
         self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
         self.words = _fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
-        #: the check slots of a rank that holds this layout and packed its values into it
-        self.slots: Optional[Tensor] = None
-        if self.check is not None:
-            self.slots = self.slot_values(self.words, False)
-        #: the slots after the reduction when every rank sent ``slots`` (a sum multiplies them by the
-        #: group's size; a sum that rounds, as in bfloat16 over many ranks, is decoded slot by slot)
+        #: the check slots after the reduction when every rank packed its values into this layout (a sum
+        #: multiplies them by the group's size; a sum that rounds, as in bfloat16 over many ranks, is
+        #: decoded slot by slot), shaped as they travel
         self.expect: Optional[Tensor] = None
-        if self.slots is not None and self.check is not None:
-            summed = self.parts[self.check[0]].plan.reduce_op == "sum"
-            self.expect = self.slots * ws if summed else self.slots
+        if self.check is not None:
+            part = self.parts[self.check[0]]
+            part.tail = self.slot_values(self.words, False)  # what a rank that packs its values sends
+            self.expect = part.tail * ws if part.plan.reduce_op == "sum" else part.tail
 
     def pack(self, values: list[Tensor]) -> Buffers:
         """The buffers of ``values`` (checked first: dense tensors with data, of this layout)."""
-        return [part.pack(values, self.cdev, self.slots) for part in self.parts]
+        return [part.pack(values) for part in self.parts]
 
     def blank(self) -> Buffers:
         """Buffers of this layout without values: what a rank that holds another dict sends in its place."""
-        return [part.blank(self.cdev) for part in self.parts]
+        return [part.blank() for part in self.parts]
 
     def slot_values(self, words: Optional[tuple[int, int]], other: bool) -> Tensor:
         """The check slots of a rank that holds a dict of fingerprint ``words`` (None: a bad argument);
@@ -338,9 +360,15 @@ class DictLayout:
 
     def read_slots(self, bufs: Buffers) -> tuple[bool, bool, bool]:
         """After the reduction: (some rank had a bad argument, some rank's values are not in these buffers,
-        every rank's fingerprint is the same)."""
+        every rank's fingerprint is the same).
+
+        The carrying part's buffer is replaced by its values (what ``finish`` reads).
+        """
         j, up = self.check  # type: ignore[misc]
-        tail = bufs[j][0][self.parts[j].size :]
+        flat, wire, home = bufs[j]
+        size = self.parts[j].size
+        tail = flat[size:]
+        bufs[j] = (flat[:size], wire, home)
         # every rank sent this layout's own slots: one comparison
         if self.expect is not None and torch.equal(tail, self.expect):
             return False, False, True
@@ -361,24 +389,28 @@ class DictLayout:
                 return None
             if not self.stacked and [v.shape for v in values] != self.shapes:
                 return None
-            return self.pack(values) if values[0].device.type == self.device_type else None
+            first = values[0]
+            if not (first.is_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
+                return None
+            return self.pack(values)
         except Exception:  # noqa: BLE001 - not tensors, sparse or meta (older torch: AssertionError from
             return None  # its meta kernels): the checks name it
 
-    def reduce(self, bufs: Buffers, group: Any, ws: int, which: Optional[bool] = None) -> None:
-        """Reduce the buffers in place (each route chosen once, again after ``set_tuning``).
-
-        ``which``: None, every buffer; True, only the one with the check slots; False, the others.
-        """
-        j = -1 if self.check is None else self.check[0]
+    def reduce(self, bufs: Buffers, group: Any, ws: int, skip: int = -1) -> None:
+        """Reduce the buffers in place, but part ``skip``'s."""
         for i, (part, (_, wire, _)) in enumerate(zip(self.parts, bufs)):
-            if which is not None and (i == j) != which:
-                continue
-            if part.reducer is None or not part.reducer.current():
-                part.reducer = transport.FlatReducer(
-                    wire, part.plan.reduce_op or "sum", group, ws, self.driver
-                )
-            part.reducer(wire)
+            if i != skip:
+                part.reduce(wire, group, ws, self.driver)
+
+    def reduce_checked(self, bufs: Buffers, group: Any, ws: int) -> tuple[bool, bool, bool]:
+        """Reduce the part with the check slots and read them (``read_slots``); the other parts only when
+        every rank holds this layout, with good values."""
+        j = self.check[0]  # type: ignore[index]
+        self.parts[j].reduce(bufs[j][1], group, ws, self.driver)
+        bad, elsewhere, same = verdict = self.read_slots(bufs)
+        if len(self.parts) > 1 and not (bad or elsewhere) and same:
+            self.reduce(bufs, group, ws, skip=j)
+        return verdict
 
     def finish(self, bufs: Buffers, keys: list[Any], values: list[Tensor], data: Any, ws: int) -> None:
         """Write every reduced value back (``reduce`` first)."""
@@ -567,10 +599,8 @@ def all_reduce_dict(
             if not mine:  # (packed buffers carry the layout's own slots)
                 held = None if problem is not None else _fingerprint(rop, keys, values)
                 agreed.set_slots(sent, agreed.slot_values(held, True))
-            agreed.reduce(sent, group, state.ws, which=True)  # the check first: the others go only if needed
-            bad, elsewhere, same = agreed.read_slots(sent)
+            bad, elsewhere, same = agreed.reduce_checked(sent, group, state.ws)
             if not bad and same and not elsewhere:
-                agreed.reduce(sent, group, state.ws, which=False)
                 agreed.finish(sent, keys, values, data, state.ws)
                 state.agreed = state.last = agreed
                 return

@@ -336,21 +336,31 @@ def test_all_reduce_dict_collectives_per_call(dist, combo):
 
 #: The verified dict's check slots under every way a reduction can tell a raised slot: "any" ops (sum,
 #: mean, max, or: bool's sum issues max) and "all" ops (min, product, and: bool's product issues min);
-#: bxor cannot tell, so its check stays a separate exchange. (emu has no bitwise ops.)
+#: bxor cannot tell, so its check stays a separate exchange. (emu has no bitwise ops.) Each row:
+#: (dtype, ops, dict shapes). "mixed" values are concatenated with the slots; values of one shape are
+#: stacked, then the slots follow ("scalars": 0-d rows; "rows", "wide200", "wide300": 1-D rows narrower
+#: and wider than the slots).
 VERIFIED = [
-    (torch.float32, ("sum", "mean", "max", "min", "product")),
-    (torch.bfloat16, ("sum", "min")),
-    (torch.int32, ("sum", "product", "band", "bor", "bxor")),
-    (torch.bool, ("sum", "product")),
+    (torch.float32, ("sum", "min"), ("mixed", "scalars", "rows", "wide200", "wide300")),
+    (torch.float32, ("mean", "max", "product"), ("mixed",)),
+    (torch.bfloat16, ("sum", "min"), ("mixed",)),
+    (torch.int32, ("sum", "product", "band", "bor", "bxor"), ("mixed",)),
+    (torch.int32, ("band",), ("scalars",)),
+    (torch.bool, ("sum", "product"), ("mixed",)),
 ]
 
 
-def _verified_dict(r: int, dtype: torch.dtype, more: bool = False) -> dict:
-    """Two keys; ``more``: a third (another layout)."""
+def _verified_dict(r: int, dtype: torch.dtype, more: bool = False, shape: str = "mixed") -> dict:
+    """Two keys of rank ``r``'s values; ``more``: a third (another layout)."""
     if dtype == torch.bool:
         d = {"a": torch.tensor([r % 2 == 0, True]), "b": torch.tensor(r == 0)}
-    else:
+    elif shape == "mixed":
         d = {"a": torch.tensor([r + 1, r + 2], dtype=dtype), "b": torch.tensor(r + 3, dtype=dtype)}
+    elif shape == "scalars":
+        d = {"a": torch.tensor(r + 1, dtype=dtype), "b": torch.tensor(r + 3, dtype=dtype)}
+    else:
+        n = {"rows": 2, "wide200": 200, "wide300": 300}[shape]
+        d = {"a": torch.arange(n, dtype=dtype) % 3 + r + 1, "b": torch.full((n,), r + 3, dtype=dtype)}
     if more:
         d["s"] = d["b"].clone()
     return d
@@ -359,36 +369,45 @@ def _verified_dict(r: int, dtype: torch.dtype, more: bool = False) -> dict:
 def check_verified_repeats(backend: str) -> list:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     out = []
-    for dtype, ops in VERIFIED:
+    for dtype, ops, shapes in VERIFIED:
         for op in ops:
-            if backend == "emu" and op in ("band", "bor", "bxor"):
-                continue
-            row: dict = {"dtype": str(dtype), "op": op, "counts": [], "values": []}
-
-            def run(d: dict) -> None:
-                row["counts"].append(_reduce_counted(d, op))
-                row["values"].append({k: v.tolist() for k, v in d.items()})
-
-            for _ in range(3):  # the same dict: the first call checks, then one collective a call
-                run(_verified_dict(r, dtype))
-            d = _verified_dict(r, dtype)
-            if r == ws - 1:  # one rank holds another dict: every rank raises, naming the difference
-                d["c"] = torch.ones(1, dtype=dtype)
-            row["extra"] = _catch(hwdist.all_reduce_dict, d, op)
-            run(_verified_dict(r, dtype))  # checked again after the error, then one collective again
-            run(_verified_dict(r, dtype))
-            d = _verified_dict(r, dtype)
-            if r == ws - 1:  # a bad value on one rank: every rank raises, naming it
-                d["b"] = 3
-            row["bad"] = _catch(hwdist.all_reduce_dict, d, op)
-            run(_verified_dict(r, dtype))
-            run(_verified_dict(r, dtype, more=True))  # every rank moves to another dict together
-            run(_verified_dict(r, dtype, more=True))
-            out.append(row)
+            for shape in shapes:
+                if backend == "emu" and op in ("band", "bor", "bxor"):
+                    continue
+                out.append(_verified_row(r, ws, dtype, op, shape))
     return out
 
 
-def _want(dtype: str, op: str, ws: int, more: bool) -> dict:
+def _verified_row(r: int, ws: int, dtype: torch.dtype, op: str, shape: str) -> dict:
+    row: dict = {"dtype": str(dtype), "op": op, "shape": shape, "counts": [], "values": []}
+
+    def make(more: bool = False) -> dict:
+        return _verified_dict(r, dtype, more, shape)
+
+    def run(d: dict) -> None:
+        row["counts"].append(_reduce_counted(d, op))
+        row["values"].append({k: v.tolist() for k, v in d.items()})
+
+    for _ in range(3):  # the same dict: the first call checks, then one collective a call
+        run(make())
+    d = make()
+    if r == ws - 1:  # one rank holds another dict: every rank raises, naming the difference
+        d["c"] = torch.ones(1, dtype=dtype)
+    row["extra"] = _catch(hwdist.all_reduce_dict, d, op)
+    run(make())  # checked again after the error, then one collective again
+    run(make())
+    d = make()
+    if r == ws - 1:  # a bad value on one rank: every rank raises, naming it
+        d["b"] = 3
+    row["bad"] = _catch(hwdist.all_reduce_dict, d, op)
+    run(make())
+    run(make(more=True))  # every rank moves to another dict together
+    run(make(more=True))
+    return row
+
+
+def _want(dtype: str, op: str, ws: int, more: bool, shape: str) -> dict:
+    """What the reduction gives: every rank's dict built again here and reduced in Python, value by value."""
     red = {
         "sum": sum, "mean": lambda v: sum(v) / ws, "max": max, "min": min, "product": math.prod,
         "band": functools.partial(functools.reduce, operator.and_),
@@ -396,15 +415,15 @@ def _want(dtype: str, op: str, ws: int, more: bool) -> dict:
         "bxor": functools.partial(functools.reduce, operator.xor),
     }[op]  # fmt: skip
     if dtype == "torch.bool":
-        pick = any if op == "sum" else all
-        want = {"a": [pick(r % 2 == 0 for r in range(ws)), True], "b": pick(r == 0 for r in range(ws))}
-    else:
-        want = {
-            "a": [red([r + 1 for r in range(ws)]), red([r + 2 for r in range(ws)])],
-            "b": red([r + 3 for r in range(ws)]),
-        }
-    if more:
-        want["s"] = want["b"]
+        red = any if op == "sum" else all
+    dicts = [_verified_dict(r, getattr(torch, dtype.split(".")[1]), more, shape) for r in range(ws)]
+    want: dict = {}
+    for k in dicts[0]:
+        lists = [d[k].tolist() for d in dicts]
+        if isinstance(lists[0], list):
+            want[k] = [red([x[i] for x in lists]) for i in range(len(lists[0]))]
+        else:
+            want[k] = red(lists)
     return want
 
 
@@ -417,14 +436,14 @@ def test_verified_dict_repeats_in_one_collective_and_still_names_a_difference(di
     results = dist(check_verified_repeats, ws, backend, backend)
     for rank_rows in results:
         for row in rank_rows:
-            dtype, op, counts = row["dtype"], row["op"], row["counts"]
-            case = (dtype, op, counts)
+            dtype, op, counts, shape = row["dtype"], row["op"], row["counts"], row["shape"]
+            case = (dtype, op, shape, counts)
             one = 2 if op == "bxor" else 1  # bxor: the agreement exchange, then the data
             # 3 repeats; after the error, checked then one; after the bad value, checked; another dict: the
             # last dict's buffer with its check slots, then the new dict; then the new one in one
             assert counts == [2, one, one, 2, one, 2, 2, one], case
             for i, values in enumerate(row["values"]):
-                want = _want(dtype, op, ws, i >= 6)
+                want = _want(dtype, op, ws, i >= 6, shape)
                 if dtype in ("torch.float32", "torch.bfloat16"):
                     want = {k: pytest.approx(v) for k, v in want.items()}
                 assert values == want, (case, i)
