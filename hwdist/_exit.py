@@ -10,10 +10,12 @@ teardown order that ``hwdist.destroy()`` gives, without asking the user to call 
 
 The hook is registered when hwdist initialises a default group or first resolves
 one (a group made through ``torch.distributed.init_process_group`` and then used
-by hwdist), never at ``import hwdist``. It does nothing when the group is already
-gone (``hwdist.destroy()`` or ``torch.distributed.destroy_process_group()`` was
-called), runs once, has no barrier (a peer that already exited cannot make it
-wait), and is bounded: a teardown that blocks (work still queued for a peer that
+by hwdist), never at ``import hwdist``. When the group is already gone
+(``hwdist.destroy()`` or ``torch.distributed.destroy_process_group()`` was
+called) it only drops the references hwdist still keeps to groups (its caches),
+so that a group torch destroyed is not freed by the finalisation either. It runs
+once, has no barrier (a peer that already exited cannot make it wait), and is
+bounded: a teardown that blocks (work still queued for a peer that
 is alive but stuck) ends the process after ``EXIT_BOUND_S`` seconds instead of
 hanging it. ``HWDIST_DESTROY_AT_EXIT=0`` turns it off.
 """
@@ -77,13 +79,17 @@ def _at_exit() -> None:
         import torch.distributed as torch_dist
 
         if not (torch_dist.is_available() and torch_dist.is_initialized()):
+            # destroyed already (torch.distributed.destroy_process_group() leaves hwdist's references):
+            # the group's last reference goes now, while the interpreter is whole
+            _teardown(destroy=False)
             return
     except Exception:
         return
     _teardown()
 
 
-def _teardown() -> None:
+def _teardown(destroy: bool = True) -> None:
+    """Drop hwdist's references to the groups, then destroy the default group (unless ``destroy``)."""
     # A blocked destructor can hold the GIL (torch < 2.8), so no Python thread could time it out:
     # faulthandler's watchdog is a C thread that ends the process without needing the GIL.
     armed = False
@@ -98,6 +104,8 @@ def _teardown() -> None:
 
         if _forget is not None:
             _forget()
+        if not destroy:
+            return
         if _compat.DESTROY_GIL_PAUSE_S:  # torch < 2.8: let gloo's workers finish first (see _compat)
             time.sleep(_compat.DESTROY_GIL_PAUSE_S)
         torch_dist.destroy_process_group()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
@@ -37,13 +38,22 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Set by hwdist.launch.init_local_group; None until then.
-_local_group: Any = None
+# Set by hwdist.launch.init_local_group: a weak reference to the group (torch owns it: once torch
+# destroys it, it is gone here too, and its last reference never falls to the interpreter's finalisation,
+# the teardown order that aborts gloo now and then); None until then.
+_local_ref: Optional[Callable[[], Any]] = None
 
 
 def set_local_group(group: Any) -> None:
-    global _local_group
-    _local_group = group
+    global _local_ref
+    try:
+        _local_ref = None if group is None else weakref.ref(group)
+    except TypeError:  # not weakly referenceable: kept as it is
+        _local_ref = lambda: group  # noqa: E731
+
+
+def _local_group() -> Any:
+    return None if _local_ref is None else _local_ref()
 
 
 def is_distributed() -> bool:
@@ -104,13 +114,14 @@ _LOCAL_SIZE_VARS = LOCAL_SIZE_VARS
 
 def get_local_group() -> Optional[Any]:
     """The process group of the ranks on this node (see ``init_local_group``), or None."""
-    return _local_group if is_distributed() else None
+    return _local_group() if is_distributed() else None
 
 
 def _local(what: str, from_group: Callable[[Any], int], variables: Sequence[str], serial: int) -> int:
     """The local group's value, else the launcher's variables, else ``serial`` when not distributed."""
-    if is_distributed() and _local_group is not None:
-        return from_group(_local_group)
+    local = _local_group() if is_distributed() else None
+    if local is not None:
+        return from_group(local)
     value = _env_int(*variables)
     if value is not None:
         return value

@@ -100,18 +100,21 @@ def test_group_made_by_torch_and_used_by_hwdist_is_torn_down_at_exit(tmp_path):
     assert p.stdout.count("at exit, group alive: False") == 2, p.stdout
 
 
-def test_exit_hook_leaves_no_reference_to_the_group_it_destroys(tmp_path):
+@pytest.mark.parametrize("init", ["torch.distributed.init_process_group", "hwdist.init_dist"])
+def test_exit_hook_leaves_no_reference_to_the_group_it_destroys(tmp_path, init):
     """hwdist's caches (the resolved driver, the engine's pass-through calls bound to the group, the
-    group's state) drop the group before the hook destroys it: a group still referenced there would be
-    destroyed by the interpreter's finalisation instead, which aborts gloo now and then."""
+    group's state, the local group ``init_dist`` made) drop the group before the hook destroys it: a group
+    still referenced there would be destroyed by the interpreter's finalisation instead, which aborts gloo
+    now and then."""
     script = tmp_path / "references.py"
+    start = 'td.init_process_group("gloo")' if init.startswith("torch") else 'hwdist.init_dist("pytorch")'
     script.write_text(_REPORT_AT_EXIT + textwrap.dedent("""
         import gc
         import weakref
         import torch
         import hwdist
         from hwdist import _exit as exit_hook
-        td.init_process_group("gloo")
+        START
         t = torch.ones(4)
         hwdist.all_reduce(t)
         hwdist.broadcast(t, 0)
@@ -121,10 +124,41 @@ def test_exit_hook_leaves_no_reference_to_the_group_it_destroys(tmp_path):
         exit_hook._teardown()  # what the hook runs at exit
         gc.collect()
         say("group referenced after the teardown:", group() is not None)
-    """))
+    """).replace("START", start))
     p = _torchrun(script)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert p.stdout.count("group referenced after the teardown: False") == 2, p.stdout + p.stderr[-3000:]
+
+
+def test_group_destroyed_by_torch_is_not_left_to_the_finalisation(tmp_path):
+    """A program that ends with torch's own ``destroy_process_group()``: torch drops the group, hwdist's
+    caches still hold it; the exit hook drops those, so the group is freed while the interpreter is whole
+    (not by its finalisation, which aborts gloo now and then)."""
+    script = tmp_path / "torch_destroyed.py"
+    script.write_text(_REPORT_AT_EXIT + textwrap.dedent("""
+        import gc
+        import weakref
+        import torch
+        import hwdist
+        from hwdist import _exit as exit_hook
+        td.init_process_group("gloo")
+        t = torch.ones(4)
+        hwdist.all_reduce(t)
+        for verify in (True, False, True):
+            hwdist.all_reduce_dict({"loss": torch.tensor(1.0), "n": torch.tensor(2.0)}, verify=verify)
+        hwdist.all_gather_object({"rank": td.get_rank()})
+        group = weakref.ref(td.distributed_c10d._get_default_group())
+        td.destroy_process_group()
+        gc.collect()
+        say("held by hwdist after torch's destroy:", group() is not None)
+        exit_hook._at_exit()  # what runs at exit
+        gc.collect()
+        say("held after the exit hook:", group() is not None)
+    """))
+    p = _torchrun(script)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert p.stdout.count("held by hwdist after torch's destroy: True") == 2, p.stdout + p.stderr[-3000:]
+    assert p.stdout.count("held after the exit hook: False") == 2, p.stdout + p.stderr[-3000:]
 
 
 def test_hook_off_leaves_the_group_and_destroy_stays_safe(tmp_path):
