@@ -175,16 +175,18 @@ def _native(driver: Any, map_location: MapLocation, serializer: Optional[Seriali
     )
 
 
-def _padded(own: Optional[np.ndarray], width: int) -> np.ndarray:
-    """``own`` (None: nothing) zero-padded to ``width`` bytes: this rank's row of a padded all_gather
-    (``own`` itself when it is that long: no copy)."""
+def _padded(own: Optional[np.ndarray], width: int, zero: bool = True) -> np.ndarray:
+    """``own`` (None: nothing) padded to ``width`` bytes: this rank's row of a padded all_gather or gather
+    (``own`` itself when it is that long: no copy). ``zero=False``: the padding is left as it is (a row
+    that never leaves this rank: the root's own row of a gather)."""
     n = 0 if own is None else own.size
     if n == width:
         return own  # type: ignore[return-value]
     row = np.empty(width, dtype=np.uint8)
     if own is not None:
         row[:n] = own
-    row[n:] = 0
+    if zero:
+        row[n:] = 0
     return row
 
 
@@ -340,8 +342,10 @@ def gather_object(
     padded = bool(big) and largest * world <= (GATHER_LIMIT if gathers else PADDED_ALL_GATHER_LIMIT)
     rows = None
     if padded:
-        row = _padded(None if comm.rank == root else own, largest)
-        rows = comm.gather(row, root) if gathers else comm.all_gather(row)
+        if gathers:  # the root's own row stays on the root (it decodes ``own``): nothing to copy or clear
+            rows = comm.gather(_padded(own, largest, zero=comm.rank != root), root)
+        else:
+            rows = comm.all_gather(_padded(None if comm.rank == root else own, largest))
     p2p = comm.has("send") and comm.has("recv")
     for r in records:
         if r.inline is not None:

@@ -244,7 +244,7 @@ class PickleSerializer(Serializer):
 
     def loads(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
         """Unpickle ``stream`` with its out-of-band ``buffers`` (arrays alias them)."""
-        return pickle.Unpickler(io.BytesIO(stream), buffers=buffers).load()
+        return pickle.loads(stream, buffers=buffers)  # reads the view itself: no copy of the stream
 
 
 # ---- the restricted unpickler (hwdist's own pickle interpreter: restricted/) ------------

@@ -68,6 +68,7 @@ _PAIR: dict[str, Callable[..., Tensor]] = {
     "bxor": torch.bitwise_xor,
 }
 
+
 class FlatReducer:
     """Reduces buffers of one shape, dtype and device across a group in place, call after call.
 
@@ -362,7 +363,11 @@ def gather_rows_to(
     driver, world, _, inp = _rows_in(data, "gather", group, driver)
     n = data.size
     root = view(group).rank == dst
-    outs = [torch.empty_like(inp) for _ in range(world)] if root else None
+    outs = (
+        list(torch.empty((world, inp.numel()), dtype=inp.dtype, device=inp.device).unbind(0))
+        if root
+        else None
+    )
     work = issue(wire_call(group, "gather", send=inp, recv=outs, root=dst, driver=driver), wait is not None)
     _settle(work, wait, False)
     return None if outs is None else [_host(t, n) for t in outs]
