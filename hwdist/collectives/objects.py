@@ -340,7 +340,7 @@ def gather_object(
     # (an all_gather where the driver has no gather). No sender then waits on the root: as for inline
     # payloads, only the root raises its decode failure.
     padded = bool(big) and largest * world <= (GATHER_LIMIT if gathers else PADDED_ALL_GATHER_LIMIT)
-    rows = None
+    rows: Any = None  # a list of rows (gather) or an array of them (all_gather): indexed by rank alike
     if padded:
         if gathers:  # the root's own row stays on the root (it decodes ``own``): nothing to copy or clear
             rows = comm.gather(_padded(own, largest, zero=comm.rank != root), root)
