@@ -84,6 +84,10 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+#: Room for the header of a frame without out-of-band buffers (zeros until the header is written).
+_BARE_HEAD = bytes(_aligned(8 * _FIXED))
+
+
 # ---- tensors and arrays ----------------------------------------------------------
 
 
@@ -224,6 +228,28 @@ class PickleSerializer(Serializer):
 
     def dumps(self, obj: Any) -> tuple[Union[bytes, memoryview], list[memoryview]]:
         """Pickle ``obj`` once; large buffers are returned, not copied."""
+        out = io.BytesIO()
+        buffers = self._dump(obj, out)
+        return out.getbuffer(), buffers
+
+    def frame(self, obj: Any) -> "Frame":
+        """``obj``'s [`Frame`][hwdist.collectives.serialization.Frame], pickled straight into it.
+
+        The stream is written after room for the header of a frame without out-of-band buffers; when
+        nothing went out of band the frame is then complete where it lies (no copy of the stream).
+        """
+        out = io.BytesIO()
+        out.write(_BARE_HEAD)
+        buffers = self._dump(obj, out)
+        if buffers:
+            return Frame(out.getbuffer()[len(_BARE_HEAD) :], buffers)
+        n = out.tell() - len(_BARE_HEAD)
+        total = _aligned(len(_BARE_HEAD) + n)
+        out.write(bytes(total - len(_BARE_HEAD) - n))  # the alignment gap, zeroed as write_into does
+        return Frame.laid_out(out.getbuffer(), n)
+
+    def _dump(self, obj: Any, out: io.BytesIO) -> list[memoryview]:
+        """Pickle ``obj`` into ``out``; return the large buffers (out of band, not copied)."""
         buffers: list[memoryview] = []
         threshold = self.oob_threshold
 
@@ -234,13 +260,12 @@ class PickleSerializer(Serializer):
             buffers.append(view)
             return False
 
-        out = io.BytesIO()
         pickler = pickle.Pickler(out, protocol=self.protocol, buffer_callback=keep)
         table = dict(copyreg.dispatch_table)
         table.update(self.reducers)
         pickler.dispatch_table = table
         pickler.dump(obj)
-        return out.getbuffer(), buffers
+        return buffers
 
     def loads(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
         """Unpickle ``stream`` with its out-of-band ``buffers`` (arrays alias them)."""
@@ -361,7 +386,7 @@ class Frame:
     [`to_numpy`][hwdist.collectives.serialization.Frame.to_numpy] allocates and fills one.
     """
 
-    __slots__ = ("stream", "buffers", "header", "nbytes", "_offsets")
+    __slots__ = ("stream", "buffers", "header", "nbytes", "_offsets", "_whole")
 
     def __init__(self, stream: Union[bytes, memoryview], buffers: Sequence[memoryview]) -> None:
         self.stream = _byte_view(stream)
@@ -381,9 +406,31 @@ class Frame:
         self.header = head
         self.nbytes = pos
         self._offsets = offsets
+        self._whole: Optional[np.ndarray] = None  #: the frame's bytes where it is laid out already
+
+    @classmethod
+    def laid_out(cls, whole: memoryview, stream_len: int) -> "Frame":
+        """A frame without out-of-band buffers whose stream ``whole`` holds after the header's room, up
+        to its aligned length (``PickleSerializer.frame``); the header is written here."""
+        self = cls.__new__(cls)
+        start = len(_BARE_HEAD)
+        self.stream, self.buffers, self.nbytes, self._offsets = (
+            whole[start : start + stream_len],
+            [],
+            whole.nbytes,
+            [start],
+        )
+        self._whole = np.frombuffer(whole, dtype=np.uint8)
+        head = self._whole[: 8 * _FIXED].view("<i8")
+        head[0], head[1], head[2], head[3] = MAGIC, whole.nbytes, stream_len, 0
+        self.header = head
+        return self
 
     def write_into(self, out: np.ndarray) -> None:
         """Copy the frame into ``out`` (a uint8 array of at least ``nbytes``)."""
+        if self._whole is not None:
+            out[: self.nbytes] = self._whole
+            return
         hb = self.header.view(np.uint8)
         out[: hb.size] = hb
         out[hb.size : self._offsets[0]] = 0
@@ -400,7 +447,10 @@ class Frame:
                 out[end:start] = 0
 
     def to_numpy(self) -> np.ndarray:
-        """A new uint8 array holding the frame."""
+        """A uint8 array holding the frame: the frame's own bytes where it is laid out already (the
+        caller must not write into it), else a new array."""
+        if self._whole is not None:
+            return self._whole
         out = np.empty(self.nbytes, dtype=np.uint8)
         self.write_into(out)
         return out
@@ -436,7 +486,10 @@ def _device(map_location: Any) -> torch.device:
 
 def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
     """Serialize ``obj`` once into a [`Frame`][hwdist.collectives.serialization.Frame]."""
-    stream, buffers = _gc_paused((serializer or get_serializer()).dumps, obj)
+    ser = serializer or get_serializer()
+    if isinstance(ser, PickleSerializer):
+        return cast(Frame, _gc_paused(ser.frame, obj))
+    stream, buffers = _gc_paused(ser.dumps, obj)
     return Frame(stream, buffers)
 
 
