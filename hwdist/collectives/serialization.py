@@ -383,7 +383,8 @@ class Frame:
     ``nbytes`` is the frame length;
     [`write_into`][hwdist.collectives.serialization.Frame.write_into] copies it into a byte
     array (the one copy of the buffers);
-    [`to_numpy`][hwdist.collectives.serialization.Frame.to_numpy] allocates and fills one.
+    [`to_numpy`][hwdist.collectives.serialization.Frame.to_numpy] allocates and fills one, or,
+    for a frame pickled where it lies (``laid_out``: no out-of-band buffers), returns its bytes.
     """
 
     __slots__ = ("stream", "buffers", "header", "nbytes", "_offsets", "_whole")
