@@ -189,7 +189,7 @@ class _Part:
         same = self.own and self.numels[0] and all(s == one for s in self.shapes)
         #: the stacked values' shape, or None: concatenated
         self.stacked = torch.Size((len(idx), *one)) if same else None
-        #: the stacked values are rows of more than one element (a 1-D buffer views them back)
+        #: the stacked values are not 0-d (a 1-D buffer is viewed back into their stacked shape)
         self.rows = same and len(one) > 0
         #: elements after the values: the layout's check slots in one part (``DictLayout.check``), else 0
         self.extra = extra
@@ -320,7 +320,7 @@ class DictLayout:
         self.words = _fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
         #: the check slots after the reduction when every rank packed its values into this layout (a sum
         #: multiplies them by the group's size; a sum that rounds, as in bfloat16 over many ranks, is
-        #: decoded slot by slot), shaped as they travel
+        #: decoded slot by slot)
         self.expect: Optional[Tensor] = None
         if self.check is not None:
             part = self.parts[self.check[0]]
