@@ -7,10 +7,18 @@ real hardware (a fast host CPU, a real CUDA stream). Every call is followed by
 completed collective; the last row enqueues 2000 calls per sample with one
 synchronize (the host's own cost around each launch). Cases are timed
 interleaved with raw torch, with a raw-vs-raw control row per size (the noise
-floor). Nothing here asserts a speed. The gathers, object collectives and
+floor). Nothing here asserts a speed. The tensor gathers and
 ``all_reduce_dict`` are not here: at one rank hwdist communicates nothing for
 them (the result is the input), so a ratio against torch's real call would
 compare nothing.
+
+The object rows are there for what a user pays on an NCCL group: torch's
+object collectives move every payload through a CUDA tensor (to the GPU and
+back, two all_gathers), hwdist's at one rank copy the object and send nothing.
+``collect_results(device="gpu")`` is timed against the same thing written with
+torch (``all_gather_object``, then the parts interleaved, as mmengine's GPU mode
+does). These rows say what one rank costs, not how the paths compare across
+GPUs.
 
 Usage (on a machine with a CUDA GPU)::
 
@@ -78,6 +86,50 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
     row = _row("all_reduce 1 element, enqueue only", times, "hw", "raw")
     row["overhead_us"] = row["hwdist_median_us"] - row["raw_median_us"]
     rows.append(row)
+    return rows + _object_rows(samples)
+
+
+def _torch_collect(results: list[Any], size: int) -> list[Any]:
+    """collect_results' GPU mode written with torch: every rank's part gathered, interleaved on rank 0."""
+    parts: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(parts, results)
+    ordered = [x for group in zip(*parts) for x in group]
+    return ordered[:size]
+
+
+def _object_rows(samples: int) -> list[dict[str, Any]]:
+    """Object collectives and collect_results against torch's, on the NCCL group (one rank)."""
+    rows: list[dict[str, Any]] = []
+    payloads = {"small dict": {"loss": 0.5, "step": 10, "tag": "eval"}, "1 MiB bytes": b"x" * MiB}
+    for label, obj in payloads.items():
+        box: list[Any] = [None]
+
+        def torch_all_gather() -> None:
+            tdist.all_gather_object(box, obj)
+
+        def torch_bcast() -> None:
+            lst = [obj]
+            tdist.broadcast_object_list(lst, 0)
+
+        pairs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+            "all_gather_object": (lambda: hwdist.all_gather_object(obj), torch_all_gather),
+            "broadcast_object_list": (lambda: hwdist.broadcast_object_list([obj], 0), torch_bcast),
+        }
+        for name, (hw, raw) in pairs.items():
+            times = measure({"hw": hw, "raw": raw, "raw_again": raw}, 50, samples)
+            rows.append(_row(f"{name} {label}", times, "hw", "raw"))
+            rows.append(_row(f"control: raw {name} {label} vs itself", times, "raw_again", "raw"))
+    results = [{"id": i, "score": float(i)} for i in range(2000)]
+
+    def hw_collect() -> None:
+        hwdist.collect_results(results, len(results), device="gpu")
+
+    def raw_collect() -> None:
+        _torch_collect(results, len(results))
+
+    times = measure({"hw": hw_collect, "raw": raw_collect, "raw_again": raw_collect}, 10, samples)
+    rows.append(_row("collect_results gpu, 2000 results", times, "hw", "raw"))
+    rows.append(_row("control: raw collect 2000 results vs itself", times, "raw_again", "raw"))
     return rows
 
 

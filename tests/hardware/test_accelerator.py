@@ -217,3 +217,121 @@ def test_several_ranks_on_one_gpu_keep_results_on_the_gpu(nproc, tmp_path):
         pytest.skip("needs a CUDA GPU (the test driver moves CUDA tensors over gloo)")
     results = run_distributed(_several_ranks_on_gpu0, nproc, None, str(tmp_path / "store"), timeout=300)
     assert results == [{"bad": []}] * nproc, results
+
+
+# ---------------------------------------------------------------------------------------------------
+# What users do on a GPU machine that the bodies above do not: a group torch made without a backend,
+# and worker processes forked after detection.
+
+_TORCH_MADE_GROUP = r"""
+import os
+
+import torch
+import torch.distributed as dist
+
+import hwdist
+
+dist.init_process_group()  # no backend: torch picks one per device (cpu:gloo,cuda:nccl on torch >= 2.6)
+rank, ws = dist.get_rank(), dist.get_world_size()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+config = str(dist.get_backend_config())
+assert "cuda:nccl" in config and "cpu:gloo" in config, config
+total = ws * (ws + 1) / 2
+t = torch.full((4,), float(rank + 1), device="cuda")
+hwdist.all_reduce(t)  # NCCL
+assert t.device.type == "cuda" and t.tolist() == [total] * 4, t
+c = torch.full((3,), float(rank + 1))
+hwdist.all_reduce(c, "mean")  # gloo
+assert c.device.type == "cpu" and c.tolist() == [(ws + 1) / 2] * 3, c
+parts = hwdist.all_gather(torch.full((2,), float(rank), device="cuda"))
+assert [p.device.type for p in parts] == ["cuda"] * ws, parts
+assert [p.tolist() for p in parts] == [[float(r)] * 2 for r in range(ws)], parts
+d = {"loss": torch.tensor(float(rank), device="cuda"), "n": torch.tensor(rank + 1)}
+for _ in range(3):  # the first call agrees on the layout; later ones reuse it
+    out = dict(d)
+    hwdist.all_reduce_dict(out)
+    assert out["loss"].device.type == "cuda" and out["loss"].item() == sum(range(ws)), out
+    assert out["n"].dtype == torch.int64 and out["n"].item() == total, out
+objs = hwdist.all_gather_object({"rank": rank, "t": torch.ones(2, device="cuda")})
+assert [o["rank"] for o in objs] == list(range(ws)), objs
+box = [{"from": rank}]
+hwdist.broadcast_object_list(box, 0)
+assert box == [{"from": 0}], box
+got_gpu = hwdist.collect_results([rank] * 2, 2 * ws, device="gpu")
+got_cpu = hwdist.collect_results([rank] * 2, 2 * ws, device="cpu")
+if rank == 0:
+    want = [r for _ in range(2) for r in range(ws)]
+    assert got_gpu == want and got_cpu == want, (got_gpu, got_cpu)
+seed = hwdist.sync_random_seed()
+assert isinstance(seed, int), seed
+hwdist.barrier()
+dist.destroy_process_group()
+print(f"rank {rank}: ok", flush=True)
+"""
+
+
+def test_group_torch_made_without_a_backend_on_the_gpu(tmp_path):
+    """``init_process_group()`` with no backend under torchrun: hwdist's ops on CUDA and CPU tensors, objects."""
+    import torch
+
+    backend, count = _accelerator()
+    if hwdist.detect().device_type != "cuda" or not hasattr(torch, "accelerator"):
+        pytest.skip("needs a CUDA GPU and torch >= 2.6 (a backend per device)")
+    script = tmp_path / "torch_made.py"
+    script.write_text(_TORCH_MADE_GROUP)
+    nproc = min(count, 2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    missing = [r for r in range(nproc) if f"rank {r}: ok" not in proc.stdout]  # ranks' lines may interleave
+    assert not missing, out[-3000:]
+
+
+_FORK_AFTER = r"""
+import os
+import sys
+
+import torch
+
+import hwdist
+
+if sys.argv[1] == "detect":
+    det = hwdist.detect()
+    assert det.device_type == "cuda", det
+else:  # the control: torch's own availability check leaves the parent unable to fork a CUDA child
+    assert torch.cuda.is_available()
+assert not torch.cuda.is_initialized()
+pid = os.fork()
+if pid == 0:  # the child: its first CUDA work
+    try:
+        x = torch.ones(1024, device="cuda") * 2
+        torch.cuda.synchronize()
+        ok = x.sum().item() == 2048
+        print("child:", "ok" if ok else "wrong sum", flush=True)
+        os._exit(0 if ok else 2)
+    except Exception as exc:
+        print("child:", exc, flush=True)
+        os._exit(1)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.WEXITSTATUS(status))
+"""
+
+
+def test_a_child_forked_after_detection_can_use_cuda(tmp_path):
+    """``detect()`` initialises no CUDA, so a forked worker can; torch's ``is_available()`` is the control."""
+    _accelerator()
+    if hwdist.detect().device_type != "cuda":
+        pytest.skip("needs a CUDA GPU")
+    script = tmp_path / "fork_after.py"
+    script.write_text(_FORK_AFTER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    env["PYTHONPATH"] = str(ROOT)
+    runs = {
+        how: subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=120)
+        for how in ("detect", "control")
+    }
+    detect, control = runs["detect"], runs["control"]
+    assert detect.returncode == 0 and "child: ok" in detect.stdout, detect.stdout + detect.stderr
+    assert control.returncode == 1 and "re-initialize CUDA" in control.stdout, control.stdout + control.stderr
