@@ -271,7 +271,7 @@ print(f"rank {rank}: ok", flush=True)
 
 
 def test_group_torch_made_without_a_backend_on_the_gpu(tmp_path):
-    """``init_process_group()`` with no backend under torchrun: hwdist's ops on CUDA and CPU tensors, objects."""
+    """``init_process_group()`` without a backend, under torchrun: hwdist on CUDA and CPU tensors, objects."""
     import torch
 
     backend, count = _accelerator()
@@ -281,7 +281,8 @@ def test_group_torch_made_without_a_backend_on_the_gpu(tmp_path):
     script.write_text(_TORCH_MADE_GROUP)
     nproc = min(count, 2)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script)]
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd = [*run, str(script)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
@@ -329,7 +330,8 @@ def test_a_child_forked_after_detection_can_use_cuda(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
     env["PYTHONPATH"] = str(ROOT)
     runs = {
-        how: subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True, timeout=120)
+        how: subprocess.run([sys.executable, str(script), how], env=env, capture_output=True, text=True,
+                            timeout=120)
         for how in ("detect", "control")
     }
     detect, control = runs["detect"], runs["control"]
