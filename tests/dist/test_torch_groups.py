@@ -262,9 +262,10 @@ def _rank_two_backends(store: str) -> dict:
     """The default group has two device backends: 'cpu:gloo,hpu:fakecl'.
 
     Stands in, on a CPU-only machine, for 'cpu:gloo,cuda:nccl' (torch's backend-less default on a
-    GPU machine) and 'cpu:gloo,hpu:hccl' (Intel Gaudi's): 'hpu' is a device type torch knows without
-    its hardware (no tensor can live on it here), 'fakecl' a backend registered with torch only for
-    it (gloo underneath, so torch can create it). A call without a tensor must use the CPU's
+    GPU machine before torch 2.6, and what users ask for to keep gloo beside NCCL) and
+    'cpu:gloo,hpu:hccl' (Intel Gaudi's): 'hpu' is a device type torch knows without its hardware
+    (no tensor can live on it here), 'fakecl' a backend registered with torch only for it (gloo
+    underneath, so torch can create it). A call without a tensor must use the CPU's
     backend, as torch's own object collectives do.
     """
 
