@@ -9,7 +9,6 @@ agreed layout's buffers with check slots that every rank reads from the same red
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -20,11 +19,11 @@ import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry
 from .verify import describe_tensor
-from ..errors import ArgumentAssertionError, PlanError
+from ..errors import ArgumentAssertionError
 from ..drivers.base import Plan, Post
 from . import transport
 from . import tensor as _t
-from .consensus import agree, raise_together
+from .consensus import check_same_dicts, dict_fingerprint
 from ._args import op_field
 from ._wire import divide
 from .call_entry import collective
@@ -38,111 +37,6 @@ Tensor = torch.Tensor
 def _key_order(key: Any) -> tuple[str, str]:
     # str keys sort as sorted() does; other hashable keys sort deterministically.
     return ("", key) if isinstance(key, str) else (type(key).__name__, repr(key))
-
-
-def _describe(keys: Sequence[Any], values: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
-    """(repr of key, shape, dtype name) of each value: what the ranks compare and what errors show."""
-    return [(repr(k), tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in zip(keys, values)]
-
-
-def _fingerprint(op: Optional[str], keys: Sequence[Any], values: Sequence[Any]) -> tuple[int, int]:
-    """Two 31-bit words of a hash of the keys, shapes and dtypes (and ``op``): what the ranks compare."""
-    desc = _describe(keys, values)
-    text = repr(desc if op is None else [("op", (), op), *desc])
-    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
-
-
-def check_same_dicts(
-    fn: str,
-    keys: Sequence[Any],
-    values: Sequence[Any],
-    problem: Optional[Exception],
-    group: Any,
-    *,
-    op: Optional[str] = None,
-    driver: Any = None,
-    words: Optional[tuple[int, int]] = None,
-    what: str = "",
-    known: Optional[tuple[bool, bool]] = None,
-) -> None:
-    """Every rank raises together unless every rank holds the same keys, shapes and dtypes (and ``op``).
-
-    One small exchange (``collectives.consensus.agree``) of a fingerprint and of
-    ``problem`` (this rank's bad argument, found before any communication). When some rank's
-    argument was bad, every rank raises the same message (``problem``'s type where it was this
-    rank's, else ValueError); when the layouts differ, the descriptions are exchanged (error path
-    only) and every rank raises a ValueError naming the difference.
-
-    Args:
-        fn: the public op's name (starts every message).
-        keys: the dict's keys, sorted.
-        values: their tensors, in that order.
-        problem: this rank's bad argument (its message without ``fn``), or None.
-        group: the process group.
-        op: the reduce op, when every rank must pass the same one.
-        driver: the group's driver when the caller has it.
-        words: the layout's fingerprint when the caller has it.
-        what: what every rank must pass the same of, in the mismatch message
-            (default: keys, shapes and dtypes, and op when given).
-        known: ``(some rank had a bad argument, every rank's fingerprint is the same)`` when an
-            exchange of the caller's own told every rank already (no agreement exchange then).
-    """
-    if problem is not None:
-        words = (0, 0)
-    elif words is None:
-        words = _fingerprint(op, keys, values)
-
-    def raise_as(mine: Optional[BaseException], failures: dict[int, tuple[str, str]]) -> BaseException:
-        texts = [msg for _, msg in failures.values()]
-        if len(failures) == torch_dist.get_world_size(group) and len(set(texts)) == 1:
-            explained = texts[0]  # the same bad argument on every rank: no rank list needed
-        else:
-            explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
-        kinds = (TypeError, ValueError, ArgumentAssertionError, PlanError)
-        kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
-        if all(name == "PlanError" for name, _ in failures.values()):
-            kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
-        return kind(f"{fn}: {explained}")
-
-    if known is None:
-        same = agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same
-    else:
-        if known[0]:
-            raise_together(fn, group, problem, driver=driver, raise_as=raise_as)
-        same = known[1]
-    if same:
-        return
-    text = repr([op, _describe(keys, values)])
-    texts = [t.decode() for t in transport.gather_bytes(text.encode(), group, driver)]
-    what = what or ("keys, shapes and dtypes" if op is None else "keys, shapes, dtypes and op")
-    raise ValueError(f"{fn}: {_explain(texts)}; every rank must pass the same {what}")
-
-
-def _explain(texts: list[str]) -> str:
-    """Where the ranks' layouts differ from rank 0's (``texts``: each rank's ``repr([op, description])``)."""
-    import ast
-
-    parsed = [ast.literal_eval(t) for t in texts]
-    ops = [op for op, _ in parsed]
-    descs = [{k: (s, d) for k, s, d in desc} for _, desc in parsed]
-    ref = descs[0]
-    parts = []
-    for r, other in enumerate(descs[1:], start=1):
-        if ops[r] != ops[0]:
-            parts.append(f"op is '{ops[0]}' on rank 0 but '{ops[r]}' on rank {r}")
-        missing = sorted(set(ref) - set(other))
-        extra = sorted(set(other) - set(ref))
-        if missing:
-            parts.append(f"rank {r} lacks keys {', '.join(missing)} that rank 0 has")
-        if extra:
-            parts.append(f"rank {r} has extra keys {', '.join(extra)}")
-        for k in sorted(set(ref) & set(other)):
-            if ref[k][0] != other[k][0]:
-                parts.append(f"key {k} has shape {ref[k][0]} on rank 0 but {other[k][0]} on rank {r}")
-            if ref[k][1] != other[k][1]:
-                parts.append(f"key {k} has dtype {ref[k][1]} on rank 0 but {other[k][1]} on rank {r}")
-    return "; ".join(parts) or "the ranks' dicts differ"
 
 
 def _value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
@@ -317,7 +211,7 @@ class DictLayout:
             for j, w in enumerate(order)
         ]  # fmt: skip
         self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
-        self.words = _fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
+        self.words = dict_fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
         #: the check slots after the reduction when every rank packed its values into this layout (a sum
         #: multiplies them by the group's size; a sum that rounds, as in bfloat16 over many ranks, is
         #: decoded slot by slot)
@@ -597,7 +491,7 @@ def all_reduce_dict(
             mine = layout is agreed and bufs is not None
             sent: Buffers = bufs if mine else agreed.blank()  # type: ignore[assignment]
             if not mine:  # (packed buffers carry the layout's own slots)
-                held = None if problem is not None else _fingerprint(rop, keys, values)
+                held = None if problem is not None else dict_fingerprint(rop, keys, values)
                 agreed.set_slots(sent, agreed.slot_values(held, True))
             bad, elsewhere, same = agreed.reduce_checked(sent, group, state.ws)
             if not bad and same and not elsewhere:

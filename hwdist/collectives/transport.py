@@ -74,9 +74,9 @@ class FlatReducer:
 
     The route (one all_gather plus a local reduction, or one all_reduce: ``reduce_by_gather_max_bytes``),
     the gathered rows' buffer and the wire call are chosen and made once; each call then issues one
-    collective (and the local reduction). What ``all_reduce_dict`` keeps per layout; a one-off reduction
-    is [`reduce_buffer`][hwdist.collectives.transport.reduce_buffer]. A keeper checks ``current()``
-    before each call: False once ``set_tuning`` has changed the table the route was chosen from.
+    collective (and the local reduction). What ``all_reduce_dict`` keeps per layout. A keeper checks
+    ``current()`` before each call: False once ``set_tuning`` has changed the table the route was chosen
+    from.
 
     Args:
         like: a buffer of the shape, dtype and device every call's buffer has (contiguous).
@@ -126,14 +126,6 @@ class FlatReducer:
             c.send = None  # the caller's buffer is not kept
         if gathered is not None:
             gathered(buf)
-
-
-def reduce_buffer(buf: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
-    """All-reduce the contiguous ``buf`` in place with ``reduce_op`` (an issued op name: 'sum', 'max', ...).
-
-    One call's [`FlatReducer`][hwdist.collectives.transport.FlatReducer] (made and dropped).
-    """
-    FlatReducer(buf, reduce_op, group, world_size, driver)(buf)
 
 
 _MAX_PLANS: dict[Any, Any] = {}

@@ -115,7 +115,7 @@ def _reducer_rank(gather_limit):
         tuning.set_tuning(driver.name, tuning.tuning(driver))  # any set_tuning: the route may be stale
         out["current_after_set"] = reducer.current()
         maxed = torch.tensor([float(rank), -float(rank)])
-        transport.reduce_buffer(maxed, "max", None, world, driver)  # one reducer for one call
+        transport.FlatReducer(maxed, "max", None, world, driver)(maxed)  # one reducer for one call
         out["max"] = maxed.tolist()
         return out
     finally:
