@@ -306,9 +306,30 @@ _OPTIONS: dict[tuple[str, Any, bool], Any] = {}
 
 def pg_direct_dtype(dtype: torch.dtype) -> bool:
     """Whether torch's wrappers issue ``dtype`` as it is (not complex, not float8): a per-dtype answer."""
-    if not PG_DIRECT or dtype.is_complex:
-        return False
-    return not (dtype.is_floating_point and torch.finfo(dtype).bits == 8)
+    known = _DIRECT_DTYPES.get(dtype)
+    if known is None:
+        eight = dtype.is_floating_point and torch.finfo(dtype).bits == 8
+        known = _DIRECT_DTYPES[dtype] = PG_DIRECT and not dtype.is_complex and not eight
+    return known
+
+
+_DIRECT_DTYPES: dict[torch.dtype, bool] = {}
+
+#: The process group's own flat all_gather, the method torch's ``all_gather_into_tensor`` calls:
+#: ``all_gather_single`` from torch 2.13, ``_allgather_base`` before (both ``(output, input, options)``).
+#: None where PG_DIRECT is False. hwdist's own flat gathers on the default group (the transport's,
+#: ``all_reduce_dict``'s reductions by gather) are issued on it under the same per-call conditions as a
+#: pass-through. Drop the ``_allgather_base`` fallback when torch>=2.13 is the floor.
+_PG_CLASS = getattr(_dist, "ProcessGroup", None)
+_PG_ALL_GATHER_NAME = "all_gather_single" if hasattr(_PG_CLASS, "all_gather_single") else "_allgather_base"
+
+
+def _pg_all_gather_flat(pg: Any, output: torch.Tensor, input: torch.Tensor, options: Any) -> Any:
+    # the bound method: a process group written in Python (a vendor's, the emulated one) may override it
+    return getattr(pg, _PG_ALL_GATHER_NAME)(output, input, options)
+
+
+PG_ALL_GATHER_FLAT: Optional[Callable[..., Any]] = _pg_all_gather_flat if PG_DIRECT else None
 
 
 def pg_direct(pg: Any, tensor: torch.Tensor) -> bool:

@@ -479,6 +479,16 @@ def _all_gather(c: Call, a: bool) -> Any:
 
 def _all_gather_flat(c: Call, a: bool) -> Any:
     if "all_gather" in c.driver.caps.flat_ops:
+        on_pg = _compat.PG_ALL_GATHER_FLAT
+        if on_pg is not None and c.group is None:  # on the default group: issued on its process group
+            pg, send = _compat.default_group(), c.send
+            if _pg_direct(pg, send) and _compat.pg_direct_dtype(send.dtype):
+                work = on_pg(pg, c.recv, send, _pg_options("allgather", None, a))
+                if a:
+                    return work
+                if work is not None:
+                    work.wait()
+                return None
         return _compat.all_gather_into_tensor(c.recv, c.send, c.group, a)  # type: ignore[misc]
     # no flat form on this backend and torch (gloo on torch 2.1)
     return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group, a)

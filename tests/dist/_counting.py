@@ -1,4 +1,5 @@
-"""Counting the torch.distributed collectives hwdist issues, around torch's real functions (nothing faked)."""
+"""Counting the torch.distributed collectives hwdist issues, around torch's real functions and the process
+group's flat all_gather method (nothing faked)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ class Counter:
         self.compat_real = _compat.all_gather_into_tensor
         if self.compat_real is not None:
             _compat.all_gather_into_tensor = self._wrap(self.compat_real)
+        # hwdist's own flat gathers on the default group go to the process group's method itself
+        self.pg_real = _compat.PG_ALL_GATHER_FLAT
+        if self.pg_real is not None:
+            _compat.PG_ALL_GATHER_FLAT = self._wrap(self.pg_real)
 
     def _wrap(self, fn: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -39,3 +44,4 @@ class Counter:
         for name, fn in self.real.items():
             setattr(tdist, name, fn)
         _compat.all_gather_into_tensor = self.compat_real
+        _compat.PG_ALL_GATHER_FLAT = self.pg_real

@@ -515,6 +515,64 @@ def test_wrapper_cases_behave_as_raw_torch(dist, world_size):
         assert got == expected
 
 
+def _own_gathers_rank() -> dict:
+    """hwdist's flat gathers (an uneven all_gather, all_reduce_dict's reduction by gather) and their path."""
+    from hwdist import _compat
+
+    r, ws = hwdist.get_rank(), hwdist.get_world_size()
+    counts = {"wrapper": 0, "process group": 0}
+    real_wrapper, real_pg = _compat.all_gather_into_tensor, _compat.PG_ALL_GATHER_FLAT
+
+    def counted(name: str, fn):  # noqa: ANN001, ANN202
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    _compat.all_gather_into_tensor = counted("wrapper", real_wrapper)
+    if real_pg is not None:
+        _compat.PG_ALL_GATHER_FLAT = counted("process group", real_pg)
+    # gloo has no flat all_gather on torch 2.1 (the list form is used there, on any group)
+    flat = "all_gather" in hwdist.get_driver("gloo").caps.flat_ops
+    out: dict = {"direct": real_pg is not None, "flat": flat}
+    try:
+        every = torch.distributed.new_group(list(range(ws)))
+        for where, group in (("default group", None), ("new_group", every)):
+            before = dict(counts)
+            parts = hwdist.all_gather(torch.arange(r + 1.0), group=group)
+            metrics = {"loss": torch.tensor(r + 0.5), "n": torch.tensor(float(r + 1))}
+            for _ in range(2):  # the second call is the kept layout's one collective
+                got = dict(metrics)
+                hwdist.all_reduce_dict(got, group=group)
+            out[where] = {
+                "gather": [p.tolist() for p in parts],
+                "dict": {k: v.item() for k, v in got.items()},
+                "counts": {k: counts[k] - before[k] for k in counts},
+            }
+    finally:
+        _compat.all_gather_into_tensor, _compat.PG_ALL_GATHER_FLAT = real_wrapper, real_pg
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_own_flat_gathers_go_on_the_default_groups_process_group(dist, world_size):
+    """Where a pass-through may be issued on the process group, so are hwdist's own flat gathers on the
+    default group (one less Python wrapper per call); another group's go through torch's function."""
+    ws = world_size
+    for got in dist(_own_gathers_rank, ws, "gloo"):
+        for where in ("default group", "new_group"):
+            assert got[where]["gather"] == [[float(j) for j in range(q + 1)] for q in range(ws)], got
+            assert got[where]["dict"] == {"loss": ws * ws / 2, "n": ws * (ws + 1) / 2}, got
+        if not got["flat"]:
+            continue
+        on_pg = got["default group"]["counts"]
+        assert on_pg["process group" if got["direct"] else "wrapper"] > 0, got
+        assert on_pg["wrapper" if got["direct"] else "process group"] == 0, got
+        other = got["new_group"]["counts"]
+        assert other["process group"] == 0 and other["wrapper"] > 0, got
+
+
 def _compiled_rank() -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     hwdist.all_reduce(torch.zeros(3))  # the verdicts are kept: the compiled calls below are hits
