@@ -304,6 +304,9 @@ _has_tf: Callable[[Any], bool] = torch.overrides.has_torch_function_unary
 _OPTIONS: dict[tuple[str, Any, bool], Any] = {}
 
 
+_DIRECT_DTYPES: dict[torch.dtype, bool] = {}
+
+
 def pg_direct_dtype(dtype: torch.dtype) -> bool:
     """Whether torch's wrappers issue ``dtype`` as it is (not complex, not float8): a per-dtype answer."""
     known = _DIRECT_DTYPES.get(dtype)
@@ -312,8 +315,6 @@ def pg_direct_dtype(dtype: torch.dtype) -> bool:
         known = _DIRECT_DTYPES[dtype] = PG_DIRECT and not dtype.is_complex and not eight
     return known
 
-
-_DIRECT_DTYPES: dict[torch.dtype, bool] = {}
 
 #: The process group's own flat all_gather, the method torch's ``all_gather_into_tensor`` calls:
 #: ``all_gather_single`` from torch 2.13, ``_allgather_base`` before (both ``(output, input, options)``).
