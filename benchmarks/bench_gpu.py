@@ -14,7 +14,8 @@ compare nothing.
 
 The object rows are there for what a user pays on an NCCL group: torch's
 object collectives move every payload through a CUDA tensor (to the GPU and
-back, two all_gathers), hwdist's at one rank copy the object and send nothing.
+back, two all_gathers), hwdist's at one rank hand back the caller's object and
+send nothing (as mmengine's do).
 ``collect_results(device="gpu")`` is timed against the same thing written with
 torch (``all_gather_object``, then the parts interleaved, as mmengine's GPU mode
 does). These rows say what one rank costs, not how the paths compare across

@@ -17,21 +17,25 @@ class Counter:
         from hwdist import _compat
 
         self.n = 0
+        #: calls per path: a torch.distributed function's name, "flat wrapper" (the flat all_gather torch
+        #: offers on this version) or "process group" (its method, issued without torch's wrapper)
+        self.by: dict[str, int] = {}
         self.real = {name: getattr(tdist, name) for name in COUNTED if hasattr(tdist, name)}
         for name, fn in self.real.items():
-            setattr(tdist, name, self._wrap(fn))
+            setattr(tdist, name, self._wrap(fn, name))
         # the flat all_gather torch offers on this version, picked once when hwdist is imported
         self.compat_real = _compat.all_gather_into_tensor
         if self.compat_real is not None:
-            _compat.all_gather_into_tensor = self._wrap(self.compat_real)
+            _compat.all_gather_into_tensor = self._wrap(self.compat_real, "flat wrapper")
         # hwdist's own flat gathers on the default group go to the process group's method itself
         self.pg_real = _compat.PG_ALL_GATHER_FLAT
         if self.pg_real is not None:
-            _compat.PG_ALL_GATHER_FLAT = self._wrap(self.pg_real)
+            _compat.PG_ALL_GATHER_FLAT = self._wrap(self.pg_real, "process group")
 
-    def _wrap(self, fn: Any) -> Any:
+    def _wrap(self, fn: Any, path: str) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.n += 1
+            self.by[path] = self.by.get(path, 0) + 1
             return fn(*args, **kwargs)
 
         return counted

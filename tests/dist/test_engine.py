@@ -520,26 +520,14 @@ def _own_gathers_rank() -> dict:
     from hwdist import _compat
 
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
-    counts = {"wrapper": 0, "process group": 0}
-    real_wrapper, real_pg = _compat.all_gather_into_tensor, _compat.PG_ALL_GATHER_FLAT
-
-    def counted(name: str, fn):  # noqa: ANN001, ANN202
-        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            counts[name] += 1
-            return fn(*args, **kwargs)
-
-        return call
-
-    _compat.all_gather_into_tensor = counted("wrapper", real_wrapper)
-    if real_pg is not None:
-        _compat.PG_ALL_GATHER_FLAT = counted("process group", real_pg)
     # gloo has no flat all_gather on torch 2.1 (the list form is used there, on any group)
     flat = "all_gather" in hwdist.get_driver("gloo").caps.flat_ops
-    out: dict = {"direct": real_pg is not None, "flat": flat}
+    out: dict = {"direct": _compat.PG_ALL_GATHER_FLAT is not None, "flat": flat}
+    every = torch.distributed.new_group(list(range(ws)))
+    counter = Counter()
     try:
-        every = torch.distributed.new_group(list(range(ws)))
         for where, group in (("default group", None), ("new_group", every)):
-            before = dict(counts)
+            before = dict(counter.by)
             parts = hwdist.all_gather(torch.arange(r + 1.0), group=group)
             metrics = {"loss": torch.tensor(r + 0.5), "n": torch.tensor(float(r + 1))}
             for _ in range(2):  # the second call is the kept layout's one collective
@@ -548,10 +536,13 @@ def _own_gathers_rank() -> dict:
             out[where] = {
                 "gather": [p.tolist() for p in parts],
                 "dict": {k: v.item() for k, v in got.items()},
-                "counts": {k: counts[k] - before[k] for k in counts},
+                "counts": {
+                    k: counter.by.get(path, 0) - before.get(path, 0)
+                    for k, path in (("wrapper", "flat wrapper"), ("process group", "process group"))
+                },
             }
     finally:
-        _compat.all_gather_into_tensor, _compat.PG_ALL_GATHER_FLAT = real_wrapper, real_pg
+        counter.close()
     return out
 
 
