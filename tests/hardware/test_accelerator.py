@@ -277,7 +277,7 @@ def test_group_torch_made_on_the_gpu(tmp_path, backend_arg):
     """``init_process_group()`` under torchrun, as users call it: hwdist on CUDA and CPU tensors, objects."""
     import torch
 
-    backend, count = _accelerator()
+    _, count = _accelerator()
     if hwdist.detect().device_type != "cuda" or not hasattr(torch, "accelerator"):
         pytest.skip("needs a CUDA GPU and torch >= 2.6 (a backend per device)")
     script = tmp_path / "torch_made.py"
