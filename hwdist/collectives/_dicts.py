@@ -129,15 +129,21 @@ class _Part:
                         flat[self.size :].copy_(tail)
         return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
 
-    def reduce(self, wire: Tensor, group: Any, ws: int, driver: Any) -> None:
-        """Reduce ``wire`` (a packed buffer as it travels) in place: the route is chosen once, and again
-        after ``set_tuning``."""
+    def reducer_for(self, wire: Tensor, group: Any, ws: int, driver: Any) -> transport.FlatReducer:
+        """The reducer of this part's buffers: made once, and again after ``set_tuning``."""
         reducer = self.reducer
         if reducer is None or not reducer.current():
+            tail = self.tail
+            if tail is not None and self.plan.view:
+                tail = tail.view(self.plan.comm_dtype)
             reducer = self.reducer = transport.FlatReducer(
-                wire, self.plan.reduce_op or "sum", group, ws, driver
+                wire, self.plan.reduce_op or "sum", group, ws, driver, tail=tail
             )
-        reducer(wire)
+        return reducer
+
+    def reduce(self, wire: Tensor, group: Any, ws: int, driver: Any) -> None:
+        """Reduce ``wire`` (a packed buffer as it travels) in place."""
+        self.reducer_for(wire, group, ws, driver)(wire)
 
     def blank(self) -> tuple[Tensor, Tensor, bool]:
         """A buffer of this part's size and dtype, with no values (a rank whose dict differs sends it)."""
@@ -178,7 +184,7 @@ class DictLayout:
     """
 
     __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "words",
-                 "stacked", "checked", "check", "expect")  # fmt: skip
+                 "stacked", "checked", "check")  # fmt: skip
 
     def __init__(
         self, op: str, keys: list[Any], values: list[Tensor], driver: Any, group: Any, checked: bool
@@ -197,29 +203,22 @@ class DictLayout:
             ways.setdefault(way, []).append(i)
         order = sorted(ways)
         ws = torch_dist.get_world_size(group)
-        #: (the part whose buffer ends with the check slots, a raised slot's value), or None where no part
-        #: can carry them (``_raised_value``)
-        self.check: Optional[tuple[int, float]] = None
+        #: (the part whose buffer ends with the check slots, how the slots are written and read), or None
+        #: where no part can carry them (``_slot_code``); the part with the fewest slots carries them
+        self.check: Optional[tuple[int, _SlotCode]] = None
         for j, w in enumerate(order if checked else ()):
-            up = _raised_value(plans[self.dtypes[ways[w][0]]], ws)
-            if up is not None:
-                self.check = (j, up)
-                break
+            code = _slot_code(plans[self.dtypes[ways[w][0]]], ws)
+            if code is not None and (self.check is None or code.size < self.check[1].size):
+                self.check = (j, code)
         self.parts = [
             _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes, self.cdev,
-                  _SLOTS if self.check is not None and self.check[0] == j else 0)
+                  self.check[1].size if self.check is not None and self.check[0] == j else 0)
             for j, w in enumerate(order)
         ]  # fmt: skip
         self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
         self.words = dict_fingerprint(op, keys, values)  #: what every rank compares when ``verify=True``
-        #: the check slots after the reduction when every rank packed its values into this layout (a sum
-        #: multiplies them by the group's size; a sum that rounds, as in bfloat16 over many ranks, is
-        #: decoded slot by slot)
-        self.expect: Optional[Tensor] = None
-        if self.check is not None:
-            part = self.parts[self.check[0]]
-            part.tail = self.slot_values(self.words, False)  # what a rank that packs its values sends
-            self.expect = part.tail * ws if part.plan.reduce_op == "sum" else part.tail
+        if self.check is not None:  # what a rank that packs its values sends
+            self.parts[self.check[0]].tail = self.slot_values(self.words, False)
 
     def pack(self, values: list[Tensor]) -> Buffers:
         """The buffers of ``values`` (checked first: dense tensors with data, of this layout)."""
@@ -231,21 +230,12 @@ class DictLayout:
 
     def slot_values(self, words: Optional[tuple[int, int]], other: bool) -> Tensor:
         """The check slots of a rank that holds a dict of fingerprint ``words`` (None: a bad argument);
-        ``other``: its values are not in this layout's buffers.
-
-        Slot 0 is raised by a bad argument, slot 1 by ``other``, then two slots per fingerprint bit: the
-        first raised where the bit is 1, the second where it is 0. After the reduction a pair with both
-        raised is a bit on which two ranks differ.
-        """
+        ``other``: its values are not in this layout's buffers."""
         assert self.check is not None
-        j, up = self.check
+        j, code = self.check
         bits = 0 if words is None else words[0] << 31 | words[1]
-        raised = [words is None, other]
-        for b in range(_BITS):
-            one = bool(bits >> b & 1)
-            raised += [one, not one]
-        vals = [up if r else 1.0 - up for r in raised]
-        return torch.tensor(vals, dtype=self.parts[j].pack_dtype, device=self.cdev)
+        facts = [words is None, other, *(bool(bits >> b & 1) for b in range(_BITS))]
+        return torch.tensor(code.encode(facts), dtype=self.parts[j].pack_dtype, device=self.cdev)
 
     def set_slots(self, bufs: Buffers, slots: Tensor) -> None:
         """Write the check slots after the values of the carrying part."""
@@ -253,22 +243,16 @@ class DictLayout:
         bufs[j][0][self.parts[j].size :].copy_(slots)
 
     def read_slots(self, bufs: Buffers) -> tuple[bool, bool, bool]:
-        """After the reduction: (some rank had a bad argument, some rank's values are not in these buffers,
-        every rank's fingerprint is the same).
+        """After a reduction in which some rank sent other check slots: (some rank had a bad argument, some
+        rank's values are not in these buffers, every rank's fingerprint is the same).
 
         The carrying part's buffer is replaced by its values (what ``finish`` reads).
         """
-        j, up = self.check  # type: ignore[misc]
+        j, code = self.check  # type: ignore[misc]
         flat, wire, home = bufs[j]
         size = self.parts[j].size
-        tail = flat[size:]
         bufs[j] = (flat[:size], wire, home)
-        # every rank sent this layout's own slots: one comparison
-        if self.expect is not None and torch.equal(tail, self.expect):
-            return False, False, True
-        raised = (tail != 0) if up else (tail == 0)
-        head = raised[:2].tolist()
-        return bool(head[0]), bool(head[1]), not bool((raised[2::2] & raised[3::2]).any())
+        return code.decode(flat[size:])
 
     def try_pack(self, op: str, keys: list[Any], values: list[Any], checked: bool) -> Optional[Buffers]:
         """The buffers of ``values`` when this call has this layout, with dense tensors that have data.
@@ -297,11 +281,21 @@ class DictLayout:
                 part.reduce(wire, group, ws, self.driver)
 
     def reduce_checked(self, bufs: Buffers, group: Any, ws: int) -> tuple[bool, bool, bool]:
-        """Reduce the part with the check slots and read them (``read_slots``); the other parts only when
-        every rank holds this layout, with good values."""
+        """Reduce the part with the check slots and read them; the other parts only when every rank holds
+        this layout, with good values.
+
+        When every rank sent this rank's own slots (the reducer compares them: ``reduce_checked``), the
+        part's buffer is replaced by its reduced values; else the slots are decoded (``read_slots``).
+        """
         j = self.check[0]  # type: ignore[index]
-        self.parts[j].reduce(bufs[j][1], group, ws, self.driver)
-        bad, elsewhere, same = verdict = self.read_slots(bufs)
+        part = self.parts[j]
+        wire = bufs[j][1]
+        values = part.reducer_for(wire, group, ws, self.driver).reduce_checked(wire)
+        if values is None:
+            bad, elsewhere, same = verdict = self.read_slots(bufs)
+        else:
+            bufs[j] = (values.view(part.pack_dtype) if part.plan.view else values, values, bufs[j][2])
+            bad, elsewhere, same = verdict = False, False, True
         if len(self.parts) > 1 and not (bad or elsewhere) and same:
             self.reduce(bufs, group, ws, skip=j)
         return verdict
@@ -312,29 +306,110 @@ class DictLayout:
             part.finish(buf, keys, values, data, ws)
 
 
-#: Issued reduce ops whose result tells whether some rank raised a check slot: by sending 1 to a sum,
-#: average, max or or (the result is nonzero), or 0 to a min, product or and (the result is zero).
-_ANY_OPS, _ALL_OPS = frozenset({"sum", "avg", "max", "bor"}), frozenset({"min", "product", "band"})
 _BITS = 62  #: the fingerprint's bits (two 31-bit words)
-_SLOTS = 2 + 2 * _BITS  #: check slots: a bad argument, values elsewhere, two per fingerprint bit
 
 
-def _raised_value(plan: Plan, ws: int) -> Optional[float]:
-    """A raised check slot's value in a buffer of ``plan`` (1 or 0), or None where the reduction cannot
-    tell (bxor; an integer sum that could wrap around with this many ranks; an integer average).
+class _SlotCode:
+    """How a rank's check facts travel in the check slots, and what the reduced slots say.
 
-    A sum of non-negative numbers is zero only when all are, in every float type too; a product,
-    minimum or and of zeros and ones is zero when one is.
+    The facts are 64 bits: a bad argument, values elsewhere (the rank's dict is not this layout's),
+    then the fingerprint's bits. After the reduction: (some rank had a bad argument, some rank's values
+    are elsewhere, every rank's fingerprint is the same).
+    """
+
+    size: int  #: the number of slots
+
+    def encode(self, facts: list[bool]) -> list[Any]:
+        raise NotImplementedError
+
+    def decode(self, slots: Tensor) -> tuple[bool, bool, bool]:
+        raise NotImplementedError
+
+
+class _Counts(_SlotCode):
+    """Under a sum that stays exact: each slot holds ``per`` facts as digits in base ``ws + 1`` (a rank
+    sends 1 where a fact holds), so the reduced digit is how many ranks sent it. A fingerprint bit is the
+    same everywhere when its count is 0 or ``ws``. float32 metrics on 2 ranks: 15 facts a slot, 5 slots.
+    """
+
+    def __init__(self, per: int, ws: int) -> None:
+        self.per, self.base = per, ws + 1
+        self.size = -(-(2 + _BITS) // per)
+
+    def encode(self, facts: list[bool]) -> list[Any]:
+        return [sum(self.base**i for i, f in enumerate(facts[s : s + self.per]) if f)
+                for s in range(0, len(facts), self.per)]  # fmt: skip
+
+    def decode(self, slots: Tensor) -> tuple[bool, bool, bool]:
+        counts = []
+        for v in slots.tolist():
+            v = int(v)
+            for _ in range(self.per):
+                v, digit = divmod(v, self.base)
+                counts.append(digit)
+        ws = self.base - 1
+        return counts[0] > 0, counts[1] > 0, all(c in (0, ws) for c in counts[2 : 2 + _BITS])
+
+
+class _Pairs(_SlotCode):
+    """Under any op that tells whether some rank raised a slot (1 under sum, average, max and or: the
+    result is nonzero; 0 under min, product and and: the result is zero): one slot per flag, then two
+    per fingerprint bit, the first raised where the bit is 1, the second where it is 0. A pair with both
+    raised is a bit on which two ranks differ (126 slots)."""
+
+    size = 2 + 2 * _BITS
+
+    def __init__(self, up: float) -> None:
+        self.up = up  #: a raised slot's value
+
+    def encode(self, facts: list[bool]) -> list[Any]:
+        raised = facts[:2]
+        for f in facts[2:]:
+            raised += [f, not f]
+        return [self.up if r else 1.0 - self.up for r in raised]
+
+    def decode(self, slots: Tensor) -> tuple[bool, bool, bool]:
+        raised = (slots != 0) if self.up else (slots == 0)
+        head = raised[:2].tolist()
+        return bool(head[0]), bool(head[1]), not bool((raised[2::2] & raised[3::2]).any())
+
+
+#: Issued reduce ops whose result tells whether some rank raised a slot (``_Pairs``).
+_ANY_OPS, _ALL_OPS = frozenset({"sum", "avg", "max", "bor"}), frozenset({"min", "product", "band"})
+
+
+def _exact_bits(dtype: torch.dtype) -> int:
+    """Bits of the non-negative integers ``dtype`` holds exactly (float32: 24), or 0 (bool, complex)."""
+    if dtype == torch.bool or dtype.is_complex:
+        return 0
+    if dtype.is_floating_point:  # the mantissa's bits and the implicit one (eps is 2 ** -mantissa)
+        return round(-math.log2(torch.finfo(dtype).eps)) + 1
+    return (torch.iinfo(dtype).max + 1).bit_length() - 1
+
+
+def _slot_code(plan: Plan, ws: int) -> Optional[_SlotCode]:
+    """How check slots travel in a buffer of ``plan``, or None where the reduction cannot tell (bxor; an
+    integer sum that could wrap around with this many ranks; an integer average).
+
+    A sum whose counts stay exact packs them as digits (``_Counts``); else one or two slots per fact
+    (``_Pairs``): a sum of non-negative numbers is zero only when all are, in every float type too; a
+    product, minimum or and of zeros and ones is zero when one is.
     """
     op, cd = plan.reduce_op, plan.comm_dtype
+    if op == "sum" and not plan.view:
+        per, bits = 0, _exact_bits(cd)
+        while (ws + 1) ** (per + 1) <= 1 << bits:
+            per += 1
+        if per:
+            return _Counts(min(per, 2 + _BITS), ws)
     if op in _ALL_OPS:
-        return 0.0
+        return _Pairs(0.0)
     if op not in _ANY_OPS:
         return None
     if op in ("sum", "avg") and not (cd.is_floating_point or cd.is_complex or cd == torch.bool):
         if op == "avg" or ws > torch.iinfo(cd).max:  # an integer average of ones may floor to 0
             return None
-    return 1.0
+    return _Pairs(1.0)
 
 
 @dataclass(eq=False)

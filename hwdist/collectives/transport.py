@@ -78,17 +78,29 @@ class FlatReducer:
     ``current()`` before each call: False once ``set_tuning`` has changed the table the route was chosen
     from.
 
+    With ``tail``, every buffer ends with check slots (``all_reduce_dict``'s): ``reduce_checked`` then
+    tells in the same collective whether every rank sent this rank's ``tail``.
+
     Args:
         like: a buffer of the shape, dtype and device every call's buffer has (contiguous).
         reduce_op: an issued op name ('sum', 'max', ...).
         group: the process group.
         world_size: the group's size.
         driver: the group's driver.
+        tail: the check slots this rank's buffers end with (1-D, ``like``'s dtype), or None.
     """
 
-    __slots__ = ("call", "gathered", "flat", "generation")
+    __slots__ = ("call", "gathered", "flat", "generation", "values", "tails", "expect")
 
-    def __init__(self, like: Tensor, reduce_op: str, group: Any, world_size: int, driver: Any) -> None:
+    def __init__(
+        self,
+        like: Tensor,
+        reduce_op: str,
+        group: Any,
+        world_size: int,
+        driver: Any,
+        tail: Optional[Tensor] = None,
+    ) -> None:
         #: the tuning table's generation the route was chosen under (a keeper remakes the reducer when
         #: ``set_tuning`` has run since: the route then follows the new table on every rank alike)
         self.generation = _tuning.generation
@@ -98,6 +110,13 @@ class FlatReducer:
         self.flat = like.dim() == 1
         #: the gather route's local reduction of the gathered rows into a buffer; None: all_reduce
         self.gathered: Optional[Callable[[Tensor], Any]] = None
+        #: with ``tail``: a new tensor of the values' reduction (the gather route; None: in place) ...
+        self.values: Optional[Callable[[], Tensor]] = None
+        #: ... every rank's check slots (gathered rows) or the reduced ones (a slice, cut per call) ...
+        self.tails: Any = None
+        #: ... and what they are when every rank sent ``tail``
+        self.expect: Any = None
+        cut = like.numel() - (tail.numel() if tail is not None else 0)  # the values' elements
         if local is not None and like.numel() * like.element_size() * world_size <= limit:
             recv = torch.empty(world_size * like.numel(), dtype=like.dtype, device=like.device)
             self.call = wire_call(group, "all_gather_flat", recv=recv, driver=driver)
@@ -108,8 +127,20 @@ class FlatReducer:
                 self.gathered = lambda out: pair(first, second, out=out)
             else:
                 self.gathered = lambda out: local(rows, out)
+            if tail is not None:  # the values reduced into a new tensor; the slots compared as they came
+                flat_rows = recv.view(world_size, -1)
+                self.tails, self.expect = flat_rows[:, cut:], tail.expand(world_size, -1)
+                kept = flat_rows[:, :cut]
+                if pair is not None:
+                    v0, v1 = kept.unbind(0)
+                    self.values = lambda: pair(v0, v1)
+                else:
+                    dtype, device = like.dtype, like.device
+                    self.values = lambda: _into(local, kept, torch.empty(cut, dtype=dtype, device=device))
         else:
             self.call = wire_call(group, "all_reduce", reduce_op=reduce_op)
+            if tail is not None:  # a sum of equal slots is the group's size times them
+                self.tails, self.expect = cut, tail * world_size if reduce_op == "sum" else tail
 
     def current(self) -> bool:
         """Whether the tuning table is still the one this reducer's route was chosen from."""
@@ -126,6 +157,37 @@ class FlatReducer:
             c.send = None  # the caller's buffer is not kept
         if gathered is not None:
             gathered(buf)
+
+    def reduce_checked(self, buf: Tensor) -> Optional[Tensor]:
+        """Reduce ``buf`` (1-D, ending with check slots; a reducer made with ``tail``): the reduced values
+        without the slots when every rank sent this rank's ``tail``; else None, with all of ``buf`` reduced
+        in place (its slots then tell what differs).
+
+        Every rank gets the same answer: on the gather route each compares every rank's slots with its
+        own (equal everywhere or nowhere); on the all_reduce route the reduced slots are the same bits on
+        every rank.
+        """
+        values = self.values
+        if values is None:  # all_reduce: in place, then the reduced slots
+            self(buf)
+            cut = self.tails
+            return buf[:cut] if torch.equal(buf[cut:], self.expect) else None
+        c = self.call
+        c.send = buf
+        try:
+            issue(c)
+        finally:
+            c.send = None
+        if torch.equal(self.tails, self.expect):
+            return values()
+        self.gathered(buf)  # type: ignore[misc]
+        return None
+
+
+def _into(local: Callable[[Tensor, Tensor], Any], rows: Tensor, out: Tensor) -> Tensor:
+    """``out``, with ``rows`` reduced into it by ``local`` (one of ``_LOCAL``)."""
+    local(rows, out)
+    return out
 
 
 _MAX_PLANS: dict[Any, Any] = {}

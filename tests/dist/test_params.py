@@ -453,6 +453,64 @@ def test_verified_dict_repeats_in_one_collective_and_still_names_a_difference(di
             assert f"rank {ws - 1}: data['b'] must be a torch.Tensor, got int" in row["bad"][1], case
 
 
+def _facts(fingerprint: int, bad: bool = False, elsewhere: bool = False) -> list[bool]:
+    return [bad, elsewhere, *(bool(fingerprint >> b & 1) for b in range(62))]
+
+
+#: (op, dtype) pairs a backend may reduce check slots in: bool reduces with sum, max and min; bitwise ops
+#: are for integers
+SLOT_CASES = [
+    (op, dt)
+    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int8,
+               torch.uint8, torch.bool)
+    for op in ("sum", "max", "min", "product", "bor", "band")
+    if (dt != torch.bool or op in ("sum", "max", "min"))
+    and not (dt.is_floating_point and op in ("bor", "band"))
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("ws", [2, 3, 7, 100, 300])
+@pytest.mark.parametrize(("op", "dtype"), SLOT_CASES, ids=[f"{op}-{str(dt)[6:]}" for op, dt in SLOT_CASES])
+def test_check_slots_say_what_differs_after_the_reduction(op, dtype, ws):
+    """The check slots every rank sends, reduced in their own dtype as the backend would (one op over the
+    ranks' slot tensors), say whether some rank was bad, had its values elsewhere, or held another
+    fingerprint: for the digit code of exact sums and the slot pairs of the other ops, at group sizes
+    where the digits no longer fit (bfloat16 past 255 ranks falls back to pairs)."""
+    from hwdist.collectives._dicts import _Counts, _slot_code
+    from hwdist.drivers.base import Plan
+
+    code = _slot_code(Plan("all_reduce", "all_reduce", dtype, dtype, reduce_op=op), ws)
+    if code is None:  # an integer sum that could wrap: the layout keeps the separate check
+        assert op == "sum" and ws > torch.iinfo(dtype).max
+        return
+    # a sum in float32 packs 15 facts a slot at 2 ranks; bfloat16 at 300 ranks cannot hold a count
+    if op == "sum" and dtype == torch.float32 and ws == 2:
+        assert isinstance(code, _Counts) and code.size == 5
+    if op == "sum" and dtype == torch.bfloat16 and ws == 300:
+        assert not isinstance(code, _Counts) and code.size == 126
+    fold = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
+
+    def reduced(ranks: list[list[bool]]) -> torch.Tensor:
+        rows = torch.stack([torch.tensor(code.encode(f), dtype=dtype) for f in ranks])
+        if op in fold:
+            return fold[op](rows, 0) if op in ("max", "min") else fold[op](rows, 0, dtype=dtype)
+        out = rows[0].clone()
+        for row in rows[1:]:
+            out = (torch.bitwise_or if op == "bor" else torch.bitwise_and)(out, row)
+        return out
+
+    fp = (0x2AAA_5555 << 31) | 0x1234_5678
+    same = [_facts(fp)] * ws
+    assert code.decode(reduced(same)) == (False, False, True)
+    for bit in (0, 30, 61):  # one rank differs in one bit: the lowest, a middle and the highest
+        other = [_facts(fp)] * (ws - 1) + [_facts(fp ^ (1 << bit))]
+        assert code.decode(reduced(other)) == (False, False, False), bit
+    bad = [_facts(fp)] * (ws - 1) + [_facts(0, bad=True)]
+    assert code.decode(reduced(bad))[0] is True
+    moved = [_facts(fp, elsewhere=True)] * ws  # every rank holds the same other dict
+    assert code.decode(reduced(moved)) == (False, True, True)
+
+
 # ---------------------------------------------------------------------------
 # all_reduce_dict with a value that has no lossless plan: PlanError on every rank
 # ---------------------------------------------------------------------------
