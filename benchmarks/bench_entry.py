@@ -28,17 +28,26 @@ communicates nothing) against the hand-flattened ``torch.stack`` +
 the control row, and the hand-flattened code after a 10-integer
 ``all_reduce`` (what one more small collective costs by itself, the size of
 the check ``verify=True`` adds); ``--dict`` runs only those rows.
+``--against CHECKOUT`` adds the same two calls of another version (the
+``hwdist`` package of a checkout, loaded in the same rank processes under
+another name), interleaved with this version's: a comparison of two
+versions without the drift between two separate runs.
 
 Usage::
 
-    python -m benchmarks.bench_entry [--quick] [--dict] [--json PATH]
+    python -m benchmarks.bench_entry [--quick] [--dict] [--against CHECKOUT] [--json PATH]
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
+import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -213,6 +222,12 @@ def bench_cold_dict(quick: bool) -> list[dict[str, Any]]:
         "verify=True": "verify=True",
         "verify=False": "verify=False",
     }
+    other = _against()
+    if other is not None:  # the other version's calls, interleaved with this one's in the same ranks
+        cases["against True"] = lambda: other.all_reduce_dict(metrics)
+        cases["against False"] = lambda: other.all_reduce_dict(metrics, verify=False)
+        labels["against True"] = "--against's version, verify=True"
+        labels["against False"] = "--against's version, verify=False"
     times = _cold(cases, iters, samples)
     base = times["raw"]
     rows = []
@@ -227,6 +242,19 @@ def bench_cold_dict(quick: bool) -> list[dict[str, Any]]:
             "overhead_median_us": statistics.median(x - y for x, y in zip(a, base)) * 1e6,
             "overhead_min_us": (min(a) - min(base)) * 1e6,
         })
+    for mine, theirs in (("verify=True", "against True"), ("verify=False", "against False")):
+        if theirs in times:  # this version's calls against the other's, paired sample by sample
+            a, b = times[mine], times[theirs]
+            rows.append({
+                "case": f"all_reduce_dict 20 metrics, 2 ranks, cold caches, {mine}: this version against"
+                        " --against's (raw columns: --against's)",
+                "hwdist_median_us": statistics.median(a) * 1e6,
+                "hwdist_min_us": min(a) * 1e6,
+                "raw_median_us": statistics.median(b) * 1e6,
+                "raw_min_us": min(b) * 1e6,
+                "overhead_median_us": statistics.median(x - y for x, y in zip(a, b)) * 1e6,
+                "overhead_min_us": (min(a) - min(b)) * 1e6,
+            })
     return rows
 
 
@@ -251,8 +279,51 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: Where ``--against``'s renamed copy lies (set in the parent, read in the ranks).
+AGAINST_ENV = "HWDIST_BENCH_AGAINST"
+
+
+def _against() -> Any:
+    """The ``--against`` version's package (``hwdist_against``) in this rank, or None."""
+    where = os.environ.get(AGAINST_ENV)
+    if not where:
+        return None
+    sys.path.insert(0, where)
+    return importlib.import_module("hwdist_against")
+
+
+def _renamed_copy(checkout: str, into: str) -> None:
+    """``checkout``'s ``hwdist`` package copied into ``into`` as ``hwdist_against`` (every whole-word
+    ``hwdist`` in its sources renamed), so that both versions load in one process."""
+    src = os.path.join(checkout, "hwdist")
+    if not os.path.isfile(os.path.join(src, "__init__.py")):
+        raise SystemExit(f"--against: {checkout!r} holds no hwdist package (expected {src}/__init__.py)")
+    dst = os.path.join(into, "hwdist_against")
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    for root, _, files in os.walk(dst):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(re.sub(r"\bhwdist\b", "hwdist_against", text))
+
+
 def main(argv: list[str]) -> int:
     """Run the benchmark and print the table (and write JSON if asked)."""
+    if "--against" in argv:  # --against CHECKOUT: the --dict rows of another version, in the same ranks
+        i = argv.index("--against")
+        if i + 1 >= len(argv):
+            raise SystemExit("--against needs a checkout's directory (one that holds hwdist/)")
+        checkout, argv = argv[i + 1], argv[:i] + argv[i + 2 :] + ["--dict"]
+        with tempfile.TemporaryDirectory(prefix="hwdist-against-") as tmp:
+            _renamed_copy(checkout, tmp)
+            os.environ[AGAINST_ENV] = tmp
+            try:
+                return main(argv)
+            finally:
+                del os.environ[AGAINST_ENV]
     if "--dict" in argv:
         argv = [a for a in argv if a != "--dict"]
         return bench_main(argv, __doc__.splitlines()[0], [(2, bench_cold_dict)], format_table)
