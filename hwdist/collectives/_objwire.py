@@ -129,12 +129,11 @@ class Record:
 
     __slots__ = ("rank", "framed", "status", "total", "nchunks", "root", "opcode", "token", "inline")
 
-    def __init__(self, rank: int, head: Sequence[int], inline: Optional[np.ndarray]) -> None:
+    def __init__(self, rank: int, head: list[int], inline: Optional[np.ndarray]) -> None:
         self.rank = rank
-        fields = [int(x) for x in head]
         #: False: the rank sent something else (it is in another collective of the same size)
-        self.framed = fields[0] == RECORD_MAGIC
-        self.status, self.total, self.nchunks, self.root, self.opcode, self.token = fields[1:7]
+        self.framed = head[0] == RECORD_MAGIC
+        self.status, self.total, self.nchunks, self.root, self.opcode, self.token = head[1:7]
         self.inline = inline
 
     @property
@@ -229,12 +228,8 @@ def payload_record(
 
 def parse_rows(rows: np.ndarray) -> list[Record]:
     """Every rank's record from the rows of a record all_gather (one row per group rank)."""
-    heads = rows[:, :_HEAD].copy().view("<i8")
-    out = []
-    for r in range(rows.shape[0]):
-        n = int(heads[r, 7])
-        out.append(Record(r, heads[r], rows[r, _HEAD : _HEAD + n] if n else None))
-    return out
+    heads: list[list[int]] = rows[:, :_HEAD].copy().view("<i8").tolist()  # Python ints, in one call
+    return [Record(r, h, rows[r, _HEAD : _HEAD + h[7]] if h[7] else None) for r, h in enumerate(heads)]
 
 
 def parse_record(rank: int, row: np.ndarray) -> Record:

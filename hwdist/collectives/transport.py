@@ -257,7 +257,7 @@ def gather_ints(values: Sequence[int], group: Any = None, driver: Any = None) ->
 
 def _gather_padded(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any) -> None:
     # Lengths are multiples of 8, so the bytes fit any integer carrier up to int64.
-    carrier = byte_carrier(driver, "all_gather")
+    carrier = _carrier(driver, "all_gather")
     chunks = list(out.view(carrier).chunk(_world(group)))
     issue(wire_call(group, "all_gather", send=inp.view(carrier), recv=chunks))
 
@@ -305,7 +305,7 @@ def broadcast_bytes(data: Optional[bytes], src: int, group: Any = None, driver: 
     dev = driver.comm_device()
     me = view(group).rank
     head = torch.tensor([len(data or b"") if me == src else 0], dtype=torch.int64)
-    carrier = byte_carrier(driver, "broadcast")
+    carrier = _carrier(driver, "broadcast")
     head_wire = head.view(torch.uint8).to(dev)
     issue(wire_call(group, "broadcast", send=head_wire.view(carrier), root=src))
     n = int(head_wire.cpu().view(torch.int64)[0])
@@ -327,13 +327,12 @@ Waiter = Callable[[Any, bool], None]
 def _wire(data: np.ndarray, carrier: torch.dtype, dev: torch.device) -> Tensor:
     # uint8 bytes as a tensor of the carrier dtype on ``dev``, zero-padded to a whole carrier element
     t = torch.from_numpy(data)
-    k = itemsize(carrier)
-    if k > 1:
-        pad = -t.numel() % k
+    if carrier is not torch.uint8:
+        pad = -t.numel() % itemsize(carrier)
         if pad:
             t = torch.cat([t, t.new_zeros(pad)])
         t = retype(t, carrier)
-    return t if t.device == dev else t.to(dev)
+    return t if dev.type == "cpu" else t.to(dev)  # (from numpy: on the CPU)
 
 
 def _room(n: int, carrier: torch.dtype, dev: torch.device) -> Tensor:
@@ -341,7 +340,8 @@ def _room(n: int, carrier: torch.dtype, dev: torch.device) -> Tensor:
 
 
 def _host(t: Tensor, n: int) -> np.ndarray:
-    host = byte_view(t).cpu().numpy()
+    # a received buffer's first ``n`` bytes on the host (no copy when it is a host uint8 buffer)
+    host = t.numpy() if t.dtype is torch.uint8 and t.is_cpu and t.dim() == 1 else byte_view(t).cpu().numpy()
     return host if host.size == n else host[:n]
 
 
@@ -355,7 +355,7 @@ def _settle(work: Any, wait: Optional[Waiter], p2p: bool) -> None:
 def carries(driver: Any, op: str) -> bool:
     """Whether ``driver`` moves bytes for ``op`` ('all_gather', 'broadcast', 'send', 'recv')."""
     try:
-        byte_carrier(driver, op)
+        _carrier(driver, op)
     except PlanError:
         return False
     return True
@@ -364,8 +364,19 @@ def carries(driver: Any, op: str) -> bool:
 def _rows_in(data: np.ndarray, op: str, group: Any, driver: Any) -> tuple[Any, int, torch.dtype, Tensor]:
     """(driver, group size, byte carrier, ``data`` on the wire) for a gather of equal rows by ``op``."""
     driver = driver if driver is not None else registry.resolve(group)
-    carrier = byte_carrier(driver, op)
+    carrier = _carrier(driver, op)
     return driver, _world(group), carrier, _wire(data, carrier, driver.comm_device())
+
+
+_CARRIERS: dict[tuple[Any, str], torch.dtype] = {}
+
+
+def _carrier(driver: Any, op: str) -> torch.dtype:
+    """``byte_carrier(driver, op)``, found once per driver and op (a PlanError is raised each time)."""
+    found = _CARRIERS.get((driver, op))
+    if found is None:
+        found = _CARRIERS[(driver, op)] = byte_carrier(driver, op)
+    return found
 
 
 def gather_rows(
@@ -396,7 +407,7 @@ def gather_rows(
 def gathers(driver: Any) -> bool:
     """Whether ``driver`` issues ``gather`` itself for bytes (not emulated with an all_gather)."""
     try:
-        return driver.plan("gather", byte_carrier(driver, "gather")).native_op == "gather"
+        return driver.plan("gather", _carrier(driver, "gather")).native_op == "gather"
     except PlanError:
         return False
 
@@ -447,7 +458,7 @@ def broadcast_sized(
     """
     driver = driver if driver is not None else registry.resolve(group)
     dev = driver.comm_device()
-    carrier = byte_carrier(driver, "broadcast")
+    carrier = _carrier(driver, "broadcast")
     t = _wire(data, carrier, dev) if data is not None else _room(n, carrier, dev)
     work = issue(wire_call(group, "broadcast", send=t, root=src), wait is not None)
     _settle(work, wait, False)
@@ -459,7 +470,7 @@ def send_bytes(
 ) -> None:
     """Send ``data`` (uint8) to global rank ``dst``, which receives it with ``recv_bytes(len(data), ...)``."""
     driver = driver if driver is not None else registry.resolve(group)
-    t = _wire(data, byte_carrier(driver, "send"), driver.comm_device())
+    t = _wire(data, _carrier(driver, "send"), driver.comm_device())
     _settle(issue(wire_call(group, "send", send=t, root=dst), True), wait, True)
 
 
@@ -468,6 +479,6 @@ def recv_bytes(
 ) -> np.ndarray:
     """``n`` bytes from global rank ``src``, sent with ``send_bytes``."""
     driver = driver if driver is not None else registry.resolve(group)
-    t = _room(n, byte_carrier(driver, "recv"), driver.comm_device())
+    t = _room(n, _carrier(driver, "recv"), driver.comm_device())
     _settle(issue(wire_call(group, "recv", send=t, root=src), True), wait, True)
     return _host(t, n)
