@@ -359,14 +359,14 @@ class _Pairs(_SlotCode):
 
     size = 2 + 2 * _BITS
 
-    def __init__(self, up: float) -> None:
-        self.up = up  #: a raised slot's value
+    def __init__(self, up: int) -> None:
+        self.up = up  #: a raised slot's value (an int: it converts into every dtype without a warning)
 
     def encode(self, facts: list[bool]) -> list[Any]:
         raised = facts[:2]
         for f in facts[2:]:
             raised += [f, not f]
-        return [self.up if r else 1.0 - self.up for r in raised]
+        return [self.up if r else 1 - self.up for r in raised]
 
     def decode(self, slots: Tensor) -> tuple[bool, bool, bool]:
         raised = (slots != 0) if self.up else (slots == 0)
@@ -403,13 +403,13 @@ def _slot_code(plan: Plan, ws: int) -> Optional[_SlotCode]:
         if per:
             return _Counts(min(per, 2 + _BITS), ws)
     if op in _ALL_OPS:
-        return _Pairs(0.0)
+        return _Pairs(0)
     if op not in _ANY_OPS:
         return None
     if op in ("sum", "avg") and not (cd.is_floating_point or cd.is_complex or cd == torch.bool):
         if op == "avg" or ws > torch.iinfo(cd).max:  # an integer average of ones may floor to 0
             return None
-    return _Pairs(1.0)
+    return _Pairs(1)
 
 
 @dataclass(eq=False)
