@@ -176,17 +176,7 @@ def bench_cold(quick: bool) -> list[dict[str, Any]]:
         base = times["raw"]
         for label, key in (("control: raw again", "raw again"), ("flight recorder on", "hw"),
                            ("flight recorder off", "hw off")):
-            a = times[key]
-            paired = statistics.median(x - y for x, y in zip(a, base))
-            rows.append({
-                "case": f"{op}, torch real, cold caches, {label}",
-                "hwdist_median_us": statistics.median(a) * 1e6,
-                "hwdist_min_us": min(a) * 1e6,
-                "raw_median_us": statistics.median(base) * 1e6,
-                "raw_min_us": min(base) * 1e6,
-                "overhead_median_us": paired * 1e6,
-                "overhead_min_us": (min(a) - min(base)) * 1e6,
-            })
+            rows.append(_paired_row(f"{op}, torch real, cold caches, {label}", times[key], base))
     return rows
 
 
@@ -230,32 +220,27 @@ def bench_cold_dict(quick: bool) -> list[dict[str, Any]]:
         labels["against False"] = "--against's version, verify=False"
     times = _cold(cases, iters, samples)
     base = times["raw"]
-    rows = []
-    for label, text in labels.items():
-        a = times[label]
-        rows.append({
-            "case": f"all_reduce_dict 20 metrics, 2 ranks, cold caches, {text}",
-            "hwdist_median_us": statistics.median(a) * 1e6,
-            "hwdist_min_us": min(a) * 1e6,
-            "raw_median_us": statistics.median(base) * 1e6,
-            "raw_min_us": min(base) * 1e6,
-            "overhead_median_us": statistics.median(x - y for x, y in zip(a, base)) * 1e6,
-            "overhead_min_us": (min(a) - min(base)) * 1e6,
-        })
+    case = "all_reduce_dict 20 metrics, 2 ranks, cold caches, "
+    rows = [_paired_row(case + text, times[label], base) for label, text in labels.items()]
     for mine, theirs in (("verify=True", "against True"), ("verify=False", "against False")):
         if theirs in times:  # this version's calls against the other's, paired sample by sample
-            a, b = times[mine], times[theirs]
-            rows.append({
-                "case": f"all_reduce_dict 20 metrics, 2 ranks, cold caches, {mine}: this version against"
-                        " --against's (raw columns: --against's)",
-                "hwdist_median_us": statistics.median(a) * 1e6,
-                "hwdist_min_us": min(a) * 1e6,
-                "raw_median_us": statistics.median(b) * 1e6,
-                "raw_min_us": min(b) * 1e6,
-                "overhead_median_us": statistics.median(x - y for x, y in zip(a, b)) * 1e6,
-                "overhead_min_us": (min(a) - min(b)) * 1e6,
-            })
+            text = f"{mine}: this version against --against's (raw columns: --against's)"
+            rows.append(_paired_row(case + text, times[mine], times[theirs]))
     return rows
+
+
+def _paired_row(case: str, a: list[float], base: list[float]) -> dict[str, Any]:
+    """A table row: ``a``'s and ``base``'s medians and minimums, and the paired median of their
+    per-sample differences (seconds in, microseconds out)."""
+    return {
+        "case": case,
+        "hwdist_median_us": statistics.median(a) * 1e6,
+        "hwdist_min_us": min(a) * 1e6,
+        "raw_median_us": statistics.median(base) * 1e6,
+        "raw_min_us": min(base) * 1e6,
+        "overhead_median_us": statistics.median(x - y for x, y in zip(a, base)) * 1e6,
+        "overhead_min_us": (min(a) - min(base)) * 1e6,
+    }
 
 
 def bench_all(quick: bool) -> list[dict[str, Any]]:
