@@ -17,8 +17,8 @@ import torch
 from . import _compat, _state
 from ._plugins import load_plugins, register_or_decorate
 from .drivers import BUILTIN_DRIVERS, LEGACY_BACKENDS
-from .drivers.startup import parse_backend_config, torch_reserved
-from .drivers.base import Driver
+from .drivers.startup import check_torch_name, parse_backend_config
+from .drivers.base import Driver, check_driver
 
 __all__ = [
     "register_backend",
@@ -81,71 +81,16 @@ def _hint(name: str) -> str:
     return f"HINT: hwdist.register_backend({name!r}, ...)"
 
 
-def _check_driver(name: str, driver: Any) -> Driver:
-    """``driver`` (an instance, or a class constructed with no arguments) if it is a
-    [`Driver`][hwdist.drivers.base.Driver].
-    """
-    if isinstance(driver, type) and issubclass(driver, Driver):
-        missing = sorted(getattr(driver, "__abstractmethods__", ()))
-        if missing:
-            raise BackendError(
-                f"driver class {driver.__name__} for backend {name!r} does not set {', '.join(missing)};"
-                f' e.g. device_type = "cpu"'
-            )
-        try:
-            driver = driver()
-        except TypeError as exc:
-            raise BackendError(
-                f"driver class {driver.__name__} for backend {name!r} must be constructible"
-                f" with no arguments: {exc}"
-            ) from exc
-    if not isinstance(driver, Driver):
-        what = driver.__name__ if isinstance(driver, type) else f"{type(driver).__name__} instance"
-        raise BackendError(
-            f"driver for backend {name!r} must be a hwdist.Driver subclass or instance, got {what}."
-            f' HINT: class MyDriver(hwdist.Driver): device_type = "cpu"'
-        )
-    prio = driver.priority
-    if isinstance(prio, bool) or not isinstance(prio, (int, float)) or prio != prio:
-        raise BackendError(f"driver for backend {name!r}: priority must be a number, got {prio!r}")
-    if not isinstance(driver.device_type, str) or not driver.device_type:
-        raise BackendError(
-            f"driver for backend {name!r}: device_type must be a non-empty str, got {driver.device_type!r}"
-        )
-    return driver
-
-
-def _check_torch_name(key: str, inst: Driver) -> None:
-    """Refuse torch names no process group can ever be created under (raised at registration)."""
-    if not _compat.DIST_AVAILABLE:
-        return
-    import torch.distributed as dist
-
-    torch_name = str(inst.torch_name or key).lower()
-    if torch_name == getattr(dist.Backend, "UNDEFINED", None):
-        raise BackendError(
-            f"cannot register {key!r}: its torch name {torch_name!r} is torch.distributed.Backend.UNDEFINED,"
-            " which names no backend. HINT: register it under another name"
-        )
-    if torch_reserved(torch_name) and inst.process_group_factory is not None:
-        raise BackendError(
-            f"cannot register {key!r} ({type(inst).__name__}): it gives process_group_factory, but its torch"
-            f" name {torch_name!r} is torch's own backend (torch.distributed.Backend.{torch_name.upper()}),"
-            " so torch would never call the factory. HINT: drop torch_backend, or register the driver"
-            " under a name torch does not reserve"
-        )
-
-
 def _register(name: str, driver: Any, override: bool) -> Driver:
     if not isinstance(name, str) or not name or name != name.strip():
         raise BackendError(f"backend name must be a non-empty str without spaces, got {name!r}")
     key = name.lower()
     if key in LEGACY_BACKENDS:
         raise BackendError(f"cannot register {name!r}: {LEGACY_BACKENDS[key]}")
-    inst = _check_driver(key, driver)
+    inst = check_driver(key, driver)
     # The registered name wins; one driver class registered under a second name gets its own instance name.
     inst.name = key
-    _check_torch_name(key, inst)
+    check_torch_name(key, inst)
     with _lock:
         if key in _drivers and not override:
             same = "" if name == key else f" as {key!r} (backend names are case-insensitive)"

@@ -16,7 +16,7 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 
 from .. import _compat
-from ..errors import PlanError
+from ..errors import BackendError, PlanError
 from ._planner import (
     ALL_OPS,
     EMULATIONS,
@@ -291,3 +291,41 @@ def byte_carrier(driver: Any, op: str) -> torch.dtype:
         f"backend '{driver.name}' cannot carry bytes for '{op}' (object collectives need it): it moves none"
         f" of {names} as it is{why}. HINT: add one integer dtype (e.g. torch.int32) to the driver's dtypes"
     )
+
+
+def check_driver(name: str, driver: Any) -> Driver:
+    """``driver`` (an instance, or a class constructed with no arguments) if it is a
+    [`Driver`][hwdist.drivers.base.Driver] with a usable priority and device type: what
+    ``hwdist.register_backend`` accepts.
+
+    Raises:
+        BackendError: naming the backend, what is wrong and how to write it.
+    """
+    if isinstance(driver, type) and issubclass(driver, Driver):
+        missing = sorted(getattr(driver, "__abstractmethods__", ()))
+        if missing:
+            raise BackendError(
+                f"driver class {driver.__name__} for backend {name!r} does not set {', '.join(missing)};"
+                f' e.g. device_type = "cpu"'
+            )
+        try:
+            driver = driver()
+        except TypeError as exc:
+            raise BackendError(
+                f"driver class {driver.__name__} for backend {name!r} must be constructible"
+                f" with no arguments: {exc}"
+            ) from exc
+    if not isinstance(driver, Driver):
+        what = driver.__name__ if isinstance(driver, type) else f"{type(driver).__name__} instance"
+        raise BackendError(
+            f"driver for backend {name!r} must be a hwdist.Driver subclass or instance, got {what}."
+            f' HINT: class MyDriver(hwdist.Driver): device_type = "cpu"'
+        )
+    prio = driver.priority
+    if isinstance(prio, bool) or not isinstance(prio, (int, float)) or prio != prio:
+        raise BackendError(f"driver for backend {name!r}: priority must be a number, got {prio!r}")
+    if not isinstance(driver.device_type, str) or not driver.device_type:
+        raise BackendError(
+            f"driver for backend {name!r}: device_type must be a non-empty str, got {driver.device_type!r}"
+        )
+    return driver

@@ -41,6 +41,32 @@ def torch_reserved(name: str) -> bool:
     return isinstance(getattr(dist.Backend, name.upper(), None), str)
 
 
+def check_torch_name(key: str, inst: Driver) -> None:
+    """Refuse torch names no process group can ever be created under (``hwdist.register_backend`` calls it).
+
+    Raises:
+        BackendError: the name is torch's UNDEFINED, or torch reserves it while the driver gives a
+            ``process_group_factory`` torch would never call.
+    """
+    if not _compat.DIST_AVAILABLE:
+        return
+    import torch.distributed as dist
+
+    torch_name = str(inst.torch_name or key).lower()
+    if torch_name == getattr(dist.Backend, "UNDEFINED", None):
+        raise BackendError(
+            f"cannot register {key!r}: its torch name {torch_name!r} is torch.distributed.Backend.UNDEFINED,"
+            " which names no backend. HINT: register it under another name"
+        )
+    if torch_reserved(torch_name) and inst.process_group_factory is not None:
+        raise BackendError(
+            f"cannot register {key!r} ({type(inst).__name__}): it gives process_group_factory, but its torch"
+            f" name {torch_name!r} is torch's own backend (torch.distributed.Backend.{torch_name.upper()}),"
+            " so torch would never call the factory. HINT: drop torch_backend, or register the driver"
+            " under a name torch does not reserve"
+        )
+
+
 def _torch_backend_names() -> str:
     import torch.distributed as dist
 
