@@ -148,15 +148,18 @@ class FlatReducer:
 
     def __call__(self, buf: Tensor) -> None:
         """Reduce ``buf`` (the shape, dtype and device of ``like``, contiguous) in place."""
-        c = self.call
         gathered = self.gathered
-        c.send = buf if (gathered is None or self.flat) else buf.reshape(-1)
+        self._issue(buf if (gathered is None or self.flat) else buf.reshape(-1))
+        if gathered is not None:
+            gathered(buf)
+
+    def _issue(self, send: Tensor) -> None:
+        c = self.call
+        c.send = send
         try:
             issue(c)
         finally:
             c.send = None  # the caller's buffer is not kept
-        if gathered is not None:
-            gathered(buf)
 
     def reduce_checked(self, buf: Tensor) -> Optional[Tensor]:
         """Reduce ``buf`` (1-D, ending with check slots; a reducer made with ``tail``): the reduced values
@@ -172,12 +175,7 @@ class FlatReducer:
             self(buf)
             cut = self.tails
             return buf[:cut] if torch.equal(buf[cut:], self.expect) else None
-        c = self.call
-        c.send = buf
-        try:
-            issue(c)
-        finally:
-            c.send = None
+        self._issue(buf)
         if torch.equal(self.tails, self.expect):
             return values()
         self.gathered(buf)  # type: ignore[misc]
