@@ -60,24 +60,6 @@ def raw_all_gather_list(t: Any, world_size: int) -> list[Any]:
     return out
 
 
-@contextlib.contextmanager
-def through_torch_functions() -> Any:
-    """Make hwdist's kept pass-through issue through torch.distributed's functions, not the process group.
-
-    For the rows that replace torch's functions by stand-ins (``tdist.all_reduce = ...``): the engine's
-    hit path issues on the process group itself (docs/architecture.md), which such a stand-in would not
-    see. Inside this block the stand-in sees every call, as it did before that path existed.
-    """
-    from hwdist.collectives import engine
-
-    real = engine._pg_direct
-    engine._pg_direct = lambda pg, tensor: False
-    try:
-        yield
-    finally:
-        engine._pg_direct = real
-
-
 def fmt_us(us: float) -> str:
     """Microseconds as ``12.3 us`` or ``1.23 ms``."""
     return f"{us / 1000:.2f} ms" if abs(us) >= 1000 else f"{us:.1f} us"

@@ -5,8 +5,7 @@ each pass-through case (``all_reduce``, ``broadcast``, ``all_gather(same_shape=T
 on a 4 KiB tensor) is timed interleaved against the raw torch.distributed call,
 in four modes: torch's call as it is ("real") or replaced by a no-op ("stub":
 what is left is pure Python, hwdist's and the raw call's own argument
-handling; hwdist's kept pass-through, which normally calls the process group
-itself, is routed through the stub too: ``through_torch_functions``), each
+handling), each
 with the flight recorder on (the default) and off. The rows give
 the medians and minimums per call and the overhead (hwdist - raw) in
 microseconds.
@@ -40,7 +39,6 @@ Usage::
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import re
@@ -58,7 +56,7 @@ import hwdist
 from hwdist import registry
 from hwdist.collectives import call_entry
 
-from ._common import bench_main, fmt_us, through_torch_functions
+from ._common import bench_main, fmt_us
 
 
 def _local(cases: dict[str, Callable[[], Any]], iters: int, samples: int) -> dict[str, list[float]]:
@@ -104,9 +102,7 @@ def bench_rank(quick: bool) -> list[dict[str, Any]]:
                 if stub:  # a new registry generation: a fresh default-group view, whose cached size reads 2
                     registry.clear_cache()
                 for op, (hw, raw) in ops.items():
-                    # stubbed: hwdist's kept pass-through goes through the stub too, not the process group
-                    with through_torch_functions() if stub else contextlib.nullcontext():
-                        times = _local({"hw": hw, "raw": raw}, iters, samples)
+                    times = _local({"hw": hw, "raw": raw}, iters, samples)
                     a, b = times["hw"], times["raw"]
                     rows.append({
                         "case": f"{op}, torch {'stubbed' if stub else 'real'},"

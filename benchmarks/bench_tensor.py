@@ -38,7 +38,7 @@ import torch.distributed as tdist
 
 import hwdist
 
-from ._common import KiB, MiB, bench_main, fmt_us, measure, through_torch_functions
+from ._common import KiB, MiB, bench_main, fmt_us, measure
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:
@@ -244,16 +244,15 @@ def _dict_python_cost(
     tdist.all_reduce = lambda t, *args, **kwargs: t.mul_(ws)  # type: ignore[assignment]
     _compat.all_gather_into_tensor = gather_same
     try:
-        with through_torch_functions():  # the stand-in sees the kept pass-through too
-            times = measure_local(
-                {
-                    "hw": lambda: hwdist.all_reduce_dict(metrics),
-                    "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
-                    "raw": raw_dict,
-                },
-                2000 if quick else 5000,
-                7,
-            )
+        times = measure_local(
+            {
+                "hw": lambda: hwdist.all_reduce_dict(metrics),
+                "hw_noverify": lambda: hwdist.all_reduce_dict(metrics, verify=False),
+                "raw": raw_dict,
+            },
+            2000 if quick else 5000,
+            7,
+        )
     finally:
         tdist.all_reduce, _compat.all_gather_into_tensor = real
     rows = []

@@ -19,9 +19,7 @@ One call goes through the same steps whatever the op (docs/architecture.md):
    [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle].
 
 A pure pass-through (the plan changes nothing, the tensor is contiguous and on
-the comm device) issues torch's call on the caller's tensor directly; once the
-default group's view keeps its verdict, on the process group's own method where
-torch's function would only issue (``_compat.pg_direct``; docs/architecture.md).
+the comm device) issues torch's function on the caller's tensor directly.
 
 Verification mode is a hook: a public collective's entry
 (``@collective(..., describe=...)``, hwdist/collectives/call_entry.py) hands the
@@ -32,7 +30,7 @@ the mode is on), before the argument checks run.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -42,7 +40,7 @@ from .. import _compat, registry
 from ..drivers.base import Driver, Plan, Post
 from . import call_entry
 from .call_entry import CollectiveHandle
-from ._wire import TORCH_OPS, comm_device, comm_index_source, fixed_comm_device
+from ._wire import TORCH_OPS, comm_device, fixed_comm_device
 
 __all__ = [
     "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check",
@@ -52,7 +50,6 @@ __all__ = [
 Tensor = torch.Tensor
 
 _NO_POST = Post.NONE
-_pg_direct, _pg_options = _compat.pg_direct, _compat.pg_options
 _hook = call_entry.hook
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
 
@@ -178,32 +175,15 @@ def _weak(obj: Any) -> Callable[[], Any]:
         return lambda: obj
 
 
-class Passthrough(NamedTuple):
-    """A pass-through call the default group's view has seen: what ``GroupView._direct`` needs again."""
-
-    #: the torch op to issue
-    op: str
-    #: the driver's plan (pass-through: the data goes as it is)
-    plan: Plan
-    #: whether the driver issues it asynchronously when asked
-    use_async: bool
-    #: None: the comm device is fixed (no index); else the driver's ``comm_index_source()``, asked on each
-    #: hit whether the bound device is still the tensor's (``set_device`` may have moved it)
-    bound: Optional[Callable[[], int]]
-    #: the dtype may be issued on the process group without torch's wrapper (``_compat.pg_direct_dtype``)
-    on_pg: bool
-
-
 class GroupView:
     """A process group as the collectives see it (distributed).
 
     The default group's view is kept between calls (see [`view`][hwdist.collectives.engine.view]):
-    it holds its world size, the group's driver (and comm device) per device and the pass-through
-    verdicts, so a call on the default group asks torch and the registry nothing. Another group's
-    view is made per call and holds none of them.
+    it holds its world size and the group's driver (and comm device) per device, so a call on the
+    default group asks the registry nothing. Another group's view is made per call and holds neither.
     """
 
-    __slots__ = ("group", "world", "generation", "ws", "drivers", "passthrough")
+    __slots__ = ("group", "world", "generation", "ws", "drivers")
     distributed = True
 
     def __init__(self, group: Any, world: Any = None) -> None:
@@ -215,13 +195,10 @@ class GroupView:
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
         self.drivers: Optional[dict[Optional[torch.device], tuple[Driver, Optional[torch.device]]]] = None
-        #: (strategy, dtype, reduce op, device) -> the [`Passthrough`][hwdist.collectives.engine.Passthrough]
-        #: seen for it: ``_direct``'s arguments, the default group's view only
-        self.passthrough: Optional[dict[tuple[Any, ...], Passthrough]] = None
         self.generation = 0
         if world is not None:
             self.ws, self.generation = int(torch_dist.get_world_size()), registry.generation
-            self.drivers, self.passthrough = {}, {}
+            self.drivers = {}
 
     @property
     def size(self) -> int:
@@ -293,43 +270,20 @@ class GroupView:
         return value
 
     def _direct(
-        self,
-        op: str,
-        data: Tensor,
-        plan: Plan,
-        root: Optional[int],
-        use_async: bool,
-        async_op: bool,
-        pg: Any = None,
+        self, op: str, data: Tensor, plan: Plan, root: Optional[int], use_async: bool, async_op: bool
     ) -> Any:
-        """A pure pass-through, issued on the caller's tensor (no ``Call``, no copy): the fast path.
-
-        ``pg``: the default group's process group, to issue on it without torch's wrapper (``_compat``'s
-        ``pg_direct`` said it may); None: through torch.distributed's function.
-        """
+        """A pure pass-through, issued with torch's function on the caller's tensor (no ``Call``, no copy)."""
         result: Any = None
         if op == "all_reduce":
-            torch_op = TORCH_OPS[plan.reduce_op]  # type: ignore[index]
-            if pg is None:
-                work = torch_dist.all_reduce(data, torch_op, self.group, use_async)
-            else:
-                work = pg.allreduce([data], _pg_options("allreduce", torch_op, use_async))
+            work = torch_dist.all_reduce(data, TORCH_OPS[plan.reduce_op], self.group, use_async)  # type: ignore[index]
         elif op == "broadcast":
-            if pg is None:
-                work = torch_dist.broadcast(data, root, self.group, use_async)
-            else:  # the default group: root is the global rank and the group rank
-                work = pg.broadcast([data], _pg_options("broadcast", root, use_async))
+            work = torch_dist.broadcast(data, root, self.group, use_async)
         else:  # all_gather with same_shape=True
             ws = self.size
             if ws == 1:  # nothing to communicate
                 return CollectiveHandle(result=[data]) if async_op else [data]
             result = [torch.empty_like(data) for _ in range(ws)]
-            if pg is None:
-                work = torch_dist.all_gather(result, data, self.group, use_async)
-            else:
-                work = pg.allgather([result], [data], _pg_options("allgather", None, use_async))
-        if pg is not None and not use_async and work is not None:  # what torch's wrapper does when sync
-            work.wait()
+            work = torch_dist.all_gather(result, data, self.group, use_async)
         if not async_op:
             return result
         return CollectiveHandle(work, result=result) if use_async else CollectiveHandle(result=result)
@@ -346,18 +300,6 @@ class GroupView:
         """Pick, resolve, plan, to wire format, issue, finish; a handle when ``async_op``."""
         if strategy.picks:
             strategy = strategy.pick(data, extra)
-        known = self.passthrough
-        if known is not None and strategy.direct:  # the default group: a pass-through seen before
-            key = (strategy, data.dtype, rop, data.device)
-            hit = known.get(key)
-            if hit is not None and data.is_contiguous():
-                bound = hit.bound
-                if bound is None or bound() == data.device.index:
-                    pg = self.world() if hit.on_pg else None
-                    if pg is not None and not _pg_direct(pg, data):
-                        pg = None
-                    use_async = async_op and hit.use_async
-                    return self._direct(hit.op, data, hit.plan, root, use_async, async_op, pg)
         group = self.group
         driver, cdev = self.target(data)
         if data is None:  # barrier
@@ -365,14 +307,6 @@ class GroupView:
         elif strategy.direct:  # the driver's plan as it is (its cache) and the pass-through check
             plan = driver.plan(strategy.op, data.dtype, rop)
             if cdev is None and plan.passthrough and data.is_contiguous():
-                if known is not None:
-                    on_pg = _compat.pg_direct_dtype(data.dtype)
-                    if fixed_comm_device(driver):
-                        known[key] = Passthrough(plan.op, plan, driver.supports_async, None, on_pg)
-                    else:
-                        bound = comm_index_source(driver)
-                        if bound is not None:
-                            known[key] = Passthrough(plan.op, plan, driver.supports_async, bound, on_pg)
                 return self._direct(plan.op, data, plan, root, async_op and driver.supports_async, async_op)
         else:
             plan = strategy.plan(driver, data, rop)
@@ -430,7 +364,7 @@ _default_view: Optional[GroupView] = None  # the default group's view, while its
 
 def _forget_default_view() -> None:
     global _default_view
-    _default_view = None  # its pass-through cache holds the group's bound methods
+    _default_view = None
 
 
 registry.on_forget(_forget_default_view)
@@ -479,16 +413,6 @@ def _all_gather(c: Call, a: bool) -> Any:
 
 def _all_gather_flat(c: Call, a: bool) -> Any:
     if "all_gather" in c.driver.caps.flat_ops:
-        on_pg = _compat.PG_ALL_GATHER_FLAT
-        if on_pg is not None and c.group is None:  # on the default group: issued on its process group
-            pg, send = _compat.default_group(), c.send
-            if _pg_direct(pg, send) and _compat.pg_direct_dtype(send.dtype):
-                work = on_pg(pg, c.recv, send, _pg_options("allgather", None, a))
-                if a:
-                    return work
-                if work is not None:
-                    work.wait()
-                return None
         return _compat.all_gather_into_tensor(c.recv, c.send, c.group, a)  # type: ignore[misc]
     # no flat form on this backend and torch (gloo on torch 2.1)
     return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group, a)

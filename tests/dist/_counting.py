@@ -27,10 +27,6 @@ class Counter:
         self.compat_real = _compat.all_gather_into_tensor
         if self.compat_real is not None:
             _compat.all_gather_into_tensor = self._wrap(self.compat_real, "flat wrapper")
-        # hwdist's own flat gathers on the default group go to the process group's method itself
-        self.pg_real = _compat.PG_ALL_GATHER_FLAT
-        if self.pg_real is not None:
-            _compat.PG_ALL_GATHER_FLAT = self._wrap(self.pg_real, "process group")
 
     def _wrap(self, fn: Any, path: str) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -48,4 +44,3 @@ class Counter:
         for name, fn in self.real.items():
             setattr(tdist, name, fn)
         _compat.all_gather_into_tensor = self.compat_real
-        _compat.PG_ALL_GATHER_FLAT = self.pg_real

@@ -353,15 +353,11 @@ def test_default_view_is_made_anew_after_destroy_and_reinit():
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stdout + done.stderr
 
 
-# ---------- the pass-through issued on the process group ----------
-# The pass-through issued on the process group itself, without torch.distributed's Python wrapper.
+# ---------- the pass-through: torch's own function on the caller's tensor ----------
 
 def _values_rank() -> dict:
-    from hwdist import _compat
-
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
-    out: dict = {"direct": _compat.PG_DIRECT}
-    # the first call of each kind fills the view's kept verdicts (through torch's wrapper)
+    out: dict = {}
     hwdist.all_reduce(torch.zeros(4))
     hwdist.all_reduce(torch.zeros(4), "max")
     hwdist.all_reduce(torch.zeros(4, dtype=torch.int64))
@@ -411,9 +407,8 @@ def test_direct_pass_through_values_and_path(dist, world_size):
         assert got["async sum"] == [total] * 4
         assert got["async broadcast"] == [float(ws - 1)] * 4
         assert got["async gather"] == [[float(q)] * 4 for q in range(ws)]
-        # 8 hit calls; one rank's all_gather communicates nothing, so it reaches no torch call at all
-        issued = 8 if ws > 1 else 6
-        assert got["wrapper calls"] == (0 if got["direct"] else issued), got
+        # 8 calls, each torch's own function; one rank's all_gather communicates nothing
+        assert got["wrapper calls"] == (8 if ws > 1 else 6), got
 
 
 def _special_rank() -> dict:
@@ -513,55 +508,6 @@ def test_wrapper_cases_behave_as_raw_torch(dist, world_size):
             if not isinstance(coalesced["raw"], str):  # both tensors reduced by the end of the block
                 assert coalesced["raw"][1:] == ([total] * 2, [2 * total] * 3)
         assert got == expected
-
-
-def _own_gathers_rank() -> dict:
-    """hwdist's flat gathers (an uneven all_gather, all_reduce_dict's reduction by gather) and their path."""
-    from hwdist import _compat
-
-    r, ws = hwdist.get_rank(), hwdist.get_world_size()
-    # gloo has no flat all_gather on torch 2.1 (the list form is used there, on any group)
-    flat = "all_gather" in hwdist.get_driver("gloo").caps.flat_ops
-    out: dict = {"direct": _compat.PG_ALL_GATHER_FLAT is not None, "flat": flat}
-    every = torch.distributed.new_group(list(range(ws)))
-    counter = Counter()
-    try:
-        for where, group in (("default group", None), ("new_group", every)):
-            before = dict(counter.by)
-            parts = hwdist.all_gather(torch.arange(r + 1.0), group=group)
-            metrics = {"loss": torch.tensor(r + 0.5), "n": torch.tensor(float(r + 1))}
-            for _ in range(2):  # the second call is the kept layout's one collective
-                got = dict(metrics)
-                hwdist.all_reduce_dict(got, group=group)
-            out[where] = {
-                "gather": [p.tolist() for p in parts],
-                "dict": {k: v.item() for k, v in got.items()},
-                "counts": {
-                    k: counter.by.get(path, 0) - before.get(path, 0)
-                    for k, path in (("wrapper", "flat wrapper"), ("process group", "process group"))
-                },
-            }
-    finally:
-        counter.close()
-    return out
-
-
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_own_flat_gathers_go_on_the_default_groups_process_group(dist, world_size):
-    """Where a pass-through may be issued on the process group, so are hwdist's own flat gathers on the
-    default group (one less Python wrapper per call); another group's go through torch's function."""
-    ws = world_size
-    for got in dist(_own_gathers_rank, ws, "gloo"):
-        for where in ("default group", "new_group"):
-            assert got[where]["gather"] == [[float(j) for j in range(q + 1)] for q in range(ws)], got
-            assert got[where]["dict"] == {"loss": ws * ws / 2, "n": ws * (ws + 1) / 2}, got
-        if not got["flat"]:
-            continue
-        on_pg = got["default group"]["counts"]
-        assert on_pg["process group" if got["direct"] else "wrapper"] > 0, got
-        assert on_pg["wrapper" if got["direct"] else "process group"] == 0, got
-        other = got["new_group"]["counts"]
-        assert other["process group"] == 0 and other["wrapper"] > 0, got
 
 
 def _compiled_rank() -> dict:
