@@ -42,7 +42,13 @@ SETTINGS: dict[str, Setting] = {
         Setting("HWDIST_BACKEND", "text", "", "force this backend instead of auto-detection"),
         Setting("HWDIST_DEVICE", "text", "", "force this device type instead of auto-detection"),
         Setting(
-            "HWDIST_DEBUG", "flag", "0", "verification mode: check every collective's arguments across ranks"
+            "HWDIST_VERIFY", "flag", "1",
+            "verification: ranks compare each collective (op, dtype, shape, reduce op, root) before any data"
+            " moves; 0 turns it off",
+        ),
+        Setting(
+            "HWDIST_DEBUG", "flag", "0",
+            "debug mode: verification also compares the line of user code each rank calls from",
         ),
         Setting(
             "HWDIST_OBJECT_PATH", "choice", "portable",

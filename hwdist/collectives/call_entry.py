@@ -40,6 +40,7 @@ cost is a dictionary look-up and a ``try``/``finally`` per call
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 import warnings
 from typing import Any, Callable, Optional, Protocol, TypeVar
@@ -194,12 +195,27 @@ def _drop(obs: Observer, exc: Exception) -> None:
     )
 
 
+def verifying() -> bool:
+    """Whether the call in flight on this thread is verified (a hook is set and no ``verify=False``)."""
+    return _hook is not None and not getattr(_local, "unverified", False)
+
+
+def _unverified(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn`` with verification off for this call and what it calls (``verify=False``)."""
+    before = getattr(_local, "unverified", False)
+    _local.unverified = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _local.unverified = before
+
+
 def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, dict[str, Any]]]) -> F:
     """``fn`` preceded by the hook, handed ``describe(*args, **kwargs)`` (the path while the mode is on)."""
 
     def hooked(*args: Any, **kwargs: Any) -> Any:
         hook = _hook
-        if hook is not None:
+        if hook is not None and not getattr(_local, "unverified", False):
             try:
                 group, sample, fields = describe(*args, **kwargs)
             except TypeError:  # the arguments do not bind: the call itself raises the right error
@@ -223,15 +239,23 @@ def collective(
         describe: for the verification hook: takes the collective's own arguments and returns the
             call's ``(group, sample tensor or None, fields)``; it runs only while a hook is set.
             None: the hook is not called (the function reaches it itself, through ``engine.check``).
+
+    Every decorated collective accepts ``verify=False`` (a keyword its own signature need not have):
+    the call, and what it calls, skips verification.
     """
 
     def decorate(fn: F) -> F:
         op = name or fn.__name__
         checked = fn if describe is None else _hooked(op, fn, describe)
+        takes_verify = "verify" in inspect.signature(fn).parameters
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             body = fn if _hook is None else checked
+            if kwargs and "verify" in kwargs:
+                verify = kwargs["verify"] if takes_verify else kwargs.pop("verify")
+                if verify is False and not getattr(_local, "unverified", False):
+                    return _unverified(guarded, args, kwargs)
             group = args[group_index] if len(args) > group_index else kwargs.get("group")
             if group is None:
                 key = 0

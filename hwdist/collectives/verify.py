@@ -1,38 +1,35 @@
-"""Cross-rank verification mode: catch mismatched collectives before they hang.
+"""Cross-rank verification: catch mismatched collectives before they hang or return garbage.
 
-When on (``HWDIST_DEBUG=1`` in the environment, or
-[`verification`][hwdist.collectives.verify.verification] /
-[`set_verification`][hwdist.collectives.verify.set_verification] in code), every hwdist
-collective first exchanges a compact fingerprint of the call on every rank of the group: op name, call
-sequence number, the calling line of user code, shapes, dtypes, devices, dict
-keys, object-collective role.
-If the ranks disagree, every rank raises
-[`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing each rank's value,
-e.g. ``rank 0: float32[4, 3]; rank 1: float64[4, 3]``,
-instead of hanging or returning garbage.
+On by default (``HWDIST_VERIFY=0`` turns it off for the process,
+[`set_verification`][hwdist.collectives.verify.set_verification] /
+[`verification`][hwdist.collectives.verify.verification] in code, ``verify=False``
+for one call): every hwdist collective first runs the one header round
+([`protocol`][hwdist.collectives.protocol]) carrying a fingerprint of the call:
+op name, the group's call number, dtypes, shapes (where the op needs them
+equal), reduce op, root, dict keys, object-collective role. The header also
+carries the call's description, so when the ranks disagree every rank raises
+[`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing each
+rank's value (``rank 0: float32[4, 3]; rank 1: float64[4, 3]``) from the same
+collective, before any data moves, and the group stays usable.
+
+Debug mode (``HWDIST_DEBUG=1``, or ``call_sites=True``) also compares the line of
+user code each rank calls from: correct code may issue one collective from
+different lines on different ranks, so that is off by default.
 
 Every collective reaches the check through the collective engine's hook
-(``collectives.engine.set_hook``), installed only while the mode is on: the
-tensor collectives through ``@collective(..., describe=...)``, the object, results, dict and
-params collectives through ``engine.check`` (all_to_all's piece-size check through
-``engine.when_checking``); no other module reads the mode. The
-mode is a ``settings.Switch`` and each group's call
-numbers live in its state (``hwdist._state``). Cost when off: one global read
-per call. Cost when on: one all_reduce
-(MAX) of ten int32 per collective (a 124-bit digest of the description and
-its length, and their negations: every rank agrees iff max == -max(-x)), plus
-an exchange of the full descriptions only when they differ (figures in
-docs/reliability.md).
+(``collectives.engine.set_hook``), installed while verification is on: the
+tensor collectives through ``@collective(..., describe=...)``, the object,
+results, dict and params collectives through ``engine.check``. Cost when off:
+one global read per call; when on: one all_gather of one 1 KiB header per rank
+(figures in docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import operator
 import os
-import struct
 import sys
 import warnings
 from typing import Any, Iterator, Optional
@@ -42,7 +39,7 @@ import torch.distributed as torch_dist
 
 from .. import _state, registry, settings
 from ..errors import CollectiveMismatch
-from . import engine, transport
+from . import call_entry, engine, protocol, transport
 from ._args import op_field
 
 __all__ = [
@@ -57,6 +54,7 @@ __all__ = [
 ]
 
 ENV_DEBUG = "HWDIST_DEBUG"
+ENV_VERIFY = "HWDIST_VERIFY"
 
 
 def _env_flag(name: str) -> bool:
@@ -72,7 +70,7 @@ def _env_flag(name: str) -> bool:
         warnings.warn(
             f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off)"
             " or 1/2/.../true/yes/on (on);"
-            " verification mode is ON",
+            " it is ON",
             stacklevel=2,
         )
     return on
@@ -91,10 +89,14 @@ def _mode_changed() -> None:
     engine.set_hook(_hook if _enabled else None)
 
 
-#: Verification mode as (enabled, call_sites): ``HWDIST_DEBUG`` gives the initial value.
-_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
-    lambda: (_env_flag(ENV_DEBUG), True), _check_mode, _mode_changed
-)
+def _initial() -> tuple[bool, bool]:
+    """``HWDIST_VERIFY`` (on unless 0) and ``HWDIST_DEBUG`` (call sites; turns verification on too)."""
+    debug = _env_flag(ENV_DEBUG)
+    return (debug or settings.flag(ENV_VERIFY)), debug
+
+
+#: Verification as (enabled, call_sites): ``HWDIST_VERIFY`` and ``HWDIST_DEBUG`` give the initial value.
+_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(_initial, _check_mode, _mode_changed)
 _enabled: bool  # mirror of _MODE (read by check_call; other modules reach the mode through the engine's hook)
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
 _call_sites: bool
@@ -103,35 +105,39 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def verification_enabled() -> bool:
-    """Whether verification mode is on in this process."""
+    """Whether verification is on in this process (it is unless turned off)."""
     return _MODE.get()[0]
 
 
-def set_verification(enabled: bool, *, call_sites: bool = True) -> bool:
-    """Switch verification mode on or off (all ranks must agree); returns the old value.
+def _sites(call_sites: Optional[bool]) -> bool:
+    return settings.flag(ENV_DEBUG) if call_sites is None else bool(call_sites)
+
+
+def set_verification(enabled: bool, *, call_sites: Optional[bool] = None) -> bool:
+    """Switch verification on or off (all ranks must agree); returns the old value.
 
     Args:
         enabled: on or off.
         call_sites: also compare the line of user code each rank calls the
-            collective from (default). Pass False for programs whose ranks
-            call one collective from different lines on purpose.
+            collective from (None: as ``HWDIST_DEBUG`` says; off by default,
+            since correct code may call one collective from different lines).
 
     Examples:
-        >>> hwdist.set_verification(True)   # same on every rank
-        False
+        >>> hwdist.set_verification(False)   # same on every rank: collectives skip the header round
+        True
     """
-    return _MODE.set((enabled, call_sites))[0]
+    return _MODE.set((enabled, _sites(call_sites)))[0]
 
 
 @contextlib.contextmanager
-def verification(enabled: bool = True, *, call_sites: bool = True) -> Iterator[None]:
-    """Context manager: verification mode on (or off) inside the block, on every rank.
+def verification(enabled: bool = True, *, call_sites: Optional[bool] = None) -> Iterator[None]:
+    """Context manager: verification on (or off) inside the block, on every rank.
 
     Examples:
-        >>> with hwdist.verification():
-        ...     hwdist.all_reduce(t)   # raises on every rank if shapes differ
+        >>> with hwdist.verification(call_sites=True):
+        ...     hwdist.all_reduce(t)   # also compares each rank's calling line
     """
-    with _MODE.override((enabled, call_sites)):
+    with _MODE.override((enabled, _sites(call_sites))):
         yield
 
 
@@ -199,46 +205,77 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     """Verify that every rank of ``group`` makes the same call; no-op when off.
 
     The collectives reach it through the engine's hook, installed only
-    while the mode is on, so they pay nothing when it is off. Every rank of the
-    group must reach this call (it is itself a collective: one small MAX
-    reduction of ten int32).
+    while verification is on. Every rank of the group must reach this call (it is
+    itself a collective: the header round, one all_gather of one header per rank).
 
     Args:
         op: the collective's name.
         group: the process group (None: default).
-        driver: the group's driver (decides the device the digest travels on).
+        driver: the group's driver (decides the device the header travels on).
         **fields: what must agree across ranks (JSON-able values; dicts and
             lists are compared item by item in the error message).
 
     Raises:
         CollectiveMismatch: on every rank, listing each rank's differing values.
     """
-    if not _enabled:
+    if not _enabled or not call_entry.verifying():
         return
     seq = _next_seq(group)
-    world = torch_dist.get_world_size(group)
-    if world == 1:
+    if torch_dist.get_world_size(group) == 1:
         return
+    head = call_header(op, seq, fields)
+    raise_if_mismatch(op, protocol.exchange(head, group, driver), head, group, driver)
+
+
+def call_header(op: str, seq: int, fields: dict[str, Any], **words: Any) -> protocol.Header:
+    """The header of a verified call: its description inline, its fingerprint, its call number.
+
+    ``words`` sets other header words (the sizes of an uneven gather, an object's record).
+    """
     desc = {**fields, "op": op, "seq": seq}
+    site = 0
     if _call_sites:
         desc["call site"] = _call_site()
+        site = protocol.digest(desc["call site"])
     text = json.dumps(desc, sort_keys=True, default=str)
-    raw = hashlib.blake2b(text.encode(), digest_size=16).digest()
-    # 31-bit words (so that negating them cannot overflow int32): 4 of the digest, 1 of the length.
-    words = [w >> 1 for w in struct.unpack("<4I", raw)] + [len(text) & 0x7FFFFFFF]
-    if not _digests_agree(words, group, driver, world):
-        everyone = _exchange_descriptions(text, group, driver, world)
-        raise CollectiveMismatch(_format_mismatch(op, everyone))
+    return protocol.Header(
+        op=protocol.op_code(op), seq=seq, fingerprint=protocol.digest(text), site=site,
+        inline=text.encode(), **words,
+    )  # fmt: skip
 
 
-def _digests_agree(words: list[int], group: Any, driver: Any, world: int) -> bool:
-    """One small MAX of ``words`` and their negations: every rank agrees iff max == min."""
-    highest, lowest = transport.max_and_min(words, group, world, driver)
-    return highest == lowest
+def agrees(headers: list[protocol.Header]) -> bool:
+    """Whether every rank's header fingerprints the same call."""
+    first = headers[0]
+    return all(
+        h.framed and h.fingerprint == first.fingerprint and h.op == first.op and h.seq == first.seq
+        for h in headers
+    )
 
 
-def _exchange_descriptions(text: str, group: Any, driver: Any, world: int) -> list[dict[str, Any]]:
-    return [json.loads(raw) for raw in transport.gather_bytes(text.encode(), group, driver)]
+def raise_if_mismatch(
+    op: str, headers: list[protocol.Header], own: protocol.Header, group: Any, driver: Any
+) -> None:
+    """Raise [`CollectiveMismatch`][hwdist.errors.CollectiveMismatch] on every rank unless every rank's
+    header fingerprints the same call (``headers``: every rank's, from one header round; ``own``: this
+    rank's, whose inline bytes are its whole description)."""
+    if agrees(headers):
+        return
+    if not all(h.framed for h in headers):
+        raise CollectiveMismatch(
+            f"collective mismatch in '{op}' across ranks: "
+            + protocol.listing(headers, lambda h: "this call" if h.framed else "another kind of exchange")
+        )
+    texts = [h.message for h in headers]
+    if any(h.flags & protocol.INLINE_CUT for h in headers):  # a long description: the whole texts
+        texts = [t.decode() for t in transport.gather_bytes(bytes(own.inline), group, driver)]
+    everyone = []
+    for h, t in zip(headers, texts):
+        try:
+            everyone.append(json.loads(t))
+        except ValueError:
+            everyone.append({"op": protocol.op_name(h.op), "seq": h.seq})
+    raise CollectiveMismatch(_format_mismatch(op, everyone))
 
 
 _MISSING = "(missing)"
@@ -266,12 +303,12 @@ def _format_mismatch(op: str, everyone: list[dict[str, Any]]) -> str:
     if all(p.startswith("call site") for p in parts):
         hint = (
             "\nHINT: a rank skipped one of several equal calls (its data met another call's data), or ranks"
-            " call this collective from different lines on purpose: then pass call_sites=False to"
-            " hwdist.verification() / hwdist.set_verification()"
+            " call this collective from different lines on purpose: call sites are compared only in debug"
+            " mode (HWDIST_DEBUG=1, or call_sites=True); turn it off for such a program"
         )
     return (
         f"collective mismatch in '{op}' (call #{seqs[0]} on this group) across ranks"
-        f" (verification mode):\n  {lines}{hint}"
+        f" (verification):\n  {lines}{hint}"
     )
 
 

@@ -1,8 +1,8 @@
-"""Verification mode: mismatched calls raise on every rank, listing each rank's value.
+"""Verification (on by default): mismatched calls raise on every rank, listing each rank's value.
 
-The mode on every collective (one case per public collective), its cost when off (never
-reaching the check) and the ``HWDIST_DEBUG`` switch; the protocol's own cases (a barrier, a
-skipped call with the same signature) come first.
+Verification on every collective (one case per public collective), its cost when off (never
+reaching the check), the ``HWDIST_VERIFY`` and ``HWDIST_DEBUG`` switches and ``verify=False``;
+the protocol's own cases (a barrier, a skipped call with the same signature) come first.
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ def _mismatch_rank():
             out["raised"] = None
         except verify.CollectiveMismatch as exc:
             out["raised"] = str(exc)
-    # off again: no exchange at all, even if the arguments differ
-    verify.check_call("all_reduce", None, drv, tensor=verify.describe_tensor(t))
+    # off: no exchange at all, even if the arguments differ
+    with verify.verification(False):
+        verify.check_call("all_reduce", None, drv, tensor=verify.describe_tensor(t))
+        out["enabled_inside"] = verify.verification_enabled()
     out["enabled_after"] = verify.verification_enabled()
     return out
 
@@ -50,7 +52,7 @@ def test_mismatch_raises_on_every_rank(dist, world_size, backend):
         assert res["raised"] is not None
         assert "collective mismatch in 'all_reduce'" in res["raised"]
         assert expected in res["raised"]
-        assert res["enabled_after"] is False
+        assert res["enabled_inside"] is False and res["enabled_after"] is True
 
 
 def test_env_flag_parsing(monkeypatch):
@@ -84,7 +86,7 @@ def _skip_one_of_two_equal_calls(skipper: int):
     a, b = torch.full((2,), 1.0), torch.full((2,), 100.0)
     start = time.monotonic()
     out: dict = {}
-    with verify.verification():
+    with verify.verification(call_sites=True):  # debug mode: the calling lines are compared too
         try:
             if rank != skipper:
                 hwdist.all_reduce(a)
@@ -94,7 +96,7 @@ def _skip_one_of_two_equal_calls(skipper: int):
             out["raised"] = str(exc)
         out["seconds"] = time.monotonic() - start
         out["b"] = b.tolist()
-        # call sites off: the same skip goes through (the skipper gets the other call's data)
+        # call sites off (the default): the same skip goes through (the skipper gets the other call's data)
         with verify.verification(call_sites=False):
             a, b = torch.full((2,), 1.0), torch.full((2,), 100.0)
             if rank != skipper:
@@ -193,9 +195,7 @@ def _verification_cases() -> dict[str, tuple[str, str]]:
             "all_reduce_dict keys": lambda: hwdist.all_reduce_dict(
                 {"a": torch.ones(2), **({"c": torch.ones(1)} if rank == 1 else {})}
             ),
-            "all_reduce_dict shape": lambda: hwdist.all_reduce_dict(
-                {"a": torch.ones(_odd(rank, 2, 3))}, verify=False
-            ),
+            "all_reduce_dict shape": lambda: hwdist.all_reduce_dict({"a": torch.ones(_odd(rank, 2, 3))}),
             "all_reduce_params": lambda: hwdist.all_reduce_params(
                 [torch.ones(3), torch.ones(_odd(rank, 2, 4))]
             ),
@@ -255,7 +255,7 @@ def test_verification_mode_catches_mismatches_in_every_collective(dist, backend)
             assert kind.endswith("+ValueError"), (rank, name, kind, msg)
             assert text in msg, (rank, name, msg)
             if name != "all_to_all sizes":  # on 'emu' that one is the emulated path's own ValueError
-                assert kind.startswith("CollectiveMismatch") and "verification mode" in msg, (rank, name, msg)
+                assert kind.startswith("CollectiveMismatch") and "(verification)" in msg, (rank, name, msg)
 
 
 def _cost_when_off() -> list:
@@ -265,16 +265,17 @@ def _cost_when_off() -> list:
     verify.check_call = lambda *a, **k: calls.append(a[0])  # type: ignore[assignment]
     try:
         t = torch.ones(2)
-        hwdist.all_reduce(t)
-        hwdist.broadcast(t)
-        hwdist.all_gather(t)
-        hwdist.all_reduce_dict({"a": t})
-        hwdist.all_gather_object(1)
-        hwdist.collect_results([1], 2)
-        off = len(calls)
-        with hwdist.verification():
+        with hwdist.verification(False):
             hwdist.all_reduce(t)
+            hwdist.broadcast(t)
+            hwdist.all_gather(t, same_shape=True)
+            hwdist.all_reduce_dict({"a": t})
             hwdist.all_gather_object(1)
+            hwdist.collect_results([1], 2)
+        hwdist.all_reduce(t, verify=False)  # off for one call
+        off = len(calls)
+        hwdist.all_reduce(t)
+        hwdist.all_gather_object(1)
     finally:
         verify.check_call = original  # type: ignore[assignment]
     return [off, calls]
@@ -289,11 +290,23 @@ def test_verification_mode_off_never_reaches_the_check(dist):
 
 
 @pytest.mark.slow
-def test_env_variable_switches_verification_on():
-    code = "import hwdist, sys; sys.exit(0 if hwdist.verification_enabled() else 3)"
+@pytest.mark.parametrize(
+    "env, enabled, call_sites",
+    [({}, True, False), ({"HWDIST_VERIFY": "0"}, False, False), ({"HWDIST_DEBUG": "1"}, True, True),
+     ({"HWDIST_VERIFY": "0", "HWDIST_DEBUG": "1"}, True, True)],
+)
+def test_env_variables_switch_verification(env, enabled, call_sites):
+    """On by default; HWDIST_VERIFY=0 turns it off; HWDIST_DEBUG=1 adds the call sites (and turns it on)."""
+    code = (
+        "import sys, hwdist; from hwdist.collectives import verify;"
+        " print(hwdist.verification_enabled(), verify._call_sites)"
+    )
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, HWDIST_DEBUG="1", PYTHONPATH=root)
-    # (the other values, "0" etc.: test_env_flag_parsing)
-    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+    base = {k: v for k, v in os.environ.items() if k not in ("HWDIST_VERIFY", "HWDIST_DEBUG")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=dict(base, PYTHONPATH=root, **env), capture_output=True, text=True,
+        timeout=120,
+    )
+    assert done.stdout.split() == [str(enabled), str(call_sites)], done.stdout + done.stderr

@@ -1,0 +1,232 @@
+"""The one header round: the only way hwdist's ranks agree with each other.
+
+Every exchange in which the ranks of a group must agree (a collective's
+verification, the sizes of an uneven gather or ``all_to_all``, an object
+collective's records, ``collect_results``, ``all_reduce_dict``'s layout, a rank's
+failure) is one all_gather of one fixed-size [`Header`][hwdist.collectives.protocol.Header]
+per rank, then the data where there is any. Every rank sees every header, so
+every rank reaches the same verdict: go on, or raise the same error.
+
+A header is ``HEADER_BYTES`` (1 KiB): 24 little-endian int64 words, then inline bytes::
+
+    word  0  magic ("HWDHDR01": a row without it came from another kind of exchange)
+          1  status (OK, or the kind of this rank's failure: its message is the inline bytes)
+          2  op code (which collective: OPS)
+          3  the group's call number (verification) or 0
+          4  root (a global rank) or -1
+          5  byte size of this rank's payload
+          6  chunk count (results collection) or 0
+          7  token (a random word every rank must share) or 0
+          8  dtype code (dtype_code) or 0
+          9  reduce op code or 0
+         10  numel or -1
+         11  ndim (-1: no shape), then 12-19 the first 8 dims
+         20  fingerprint of what must agree (a hash of the call's description)
+         21  call-site hash (debug mode) or 0
+         22  inline length
+         23  flags (INLINE_CUT: the inline description was cut)
+
+Nothing is predicted: the header size never changes, a payload that fits the
+inline room travels inside it (one collective in all), a larger one moves
+afterwards at its exact size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import transport
+
+__all__ = [
+    "HEADER_BYTES", "INLINE_BYTES", "MAGIC", "OK", "INLINE_CUT", "OPS", "OP_NAMES", "Header",
+    "encode", "decode", "parse_rows", "exchange", "broadcast", "dtype_code", "dtype_name", "digest",
+    "op_code", "op_name",
+]  # fmt: skip
+
+HEADER_BYTES = 1024
+_WORDS = 24
+_HEAD = 8 * _WORDS
+#: The most bytes a header carries inline (a small payload, a failure's message, a call's description).
+INLINE_BYTES = HEADER_BYTES - _HEAD
+DIMS = 8
+#: The first word of every header.
+MAGIC = int.from_bytes(b"HWDHDR01", "little")
+OK = 0
+#: flag: the inline bytes are the first INLINE_BYTES of a longer description
+INLINE_CUT = 1
+
+#: Every op that exchanges headers, by code (a header's op word; 0: none).
+OPS = {
+    name: code
+    for code, name in enumerate(
+        (
+            "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+            "collect_results", "collect_results(tmpdir)", "create_tmpdir",
+            "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",
+            "all_to_all", "barrier", "pad_to_largest_tensor", "all_reduce_dict", "all_reduce_params",
+            "agree",
+        ),
+        start=1,
+    )
+}  # fmt: skip
+OP_NAMES = {v: k for k, v in OPS.items()}
+
+_KNOWN_DTYPES = [
+    d for d in (getattr(torch, n, None) for n in (
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 float64"
+        " complex32 complex64 complex128 float8_e4m3fn float8_e5m2"
+    ).split()) if isinstance(d, torch.dtype)
+]  # fmt: skip
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """A 31-bit code of ``dtype``, the same on every rank and torch version (crc32 of its name)."""
+    return zlib.crc32(str(dtype).encode()) & 0x7FFFFFFF
+
+
+_CODE_TO_NAME = {dtype_code(d): str(d).replace("torch.", "") for d in _KNOWN_DTYPES}
+
+
+def dtype_name(code: int) -> str:
+    """The dtype's short name for ``code`` (``'bytes'`` for 0, ``'dtype #N'`` if unknown here)."""
+    if code == 0:
+        return "bytes"
+    return _CODE_TO_NAME.get(code, f"dtype #{code}")
+
+
+def op_code(name: str) -> int:
+    """The op word of ``name`` (a crc32 for a name outside OPS, so any two names still differ)."""
+    return OPS.get(name) or (zlib.crc32(name.encode()) & 0x7FFFFFFF) + 1000
+
+
+def op_name(code: int) -> str:
+    """The op's name for ``code`` (as far as this rank knows it)."""
+    return OP_NAMES.get(code, f"op #{code}")
+
+
+def digest(text: str) -> int:
+    """A 63-bit fingerprint of ``text`` (the same on every rank and Python version)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass
+class Header:
+    """One rank's header (see the module's table for the words).
+
+    ``rank`` is the sender's group rank, set by [`parse_rows`][hwdist.collectives.protocol.parse_rows];
+    ``framed`` is False for a row without the magic (that rank is in another kind of exchange).
+    """
+
+    status: int = OK
+    op: int = 0
+    seq: int = 0
+    root: int = -1
+    nbytes: int = 0
+    nchunks: int = 0
+    token: int = 0
+    dtype: int = 0
+    rop: int = 0
+    numel: int = -1
+    ndim: int = -1
+    dims: tuple[int, ...] = ()
+    fingerprint: int = 0
+    site: int = 0
+    flags: int = 0
+    inline: Any = None  # bytes / a uint8 array, at most INLINE_BYTES
+    rank: int = -1
+    framed: bool = field(default=True, repr=False)
+
+    @classmethod
+    def of_tensor(cls, t: torch.Tensor, nbytes: int, **kw: Any) -> "Header":
+        """A header describing tensor ``t`` (its dtype, numel and shape), ``nbytes`` on the wire."""
+        return cls(
+            nbytes=nbytes, dtype=dtype_code(t.dtype), numel=t.numel(), ndim=t.dim(),
+            dims=tuple(t.shape[:DIMS]), **kw,
+        )  # fmt: skip
+
+    @property
+    def shape(self) -> Optional[torch.Size]:
+        """The shape, when the header holds all of it (None: no shape, or more than 8 dims)."""
+        return torch.Size(self.dims) if 0 <= self.ndim <= DIMS else None
+
+    @property
+    def message(self) -> str:
+        """The inline bytes as text (a failure's message, a call's description)."""
+        return bytes(self.inline).decode("utf-8", "replace") if self.inline is not None else ""
+
+
+def encode(h: Header) -> np.ndarray:
+    """``h`` as its ``HEADER_BYTES`` (uint8); inline bytes beyond the room are cut (flag ``INLINE_CUT``)."""
+    row = np.zeros(HEADER_BYTES, dtype=np.uint8)
+    inline = h.inline
+    n = 0
+    flags = h.flags
+    if inline is not None:
+        data = np.frombuffer(inline, dtype=np.uint8) if isinstance(inline, (bytes, bytearray)) else inline
+        n = min(int(data.size), INLINE_BYTES)
+        if n < data.size:
+            flags |= INLINE_CUT
+        row[_HEAD : _HEAD + n] = data[:n]
+    dims = (list(h.dims[:DIMS]) + [0] * DIMS)[:DIMS]
+    words = [
+        MAGIC, h.status, h.op, h.seq, h.root, h.nbytes, h.nchunks, h.token, h.dtype, h.rop, h.numel,
+        h.ndim, *dims, h.fingerprint, h.site, n, flags,
+    ]  # fmt: skip
+    row[:_HEAD] = np.array(words, dtype="<i8").view(np.uint8)
+    return row
+
+
+def _decode(rank: int, w: list[int], row: np.ndarray) -> Header:
+    n = w[22]
+    framed = w[0] == MAGIC and 0 <= n <= INLINE_BYTES
+    if not framed:
+        return Header(rank=rank, framed=False)
+    ndim = w[11]
+    return Header(
+        status=w[1], op=w[2], seq=w[3], root=w[4], nbytes=w[5], nchunks=w[6], token=w[7], dtype=w[8],
+        rop=w[9], numel=w[10], ndim=ndim, dims=tuple(w[12 : 12 + min(max(ndim, 0), DIMS)]),
+        fingerprint=w[20], site=w[21], flags=w[23], inline=row[_HEAD : _HEAD + n] if n else None,
+        rank=rank,
+    )  # fmt: skip
+
+
+def decode(row: np.ndarray, rank: int = 0) -> Header:
+    """The header in ``row`` (its first ``HEADER_BYTES``)."""
+    return parse_rows(row[:HEADER_BYTES].reshape(1, -1), first=rank)[0]
+
+
+def parse_rows(rows: np.ndarray, first: int = 0) -> list[Header]:
+    """Every rank's header from the rows of a header all_gather (one row per group rank)."""
+    words: list[list[int]] = rows[:, :_HEAD].copy().view("<i8").tolist()  # Python ints, in one call
+    return [_decode(first + r, w, rows[r]) for r, w in enumerate(words)]
+
+
+def exchange(h: Header, group: Any, driver: Any, wait: Any = None) -> list[Header]:
+    """The header round: every rank's header, in group-rank order (one all_gather of ``HEADER_BYTES``).
+
+    Args:
+        h: this rank's header.
+        group: the process group (None: the default group).
+        driver: the group's driver.
+        wait: waits for the issued work (``transport.Waiter``; None: issued blocking).
+    """
+    return parse_rows(transport.gather_rows(encode(h), group, driver, wait))
+
+
+def broadcast(h: Optional[Header], src: int, group: Any, driver: Any, wait: Any = None) -> Header:
+    """Global rank ``src``'s header on every rank (``h``: the header on ``src``, None elsewhere)."""
+    row = transport.broadcast_sized(
+        encode(h) if h is not None else None, HEADER_BYTES, src, group, driver, wait
+    )
+    return decode(np.asarray(row))
+
+
+def listing(headers: Sequence[Header], show: Any) -> str:
+    """``rank 0: <show(h0)>; rank 1: ...``."""
+    return "; ".join(f"rank {h.rank}: {show(h)}" for h in headers)
