@@ -1,7 +1,7 @@
 """Per-process-group state: one object per group, cleared by ``destroy``.
 
-Caches that depend on a process group (the verification sequence number, the
-size predictions of the collectives, the flight recorder's sequence numbers, ...) live
+Caches that depend on a process group (the verification sequence number,
+``all_reduce_dict``'s layouts, the flight recorder's sequence numbers, ...) live
 in the group's [`GroupState`][hwdist._state.GroupState], not in module-level
 dictionaries keyed by ``id(group)``: a group object is weakly referenced where
 torch allows it, and the whole table is dropped by
@@ -32,10 +32,6 @@ class GroupState:
             (``collectives/verify.py``); None before the first verified call.
         all_reduce_dict: ``all_reduce_dict``'s layouts built on this rank, a local cache
             (``collectives/params.py``, ``_DictState``); None before the first call.
-        sizes: the size histories of the predicted gathers, keyed by ``(op, *key)``
-            (``collectives/_sizes.py``, ``SizeHistory`` values).
-        gathers: the gathers' reusable buffers and routes, keyed like ``sizes``
-            (``collectives/_gather.py``).
         object_records: the size of the object collectives' records in this group
             (``collectives/_objwire.py``, ``RecordSize``); None before the first object collective.
         reducers: the ``FlatReducer`` of each small exchange shape hwdist's own agreement uses in
@@ -50,8 +46,6 @@ class GroupState:
 
     verify_seq: Optional[tuple[int, int]] = None
     all_reduce_dict: Any = None
-    sizes: dict[tuple[Any, ...], Any] = field(default_factory=dict)
-    gathers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     object_records: Any = None
     reducers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     flight: Any = None
@@ -68,9 +62,24 @@ _weak: "weakref.WeakKeyDictionary[Any, GroupState]" = weakref.WeakKeyDictionary(
 _strong: dict[int, tuple[Any, GroupState]] = {}
 
 
+def _world() -> Any:
+    """torch's default group object, or None (torch.distributed absent or not initialised)."""
+    try:
+        import torch.distributed as torch_dist
+
+        return torch_dist.GroupMember.WORLD if torch_dist.is_available() else None
+    except (ImportError, AttributeError):
+        return None
+
+
 def of(group: Any) -> GroupState:
-    """The state of ``group`` (None: the default group), created on first use."""
-    key = _DEFAULT if group is None else group
+    """The state of ``group`` (None: the default group), created on first use.
+
+    The default group's state is keyed by torch's group object itself, however a caller names it
+    (None or the object): a default group that torch destroyed and made anew, even behind hwdist's
+    back, starts with a fresh state.
+    """
+    key = group if group is not None else (_world() or _DEFAULT)
     try:
         st = _weak.get(key)
         if st is None:

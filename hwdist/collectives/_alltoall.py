@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import _sizes, transport
+from . import protocol, transport
 from ..errors import CollectiveArgumentError, CollectiveMismatch
 from .engine import Call, Strategy, when_checking
 from ._wire import as_comm_flat, comm_numel, copy_source, dense_flat, prepare, restore
@@ -68,11 +68,12 @@ def _sizes_of(c: Call) -> tuple[list[int], list[int]]:
 def _explicit_table(c: Call, in_sizes: list[int], out_sizes: list[int]) -> list[list[int]]:
     """Every rank's dtype and sizes (one small all_gather), checked: the same error on every rank."""
     ws = c.view.size
-    rows = transport.gather_ints([_sizes.dtype_code(c.data.dtype)] + in_sizes + out_sizes, c.group, c.driver)
+    mine = [protocol.dtype_code(c.data.dtype)] + in_sizes + out_sizes
+    rows = transport.gather_ints(mine, c.group, c.driver)
     if len({row[0] for row in rows}) > 1:
         raise CollectiveArgumentError(
             "all_to_all: every rank must pass the same dtype; got "
-            + ", ".join(f"rank {r}: {_sizes.dtype_name(row[0])}" for r, row in enumerate(rows))
+            + ", ".join(f"rank {r}: {protocol.dtype_name(row[0])}" for r, row in enumerate(rows))
         )
     table = [row[1:] for row in rows]
     bad = _piece_size_errors(table, ws)

@@ -220,7 +220,8 @@ def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, dict[str, An
                 group, sample, fields = describe(*args, **kwargs)
             except TypeError:  # the arguments do not bind: the call itself raises the right error
                 return fn(*args, **kwargs)
-            hook(op, group, sample, fields)
+            if fields is not None:  # None: the op verifies the call in its own header round
+                hook(op, group, sample, fields)
         return fn(*args, **kwargs)
 
     return hooked  # type: ignore[return-value]

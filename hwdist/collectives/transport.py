@@ -263,8 +263,7 @@ def _gather_padded(out: torch.Tensor, inp: torch.Tensor, group: Any, driver: Any
 def gather_equal(buf: Tensor, group: Any = None, driver: Any = None) -> Tensor:
     """Every rank's ``buf`` (uint8, the same length on every rank, a multiple of 8): one all_gather.
 
-    No length exchange: the caller guarantees the length (e.g. a predicted size,
-    [`_sizes`][hwdist.collectives._sizes]). Returns a ``(world, len)`` uint8 tensor on CPU.
+    No length exchange: the caller guarantees the length. Returns a ``(world, len)`` uint8 tensor on CPU.
     """
     driver = driver if driver is not None else registry.resolve(group)
     world = _world(group)

@@ -171,6 +171,10 @@ def rank_field(value: Any) -> Any:
     return repr(value)
 
 
+def _is_rank(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(rank_field(value), int)
+
+
 def describe_dtype(t: Any) -> str:
     """``float32@cpu`` for a tensor (shape left out), the type name otherwise."""
     if not isinstance(t, torch.Tensor):
@@ -242,6 +246,24 @@ def call_header(op: str, seq: int, fields: dict[str, Any], **words: Any) -> prot
         op=protocol.op_code(op), seq=seq, fingerprint=protocol.digest(text), site=site,
         inline=text.encode(), **words,
     )  # fmt: skip
+
+
+def own_header(
+    op: str, group: Any, fields: dict[str, Any], head: protocol.Header
+) -> Optional[protocol.Header]:
+    """For an op that runs a header round of its own (an uneven gather, an object collective): ``head``
+    with the call's fingerprint and description added while verification is on (None when off).
+
+    The caller exchanges it and calls [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch]:
+    verification costs such an op no collective of its own.
+    """
+    if not _enabled or not call_entry.verifying():
+        return None
+    words = {
+        k: getattr(head, k)
+        for k in ("status", "root", "nbytes", "nchunks", "token", "dtype", "rop", "numel", "ndim", "dims")
+    }
+    return call_header(op, _next_seq(group), fields, **words)
 
 
 def agrees(headers: list[protocol.Header]) -> bool:
@@ -358,7 +380,8 @@ _mode_changed()  # the initial value (HWDIST_DEBUG): mirrors and the engine's ho
 # ---------------------------------------------------------------------------
 # what verification mode compares for each tensor collective
 # ---------------------------------------------------------------------------
-Fields = tuple[Any, Any, dict[str, Any]]
+#: ``(group, sample, fields)``; fields None: the op verifies the call in its own header round
+Fields = tuple[Any, Any, Optional[dict[str, Any]]]
 
 
 def _describe_many(value: Any) -> Any:
@@ -399,6 +422,8 @@ class TensorFields:
     def all_gather(
         data: Any, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False
     ) -> Fields:
+        if not same_shape and isinstance(data, torch.Tensor):  # verified in the gather's own header round
+            return group, data, None
         desc = describe_tensor(data) if same_shape else describe_dtype(data)
         return group, data, {"data": desc, "same_shape": bool(same_shape)}
 
@@ -411,6 +436,8 @@ class TensorFields:
         same_shape: bool = False,
         async_op: bool = False,
     ) -> Fields:
+        if not same_shape and isinstance(data, torch.Tensor) and _is_rank(dst):  # in the gather's own round
+            return group, data, None
         desc = describe_tensor(data) if same_shape else describe_dtype(data)
         return group, data, {"data": desc, "same_shape": bool(same_shape), "dst": rank_field(dst)}
 

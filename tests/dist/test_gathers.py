@@ -1,4 +1,4 @@
-"""The tensor gathers with sizes agreed by prediction, on real ranks.
+"""The tensor gathers with sizes agreed in the header round, on real ranks.
 
 ``all_gather`` (default and ``same_shape=True``), ``gather`` and
 ``pad_to_largest_tensor`` on gloo and the emulated accelerator (whose process
@@ -9,9 +9,9 @@ complex, bfloat16 and >8-dim tensors. Every rank returns what it got; the
 expected values are computed here from the rank numbers alone. The torch-level
 collectives each call issues are counted by wrapping the real
 ``torch.distributed`` functions (a counter around them; nothing is faked), to
-show one collective per call in the steady state. A rank with another dtype, or
-a size over the prediction on one rank, must give every rank the same error or
-the right result, never a hang (the harness's timeouts).
+show two collectives per uneven call (the header round, then the data), with
+verification on or off. A rank with another dtype must give every rank the
+same error, never a hang (the harness's timeouts).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import hwdist
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
 from ._counting import Counter
-from hwdist.collectives import _sizes
 
 CALLS = 8
 
@@ -107,8 +106,6 @@ def _as_list(t: torch.Tensor) -> Any:
 def _gathers_rank(patterns: list[str]) -> dict:
     from hwdist import _state
 
-    # the pooled ranks may hold size histories from an earlier test (a back-off in progress); the counts
-    # below are those of a fresh history, so every rank forgets its group state first, together
     _state.clear()
     rank, ws = hwdist.get_rank(), hwdist.get_world_size()
     out: dict = {}
@@ -143,19 +140,26 @@ def _gathers_rank(patterns: list[str]) -> dict:
         ]
         forms["async_is_handle"] = type(hwdist.all_gather(torch.zeros(1), async_op=True)).__name__
         out["forms"] = forms
-        # one rank with another dtype: explicit (first call) and predicted (after a steady state)
+        # one rank with another dtype: verification's CollectiveMismatch, and without it the gathers'
+        # own TypeError, on every rank
         errors = []
-        for attempt in range(2):
-            for _ in range(3 * attempt):
-                hwdist.all_gather(torch.zeros(5))
+        for verified in (True, False):
             bad = torch.zeros(5, dtype=torch.int64 if rank == 1 else torch.float32)
-            for fn in (hwdist.all_gather, lambda t: hwdist.gather(t, dst=0), hwdist.pad_to_largest_tensor):
-                try:
-                    fn(bad)
-                    errors.append(None)
-                except Exception as exc:  # noqa: BLE001 - the test compares type and text
-                    errors.append((isinstance(exc, TypeError), str(exc)))
+            with hwdist.verification(verified):
+                for fn in (hwdist.all_gather, lambda t: hwdist.gather(t, dst=0), hwdist.pad_to_largest_tensor):  # noqa: E501
+                    try:
+                        fn(bad)
+                        errors.append(None)
+                    except Exception as exc:  # noqa: BLE001 - the test compares type and text
+                        errors.append((type(exc).__name__, str(exc)))
         out["errors"] = errors
+        unverified = []
+        with hwdist.verification(False):
+            for call in range(3):
+                before = counter.n
+                hwdist.all_gather(_value("uneven", call, rank))
+                unverified.append(counter.n - before)
+        out["unverified counts"] = unverified
         out["after"] = [_as_list(x) for x in hwdist.all_gather(torch.full((rank + 1,), float(rank)))]
         # the large route: broadcasts (threshold lowered for the test) for default and same_shape
         from hwdist import registry
@@ -208,14 +212,10 @@ def test_gathers_agree_on_sizes(dist, world_size, backend):
                 mine = _value(pattern, call, rank).reshape(-1)
                 want_pad = torch.cat([mine, mine.new_zeros(max(sizes) - mine.numel())])
                 assert padded == _as_list(want_pad)
-        counts = res["equal"]["counts"]
-        assert counts[0] == 2 and counts[1:] == [1] * (CALLS - 1), counts  # explicit once, then one
-        counts = res["equal_1m"]["counts"]  # the header's all_gather beside the data's, issued together
-        assert counts[0] == 2 and counts[1:] == [2] * (CALLS - 1), counts
-        assert res["uneven"]["counts"][1:] == [1] * (CALLS - 1)
-        assert res["one_rank_over"]["counts"][5] == 2  # the redo of what was over: one more, no more
-        assert res["all_jump"]["counts"][5] == 2
-        assert max(max(res[p]["counts"]) for p in PATTERNS if p != "deep") <= 3
+        for pattern in PATTERNS:  # the header round (verification in it), then the data
+            want_counts = [3 if pattern == "deep" else 2] * CALLS  # deep: its dims in one more exchange
+            assert res[pattern]["counts"] == want_counts, (pattern, res[pattern]["counts"])
+        assert res["unverified counts"] == [2, 2, 2]
         forms = res["forms"]
         for name, dtype in (
             ("complex64", torch.complex64),
@@ -228,100 +228,18 @@ def test_gathers_agree_on_sizes(dist, world_size, backend):
         assert forms["async"] == [_expect("uneven", c, ws) for c in range(3)]
         assert forms["async_is_handle"] == "CollectiveHandle"
         names = ", ".join(f"rank {r}: {'int64' if r == 1 else 'float32'}" for r in range(ws))
-        fns = ["all_gather", "gather", "pad_to_largest_tensor"] * 2
-        assert res["errors"] == [
-            (True, f"{fn}: every rank must pass the same dtype; got {names}") for fn in fns
+        fns = ["all_gather", "gather", "pad_to_largest_tensor"]
+        described = "; ".join(f"rank {r}: {'int64' if r == 1 else 'float32'}@cpu" for r in range(ws))
+        for fn, (kind, text) in zip(fns, res["errors"][:3]):
+            assert kind == "CollectiveMismatch" and f"mismatch in '{fn}'" in text, (fn, kind, text)
+            assert f"data: {described}" in text or f"tensor: {described}" in text, text
+        assert res["errors"][3:] == [
+            ("TypeError", f"{fn}: every rank must pass the same dtype; got {names}") for fn in fns
         ]
         assert res["after"] == [_as_list(torch.full((r + 1,), float(r))) for r in range(ws)]
         for call, (a, s, u, n) in enumerate(res["big"]):
             assert a == s == _expect("equal_1m", call, ws)
             assert u == _expect("big_and_small", 0, ws)
-            # default: headers then one broadcast per rank; same_shape: the broadcasts alone (call 0 may
-            # still be predicted from the small sizes before: a miss, in band plus the redo, 2 collectives)
-            assert n == (1 + ws) + ws + (1 + ws) if call else n <= (1 + ws) + ws + (1 + ws), (call, n)
-
-
-# ---------- uneven all_gather shapes over calls ----------
-# Size agreement by prediction on real ranks: an all_gather of uneven shapes driven over the transport.
-
-SHAPES_OVER_CALLS = {
-    "uneven": lambda call, rank: (3 + 5 * rank, 4),
-    "growing": lambda call, rank: (10 + 7 * call + rank, 3),
-    "shrinking": lambda call, rank: (max(400 - 37 * call - rank, 0), 2),
-    "alternating": lambda call, rank: (2000 + rank,) if call % 2 else (5, rank + 1),
-    "big_and_small": lambda call, rank: ((300_000 if call % 3 == 0 else 17) + rank,),  # 1.2 MB
-}
-SHAPE_CALLS = 9
-
-
-def _shaped_value(pattern: str, call: int, rank: int) -> torch.Tensor:
-    shape = SHAPES_OVER_CALLS[pattern](call, rank)
-    n = 1
-    for d in shape:
-        n *= d
-    return (torch.arange(n, dtype=torch.float32) + 1000 * rank + call).reshape(shape)
-
-
-def _gather_rank(patterns: list[str]):
-    rank = hwdist.get_rank()
-    out: dict = {}
-    for pattern in patterns:
-        got = []
-        for call in range(SHAPE_CALLS):
-            t = _shaped_value(pattern, call, rank)
-            got.append([g.tolist() for g in _sizes.gather(t, None, op="all_gather", key=(pattern,))])
-        hist = _sizes.history(None, "all_gather", (pattern,))
-        out[pattern] = {"got": got, "hits": hist.hits, "redos": hist.redos, "explicit": hist.explicit}
-    # a shape longer than the header, twice (explicit, then predicted)
-    deep = torch.arange(2 * (rank + 1), dtype=torch.int16).reshape((1,) * 9 + (2, rank + 1))
-    out["deep"] = [[g.tolist() for g in _sizes.gather(deep, None, key=("deep",))] for _ in range(2)]
-    out["deep_gave"] = deep.tolist()
-    # one rank with another dtype: every rank raises the same error, then the group still works
-    for attempt in range(2):  # first call explicit, second call predicted
-        bad = torch.zeros(4, dtype=torch.int64 if rank == 1 else torch.float32)
-        try:
-            _sizes.gather(torch.zeros(4), None, key=("mixed", attempt))  # seeds the history
-            _sizes.gather(bad, None, key=("mixed", attempt))
-            out[f"error{attempt}"] = None
-        except Exception as exc:  # noqa: BLE001 - the test compares type and text
-            out[f"error{attempt}"] = (isinstance(exc, TypeError), str(exc))
-    out["after"] = [g.tolist() for g in _sizes.gather(torch.full((rank + 1,), float(rank)), None)]
-    return out
-
-
-@pytest.mark.parametrize("backend", backends())
-@pytest.mark.parametrize("world_size", [w for w in world_sizes() if w > 1])
-def test_predicted_gather_moves_what_each_rank_gave(dist, world_size, backend):
-    patterns = list(SHAPES_OVER_CALLS)
-    results = dist(_gather_rank, world_size, backend, patterns)
-    for pattern in patterns:
-        for res in results:
-            for call in range(SHAPE_CALLS):
-                want = [_shaped_value(pattern, call, r).tolist() for r in range(world_size)]
-                assert res[pattern]["got"][call] == want, (pattern, call)
-        counts = {(r[pattern]["hits"], r[pattern]["redos"], r[pattern]["explicit"]) for r in results}
-        assert len(counts) == 1  # every rank's history moved the same way
-        hits, redos, explicit = counts.pop()
-        assert hits + redos + explicit == SHAPE_CALLS
-        if pattern in ("uneven", "shrinking"):
-            assert (hits, redos, explicit) == (
-                SHAPE_CALLS - 1,
-                0,
-                1,
-            )  # one collective per call after the first
-        if pattern in ("alternating", "big_and_small"):
-            assert redos >= 1 and hits >= SHAPE_CALLS - 4, (
-                pattern,
-                hits,
-                redos,
-                explicit,
-            )  # the redo path ran too
-    gave = [r["deep_gave"] for r in results]
-    for res in results:
-        assert res["deep"] == [gave, gave]
-        assert res["after"] == [[float(r)] * (r + 1) for r in range(world_size)]
-        for attempt in range(2):
-            is_type_error, text = res[f"error{attempt}"]
-            assert is_type_error
-            names = ", ".join(f"rank {r}: {'int64' if r == 1 else 'float32'}" for r in range(world_size))
-            assert text == f"all_gather: every rank must pass the same dtype; got {names}"
+            # default: headers then one broadcast per rank; same_shape: verification's header round, then
+            # the broadcasts
+            assert n == 3 * (1 + ws), (call, n)
