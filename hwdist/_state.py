@@ -32,8 +32,6 @@ class GroupState:
             (``collectives/verify.py``); None before the first verified call.
         all_reduce_dict: ``all_reduce_dict``'s layouts built on this rank, a local cache
             (``collectives/params.py``, ``_DictState``); None before the first call.
-        object_records: the size of the object collectives' records in this group
-            (``collectives/_objwire.py``, ``RecordSize``); None before the first object collective.
         reducers: the ``FlatReducer`` of each small exchange shape hwdist's own agreement uses in
             this group (``collectives/transport.py``, ``max_and_min``), keyed by driver, length,
             dtype and device.
@@ -46,7 +44,6 @@ class GroupState:
 
     verify_seq: Optional[tuple[int, int]] = None
     all_reduce_dict: Any = None
-    object_records: Any = None
     reducers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     flight: Any = None
     torch_hooks: Any = None

@@ -51,11 +51,6 @@ SETTINGS: dict[str, Setting] = {
             "debug mode: verification also compares the line of user code each rank calls from",
         ),
         Setting(
-            "HWDIST_OBJECT_PATH", "choice", "portable",
-            "object collectives: hwdist's portable path or torch's own",
-            ("portable", "native"),
-        ),
-        Setting(
             "HWDIST_TEST_BACKENDS", "text", "",
             "pytest plugin: the backends the dist fixtures run on"
             " (default: the CPU one and the emulated accelerator)",

@@ -76,6 +76,10 @@ def _shapes(headers: Sequence[Header], data: Tensor, group: Any, driver: Driver)
     return [torch.Size(rows[r][: h.ndim]) for r, h in enumerate(headers)]
 
 
+def _words(h: Header) -> dict[str, Any]:
+    return {"nbytes": h.nbytes, "dtype": h.dtype, "numel": h.numel, "ndim": h.ndim, "dims": h.dims}
+
+
 def _bytes_of(buf: Tensor) -> Tensor:
     return byte_view(buf)
 
@@ -136,10 +140,12 @@ class Gather(Strategy):
         fields: dict[str, Any] = {"data": describe_dtype(data), "same_shape": False}
         if c.root is not None:
             fields["dst"] = c.root
-        own = verify.own_header(self.op, c.group, fields, head)
-        headers = protocol.exchange(own or head, c.group, c.driver)
-        if own is not None:
-            verify.raise_if_mismatch(self.op, headers, own, c.group, c.driver)
+        st = verify.stamp(self.op, c.group, fields)
+        if st is not None:
+            head = verify.call_header(self.op, st, **_words(head))
+        headers = protocol.exchange(head, c.group, c.driver)
+        if st is not None:
+            verify.raise_if_mismatch(self.op, headers, st, c.group, c.driver)
         _raise_if_dtypes_differ(self.op, headers)
         shapes = _shapes(headers, data, c.group, c.driver)
         sizes = [h.nbytes for h in headers]

@@ -1,19 +1,15 @@
 """The object collectives' wire: one record per rank, the group's byte exchanges and failure notices.
 
-**Records.** Every object collective starts with one exchange of one
-[`Record`][hwdist.collectives._objwire.Record] per rank (an all_gather;
-``broadcast_object_list`` and ``scatter_object_list`` broadcast ``src``'s):
-status, total size, chunk count, root, opcode, a flag word and, when it fits,
-the payload itself (layout: eight little-endian int64, then the inline bytes).
-A record is 1 KiB ([`RECORD_BYTES`][hwdist.collectives._objwire.RECORD_BYTES])
-until the group has carried larger objects: every rank sees the same records,
-so every rank sizes the group's next records alike
-([`RecordSize`][hwdist.collectives._objwire.RecordSize]: the largest payload
-of the last 8 exchanges, rounded up by at most an eighth, up to 1 MiB). An
-object that fits is done in that one collective; a larger one then moves at
-its exact size. A
-failed rank's record carries its message, so every rank raises the same error,
-of the right kind, naming the failed ranks
+**Records.** Every object collective starts with one exchange of one record
+per rank (an all_gather; ``broadcast_object_list`` and ``scatter_object_list``
+broadcast ``src``'s, or all-gather it with the others' while verification is
+on). A record is the one header of [`protocol`][hwdist.collectives.protocol]
+(1 KiB, fixed): status, payload size, chunk count, root, opcode, token, the
+verified call's fingerprint and, up to ``INLINE_BYTES`` (832), the payload
+itself. An object that fits is done in that one collective; a larger one then
+moves at its exact size. Nothing is predicted: the record size never changes.
+A failed rank's record carries its message, so every rank raises the same
+error, of the right kind, naming the failed ranks
 ([`raise_failures`][hwdist.collectives._objwire.raise_failures]).
 
 **Link.** [`Link`][hwdist.collectives._objwire.Link] is one call's group, on the
@@ -34,7 +30,6 @@ leaving senders waiting.
 
 from __future__ import annotations
 
-import collections
 import datetime
 import threading
 import time
@@ -42,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .. import _compat, _state
+from .. import _compat
 from ..errors import (
     ArgumentAssertionError,
     CollectiveArgumentError,
@@ -52,14 +47,14 @@ from ..errors import (
     SerializationError,
     WeightsOnlyRefused,
 )
-from . import _weights_only, transport
+from . import _weights_only, protocol, transport, verify
 from . import serialization as _ser
 from .engine import view
 from .serialization import Frame, MapLocation, PickleSerializer, Serializer
 
 __all__ = [
     "OK", "SERIALIZE", "ARGUMENT", "ASSERTED", "REFUSED", "IO", "OTHER", "LocalFailure", "arg_error",
-    "RECORD_BYTES", "INLINE_BYTES", "RECORD_MAGIC", "OPS", "OP_NAMES", "Record", "make_record",
+    "RECORD_BYTES", "INLINE_BYTES", "OPS", "OP_NAMES", "Record", "make_record",
     "failure_record", "payload_record", "parse_record", "parse_rows", "raise_failures",
     "NOTICE_KEY", "Link", "check_root", "world_size",
     "describe", "serialize", "decode", "may_refuse", "Decoder", "CONFIRM", "closing_status",
@@ -98,78 +93,22 @@ def arg_error(message: str) -> LocalFailure:
     return LocalFailure(ARGUMENT, message)
 
 
-# ---- the record ----------------------------------------------------------------------------------
+# ---- the record: the one header format (protocol) -------------------------------------------------
 
-#: Bytes per rank in the record exchange (64-byte header + inline payload).
-RECORD_BYTES = 1024
-_HEAD = 64  # eight int64: magic, status, total, nchunks, root, opcode, token, inline length
+#: Bytes per rank in the record exchange: one header.
+RECORD_BYTES = protocol.HEADER_BYTES
 #: The largest payload a record carries inline.
-INLINE_BYTES = RECORD_BYTES - _HEAD
-#: The largest record a group grows to: objects up to this size travel inside their record.
-MAX_RECORD_BYTES = 1 << 20
-_WINDOW = 8  # exchanges a record size looks back on
-#: The first word of every record (a row that lacks it came from another collective).
-RECORD_MAGIC = int.from_bytes(b"HWDREC01", "little")
+INLINE_BYTES = protocol.INLINE_BYTES
 
 #: The opcode of each collective that exchanges records (records of different calls never match).
-OPS = {
-    "all_gather_object": 1,
-    "gather_object": 2,
-    "broadcast_object_list": 3,
-    "scatter_object_list": 4,
-    "collect_results": 5,
-    "collect_results(tmpdir)": 6,
-    "create_tmpdir": 7,
-}
+OPS = {name: protocol.OPS[name] for name in (
+    "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+    "collect_results", "collect_results(tmpdir)", "create_tmpdir",
+)}  # fmt: skip
 OP_NAMES = {v: k for k, v in OPS.items()}
-
-
-class Record:
-    """One rank's entry of the record exchange (``inline``: its payload or message, None if not inline)."""
-
-    __slots__ = ("rank", "framed", "status", "total", "nchunks", "root", "opcode", "token", "inline")
-
-    def __init__(self, rank: int, head: list[int], inline: Optional[np.ndarray]) -> None:
-        self.rank = rank
-        #: False: the rank sent something else (it is in another collective of the same size)
-        self.framed = head[0] == RECORD_MAGIC
-        self.status, self.total, self.nchunks, self.root, self.opcode, self.token = head[1:7]
-        self.inline = inline
-
-    @property
-    def message(self) -> str:
-        """The failure text carried inline."""
-        return bytes(self.inline).decode("utf-8", "replace") if self.inline is not None else ""
-
-
-class RecordSize:
-    """The size of one group's records: the same on every rank, kept in the group's state.
-
-    Every rank of an exchange sees the same records, so every rank computes the same next size: the
-    largest payload of the last 8 exchanges with its header, rounded up to an eighth of the next power
-    of two (at least [`RECORD_BYTES`][hwdist.collectives._objwire.RECORD_BYTES]), counting only payloads up to
-    [`MAX_RECORD_BYTES`][hwdist.collectives._objwire.MAX_RECORD_BYTES]. A job that gathers 10 KiB
-    objects each step then moves them in one collective; after 8 small calls the records are 1 KiB again.
-    """
-
-    __slots__ = ("needs", "nbytes")
-
-    def __init__(self) -> None:
-        self.needs: "collections.deque[int]" = collections.deque(maxlen=_WINDOW)
-        #: the size of this group's next records
-        self.nbytes = RECORD_BYTES
-
-    def learn(self, records: Sequence["Record"]) -> None:
-        """Take one exchange's records into account (call it on every rank, at the same exchanges)."""
-        need = RECORD_BYTES
-        for r in records:
-            n = r.total + _HEAD
-            if r.framed and r.status == OK and need < n <= MAX_RECORD_BYTES:
-                need = n
-        self.needs.append(need)
-        top = max(self.needs)
-        step = max(RECORD_BYTES, (1 << (top - 1).bit_length()) // 8)  # at most 1/8 of headroom
-        self.nbytes = -(-top // step) * step
+#: One rank's record: a protocol header (``nbytes``: the payload's size; ``inline``: the payload or a
+#: failure's message when it fits; ``op``: the opcode).
+Record = protocol.Header
 
 
 def make_record(
@@ -183,23 +122,13 @@ def make_record(
     inline: Optional[np.ndarray] = None,
     message: str = "",
 ) -> np.ndarray:
-    """One record's bytes (uint8, at least ``RECORD_BYTES``); a failed status carries ``message`` inline.
-
-    ``Link`` pads it to the group's record size before the exchange.
-    """
+    """One record's bytes (``RECORD_BYTES``, uint8); a failed status carries ``message`` inline."""
     if status != OK:
         inline = np.frombuffer(message.encode("utf-8", "replace")[:INLINE_BYTES], dtype=np.uint8)
-    n = 0 if inline is None else int(inline.size)
-    rec = np.zeros(max(RECORD_BYTES, _HEAD + n), dtype=np.uint8)
-    _write_head(rec, status, total, nchunks, root, opcode, token, n)
-    if inline is not None and n:
-        rec[_HEAD : _HEAD + n] = inline
-    return rec
-
-
-def _write_head(rec: np.ndarray, *fields: int) -> None:
-    """The record's header: the magic, then status, total, nchunks, root, opcode, token, inline length."""
-    rec[:_HEAD] = np.array([RECORD_MAGIC, *fields], dtype="<i8").view(np.uint8)
+    head = protocol.Header(
+        status=status, op=opcode, root=root, nbytes=total, nchunks=nchunks, token=token, inline=inline
+    )
+    return protocol.encode(head)
 
 
 def failure_record(opcode: int, failure: LocalFailure, root: int = -1) -> np.ndarray:
@@ -208,35 +137,26 @@ def failure_record(opcode: int, failure: LocalFailure, root: int = -1) -> np.nda
 
 
 def payload_record(
-    opcode: int, frame: Frame, root: int = -1, token: int = 0, inline_max: int = INLINE_BYTES
+    opcode: int, frame: Frame, root: int = -1, token: int = 0
 ) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """The record of ``frame`` (inline up to ``inline_max`` bytes: the group's
-    ``Link.inline_bytes``) and the frame's bytes when they travel separately.
+    """The record of ``frame`` (inline when it fits) and the frame's bytes when they travel separately.
 
-    An inline frame is written straight into a record of the group's size (``inline_max`` plus the
-    header), which ``Link`` then sends as it is: the payload is copied once.
+    An inline frame is written straight into the record: the payload is copied once.
     """
     n = frame.nbytes
-    if n <= inline_max:
-        rec = np.empty(max(RECORD_BYTES, _HEAD + inline_max), dtype=np.uint8)
-        _write_head(rec, OK, n, 0, root, opcode, token, n)
-        frame.write_into(rec[_HEAD:])
-        rec[_HEAD + n :] = 0
+    if n <= INLINE_BYTES:
+        rec = make_record(opcode, total=n, root=root, token=token)
+        frame.write_into(protocol.set_inline_length(rec, n))
         return rec, None
     return make_record(opcode, total=n, root=root, token=token), frame.to_numpy()
 
 
-def parse_rows(rows: np.ndarray) -> list[Record]:
-    """Every rank's record from the rows of a record all_gather (one row per group rank)."""
-    heads: list[list[int]] = rows[:, :_HEAD].copy().view("<i8").tolist()  # Python ints, in one call
-    return [Record(r, h, rows[r, _HEAD : _HEAD + h[7]] if h[7] else None) for r, h in enumerate(heads)]
+parse_rows = protocol.parse_rows
 
 
 def parse_record(rank: int, row: np.ndarray) -> Record:
     """Group rank ``rank``'s record from its bytes."""
-    rec = parse_rows(row.reshape(1, -1))[0]
-    rec.rank = rank
-    return rec
+    return protocol.decode(row, rank)
 
 
 def raise_failures(records: Sequence[Record], what: str, opcode: int, root: int) -> None:
@@ -248,7 +168,7 @@ def raise_failures(records: Sequence[Record], what: str, opcode: int, root: int)
     """
     if not all(rec.framed for rec in records):  # its fields are not a record's: name no status or opcode
         calls = ", ".join(
-            f"rank {rec.rank}: {OP_NAMES.get(rec.opcode, rec.opcode) if rec.framed else 'another collective'}"
+            f"rank {rec.rank}: {OP_NAMES.get(rec.op, rec.op) if rec.framed else 'another collective'}"
             for rec in records
         )
         raise CollectiveArgumentError(f"{what}: ranks called different object collectives ({calls})")
@@ -258,8 +178,8 @@ def raise_failures(records: Sequence[Record], what: str, opcode: int, root: int)
         ranks = ", ".join(str(rec.rank) for rec in failed)
         cls = ERRORS.get(failed[0].status, ObjectCollectiveError)
         raise cls(f"{what} failed on rank(s) {ranks}: {detail}", {rec.rank: rec.message for rec in failed})
-    if len({rec.opcode for rec in records}) > 1 or records[0].opcode != opcode:
-        calls = ", ".join(f"rank {rec.rank}: {OP_NAMES.get(rec.opcode, rec.opcode)}" for rec in records)
+    if len({rec.op for rec in records}) > 1 or records[0].op != opcode:
+        calls = ", ".join(f"rank {rec.rank}: {OP_NAMES.get(rec.op, rec.op)}" for rec in records)
         raise CollectiveArgumentError(f"{what}: ranks called different object collectives ({calls})")
     if len({rec.root for rec in records}) > 1:
         calls = ", ".join(f"rank {rec.rank}: {rec.root}" for rec in records)
@@ -296,15 +216,18 @@ class Link:
         self.rank = v.rank if self._ranks is None else self.group_rank(v.rank)
         self._sliced: Optional[bool] = None
         self._store: Any = None  # the group's store, on first use; False: none
-        # one state for the default group however it is named (None or the group object), so every rank
-        # sizes its records alike whichever spelling each rank used
-        state = _state.of(None if self._ranks is None else group)
-        if state.object_records is None:
-            state.object_records = RecordSize()
-        self.sizes: RecordSize = state.object_records
+        #: (op name, stamp) of a verified call, until its first record exchange carries it
+        self._pending: Optional[tuple[str, verify.Stamp]] = None
         #: the size of this call's records and the largest payload they carry inline
-        self.record_bytes = self.sizes.nbytes
-        self.inline_bytes = self.record_bytes - _HEAD
+        self.record_bytes = RECORD_BYTES
+        self.inline_bytes = INLINE_BYTES
+
+    def verify(self, op: str, fields: dict[str, Any]) -> None:
+        """Verify this call in its first record exchange (while verification is on): every rank's record
+        then carries the call's fingerprint, and a record that would be broadcast is all-gathered so that
+        every rank sees every rank's."""
+        st = verify.stamp(op, self.group, fields)
+        self._pending = None if st is None else (op, st)
 
     def global_rank(self, group_rank: int) -> int:
         """The global rank of ``group_rank``."""
@@ -334,12 +257,6 @@ class Link:
         """Whether the driver issues gather itself (a gather to one rank moves each payload once)."""
         return transport.gathers(self.driver)
 
-    def cap_records(self, nbytes: int) -> None:
-        """Use records of at most ``nbytes`` in this call (every rank caps alike: the size is the group's)."""
-        if self.record_bytes > nbytes:
-            self.record_bytes = nbytes
-            self.inline_bytes = nbytes - _HEAD
-
     def broadcast(self, data: Optional[np.ndarray], n: int, src: int) -> np.ndarray:
         """Broadcast ``n`` bytes from group rank ``src``; ``data`` is used on ``src`` only."""
         return self._call(
@@ -354,33 +271,36 @@ class Link:
         """Receive ``n`` bytes from group rank ``src``."""
         return self._call(transport.recv_bytes, n, self.global_rank(src))
 
-    def _padded(self, record: Optional[np.ndarray]) -> Optional[np.ndarray]:
-        if record is None or record.size == self.record_bytes:
-            return record
-        out = np.zeros(self.record_bytes, dtype=np.uint8)
-        n = min(record.size, self.record_bytes)
-        out[:n] = record[:n]
-        return out
+    def _gathered(self, record: np.ndarray) -> list[Record]:
+        """Every rank's record (one all_gather), verified first when this call is."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return parse_rows(self.all_gather(record))
+        op, st = pending
+        stamped = protocol.stamp(record, protocol.op_code(op), st.seq, st.fingerprint, st.site)
+        records = parse_rows(self.all_gather(stamped))
+        verify.raise_if_mismatch(op, records, st, self.group, self.driver)
+        return records
 
     def exchange(self, record: np.ndarray, what: str, opcode: int, root: int = -1) -> list[Record]:
         """All-gather every rank's record; raise the same error on every rank if any rank failed."""
-        records = parse_rows(self.all_gather(self._padded(record)))  # type: ignore[arg-type]
-        self.sizes.learn(records)
+        records = self._gathered(record)
         raise_failures(records, what, opcode, root)
         return records
 
-    def receive_record(self, record: Optional[np.ndarray], root: int, learn: bool = True) -> Record:
-        """Group rank ``root``'s record on every rank (``record`` matters there only), unchecked."""
-        rec = parse_record(root, self.broadcast(self._padded(record), self.record_bytes, root))
-        if learn:
-            self.sizes.learn([rec])
-        return rec
+    def receive_record(self, record: Optional[np.ndarray], root: int) -> Record:
+        """Group rank ``root``'s record on every rank (``record`` matters there only), unchecked.
 
-    def broadcast_record(
-        self, record: Optional[np.ndarray], what: str, opcode: int, root: int, learn: bool = True
-    ) -> Record:
+        One broadcast; a verified call all-gathers instead (every rank's fingerprint with ``root``'s record).
+        """
+        if self._pending is not None:
+            mine = record if record is not None else make_record(0, root=root)
+            return self._gathered(mine)[root]
+        return parse_record(root, self.broadcast(record, RECORD_BYTES, root))
+
+    def broadcast_record(self, record: Optional[np.ndarray], what: str, opcode: int, root: int) -> Record:
         """Group rank ``root``'s record on every rank (``record`` matters there only); raises its failure."""
-        rec = self.receive_record(record, root, learn)
+        rec = self.receive_record(record, root)
         raise_failures([rec], what, opcode, root)
         return rec
 
@@ -598,8 +518,8 @@ def closing_status(
         if link.rank == root:
             failed = decoder.error is not None
             rec = failure_record(op, LocalFailure(OTHER, decoder.message), root) if failed else None
-            link.receive_record(rec if rec is not None else make_record(op, root=root), root, learn=False)
+            link.receive_record(rec if rec is not None else make_record(op, root=root), root)
         else:
-            link.broadcast_record(None, what, op, root, learn=False)
+            link.broadcast_record(None, what, op, root)
     if decoder.error is not None:
         raise decoder.error

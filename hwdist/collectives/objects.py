@@ -1,56 +1,40 @@
 """Object collectives with mmengine.dist's names, on any backend.
 
-Every call takes one of two paths, the same on every rank:
+Serialize once (`serialization`), then one *record* per rank (`_objwire`:
+the one 1 KiB header of [`protocol`][hwdist.collectives.protocol]) holding the
+rank's status, the payload's size, the collective's opcode and root, the
+verified call's fingerprint and, up to ``INLINE_BYTES`` (832), the payload
+itself, in one all_gather (``broadcast_object_list`` without verification: one
+broadcast of ``src``'s record). A small object is done in that one collective.
+If any rank failed to serialize or passed a bad argument, or (verification,
+on by default) the ranks called different collectives or with another
+src/dst, every rank raises the same clear error right there, instead of
+hanging in the next collective. Larger payloads then move at their exact
+size: one padded all_gather when several ranks are large and the total stays
+under ``PADDED_ALL_GATHER_LIMIT``, else one broadcast per large rank.
+``gather_object`` moves them to the root only: one padded gather (where the
+driver has gather; up to ``GATHER_LIMIT`` in all), else point to point.
+``scatter_object_list`` all-gathers every rank's record (src's holds each
+item's size), then sends each item. Bytes move through hwdist's internal
+transport (`_objwire`, `transport`), in the byte dtype the driver's plan
+allows. Tensors inside received objects land on CPU or the ``map_location``
+given.
 
-* **portable** (default): serialize once (`serialization`), then one
-  *record* per rank (`_objwire`): 1 KiB holding the rank's status, the
-  payload's size, the collective's opcode and root and, up to
-  ``INLINE_BYTES`` (960), the payload itself, in one all_gather
-  (``broadcast_object_list``: one broadcast of ``src``'s record). A small
-  object is done in that one collective. If any rank failed to serialize or
-  passed a bad argument, every rank raises the same clear error right there,
-  instead of hanging in the next collective. Larger payloads then move at
-  their exact size: one padded all_gather when several ranks are large and
-  the total stays under ``PADDED_ALL_GATHER_LIMIT``, else one broadcast per
-  large rank. ``gather_object`` moves them to the root only: one padded gather
-  (where the driver has gather; up to ``GATHER_LIMIT`` in all), else point to
-  point; its records stop growing at ``GATHER_RECORD_BYTES``. ``scatter_object_list``
-  agrees on its arguments first (the agreement primitive,
-  ``consensus.agree``), then broadcasts ``src``'s record. Bytes move through
-  hwdist's internal transport (`_objwire`, `transport`), in the byte dtype the
-  driver's plan allows. Tensors inside received objects land on CPU or the
-  ``map_location`` given.
-* **native**: torch's own ``all_gather_object`` & co. Used only when asked
-  ([`set_object_path`][hwdist.collectives.objects.set_object_path] ``('native')``), when the driver
-  declares ``native_object_collectives`` and the torch version has them
-  (``_compat.DIST_AVAILABLE``), and the call uses the default pickle
-  serializer without ``map_location``; otherwise the portable path runs. The
-  portable path is the default because it measured faster on every size
-  (see ``docs/objects.md``).
-
-Verification mode ([`hwdist.verify`][hwdist.collectives.verify]): the record exchange checks the
-call's identity (which collective, its src/dst) in every mode, so those
-disagreements raise [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError]
-on every rank even when the mode is off (``broadcast_object_list`` and
-``scatter_object_list`` against a different collective: only with the mode on).
-When the mode is on, each object collective also takes part in the mode's
-per-group digest exchange (op name, call number, src/dst) before its record
-exchange: a record exchange must never meet a tensor collective's 24-byte
-digest exchange on another rank, so every verified collective, tensor or
-object, starts with the same exchange.
+Without verification the records still carry each call's identity (which
+collective, its src/dst), so those disagreements raise
+[`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError]
+on every rank where records are all-gathered.
 
 Outside a process group every function behaves as mmengine's does.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Optional, Sequence, cast
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch.distributed as torch_dist
 
-from .. import _compat, settings
 from ..errors import (
     ArgumentAssertionError,
     CollectiveArgumentError,
@@ -62,10 +46,8 @@ from ..errors import (
 from .verify import rank_field
 from . import _weights_only
 from . import serialization as _ser
-from .consensus import agree
 from .call_entry import collective
-from .engine import check
-from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure, RECORD_BYTES
+from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure
 from ._objwire import Link, arg_error, check_root, closing_status, decode, failure_record, make_record
 from ._objwire import may_refuse, payload_record, raise_failures, serialize, world_size
 from .serialization import Frame, MapLocation, Serializer
@@ -88,92 +70,15 @@ __all__ = [
     "WeightsOnlyRefused",
     "CollectiveArgumentError",
     "PeerFailure",
-    "set_object_path",
-    "get_object_path",
-    "object_path",
     *(n for n in _ser.__all__ if n not in ("Frame", "encode", "decode")),
 ]
 
 #: Above this many bytes in all, an all_gather moves each rank's payload by broadcast
 #: (exact sizes) instead of one padded all_gather.
 PADDED_ALL_GATHER_LIMIT = 1 << 20
-#: The largest record of ``gather_object`` where the driver has gather: a record all_gather moves every
-#: payload to every rank, which costs more than a gather to the root above about this size (512 KiB
-#: objects: docs/objects.md); the group's larger objects then go with 1 KiB records and one gather.
-GATHER_RECORD_BYTES = 384 << 10
 #: Above this many bytes in all (largest payload times ranks), ``gather_object`` sends each payload
 #: point to point at its exact size instead of one padded gather.
 GATHER_LIMIT = 2 << 20
-
-# ---- path selection ----------------------------------------------------------------------
-
-_PATHS = ("portable", "native")
-
-
-def _check_path(path: Any) -> str:
-    if path not in _PATHS:
-        raise ValueError(f"object path must be one of {', '.join(_PATHS)}, got {path!r}")
-    return str(path)
-
-
-_PATH: settings.Switch[str] = settings.Switch(lambda: settings.choice("HWDIST_OBJECT_PATH"), _check_path)
-
-
-def get_object_path() -> str:
-    """``'portable'`` (default) or ``'native'``: which implementation object collectives prefer.
-
-    ``HWDIST_OBJECT_PATH`` sets the initial value.
-
-    Examples:
-        >>> hwdist.get_object_path()
-        'portable'   # every rank
-    """
-    return _PATH.get()
-
-
-def set_object_path(path: str) -> str:
-    """Prefer ``'portable'`` or ``'native'`` (torch's own, where the driver allows).
-
-    The choice must be the same on every rank. ``HWDIST_OBJECT_PATH`` sets the initial value.
-
-    Args:
-        path: ``'portable'`` or ``'native'``.
-
-    Returns:
-        The previous value.
-
-    Raises:
-        ValueError: ``path`` is neither.
-
-    Examples:
-        >>> hwdist.set_object_path("native")
-        'portable'   # every rank
-    """
-    return _PATH.set(path)
-
-
-@contextlib.contextmanager
-def object_path(path: str) -> Iterator[str]:
-    """Context manager: prefer ``path`` (``'portable'`` or ``'native'``) inside the block.
-
-    Examples:
-        >>> with hwdist.object_path("native"):
-        ...     hwdist.all_gather_object(hwdist.get_rank())
-        [0, 1]   # every rank
-    """
-    with _PATH.override(path) as value:
-        yield value
-
-
-def _native(driver: Any, map_location: MapLocation, serializer: Optional[Serializer]) -> bool:
-    return (
-        _PATH.get() == "native"
-        and bool(getattr(driver, "native_object_collectives", False))
-        and _compat.DIST_AVAILABLE
-        and map_location is None
-        and _ser.is_default_serializer(serializer)
-    )
-
 
 def _padded(own: Optional[np.ndarray], width: int, zero: bool = True) -> np.ndarray:
     """``own`` (None: nothing) padded to ``width`` bytes: this rank's row of a padded all_gather or gather
@@ -237,14 +142,10 @@ def all_gather_object(
         root = torch_dist.get_global_rank(group, 0) if group is not None else 0
         return gather_object(data, root, group, map_location=map_location, serializer=serializer)
     comm = Link(group)
-    check("all_gather_object", comm.group, lambda: (None, {}))
+    comm.verify("all_gather_object", {})
     op = OPS["all_gather_object"]
-    if _native(comm.driver, map_location, serializer):
-        out: list[Any] = [None] * world
-        torch_dist.all_gather_object(out, data, group=group)
-        return out
     try:
-        rec, own = payload_record(op, serialize(data, serializer), inline_max=comm.inline_bytes)
+        rec, own = payload_record(op, serialize(data, serializer))
     except LocalFailure as fail:
         rec, own = failure_record(op, fail), None
     records = comm.exchange(rec, "all_gather_object", op)
@@ -254,14 +155,14 @@ def all_gather_object(
     for r in records:
         if r.inline is not None:
             results[r.rank] = decoder(r.rank, r.inline.copy())
-    largest = max((r.total for r in big), default=0)
+    largest = max((r.nbytes for r in big), default=0)
     if len(big) > 1 and largest * world <= PADDED_ALL_GATHER_LIMIT:  # one padded all_gather
         rows = comm.all_gather(_padded(own, largest))
         for r in big:
-            results[r.rank] = decoder(r.rank, rows[r.rank, : r.total])
+            results[r.rank] = decoder(r.rank, rows[r.rank, : r.nbytes])
     else:  # exact sizes, one broadcast per rank: gloo's broadcast beats its all_gather here
         for r in big:
-            buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
+            buf = comm.broadcast(own if r.rank == comm.rank else None, r.nbytes, r.rank)
             results[r.rank] = decoder(r.rank, buf)
     if decoder.error is not None:
         raise decoder.error
@@ -310,24 +211,14 @@ def gather_object(
     if world == 1:
         return [data]
     comm = Link(group)
-    check("gather_object", comm.group, lambda: (None, {"dst": rank_field(dst)}))
+    comm.verify("gather_object", {"dst": rank_field(dst)})
     op = OPS["gather_object"]
     gathers = comm.gathers  # the driver's plan, looked up once
-    if gathers and comm.record_bytes > GATHER_RECORD_BYTES:
-        # the group carries large objects: records with room for them would move every payload to every
-        # rank; small records, then one gather moves each payload to the root only
-        comm.cap_records(RECORD_BYTES)
     own = None
     try:
         root = check_root(comm, dst, "dst")
-        if _native(comm.driver, map_location, serializer):
-            out = [None] * world if comm.rank == root else None
-            torch_dist.gather_object(data, out, dst=dst, group=group)
-            return out
         token = CONFIRM if comm.rank == root and may_refuse(serializer) else 0
-        rec, own = payload_record(
-            op, serialize(data, serializer), root=root, token=token, inline_max=comm.inline_bytes
-        )
+        rec, own = payload_record(op, serialize(data, serializer), root=root, token=token)
     except LocalFailure as fail:
         rec, root = failure_record(op, fail), -1
     records = comm.exchange(rec, "gather_object", op, root)
@@ -335,15 +226,16 @@ def gather_object(
     results: Optional[list[Any]] = [None] * world if comm.rank == root else None
     decoder = Decoder(serializer, map_location, comm)
     big = [r for r in records if r.inline is None and r.rank != root]
-    largest = max((r.total for r in big), default=0)
+    largest = max((r.nbytes for r in big), default=0)
     # up to the limit in all, the payloads that did not fit their record: one padded gather to the root
     # (an all_gather where the driver has no gather). No sender then waits on the root: as for inline
     # payloads, only the root raises its decode failure.
     padded = bool(big) and largest * world <= (GATHER_LIMIT if gathers else PADDED_ALL_GATHER_LIMIT)
     rows: Any = None  # a list of rows (gather) or an array of them (all_gather): indexed by rank alike
     if padded:
-        if gathers:  # the root's own row stays on the root (it decodes ``own``): nothing to copy or clear
-            rows = comm.gather(_padded(own, largest, zero=comm.rank != root), root)
+        if gathers:  # the root's own row stays on the root (it decodes ``own``): sent empty
+            mine = None if comm.rank == root else own
+            rows = comm.gather(_padded(mine, largest, zero=comm.rank != root), root)
         else:
             rows = comm.all_gather(_padded(None if comm.rank == root else own, largest))
     p2p = comm.has("send") and comm.has("recv")
@@ -356,14 +248,14 @@ def gather_object(
                 results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
         elif padded:
             if results is not None:
-                results[r.rank] = decoder(r.rank, rows[r.rank][: r.total])  # type: ignore[index]
+                results[r.rank] = decoder(r.rank, rows[r.rank][: r.nbytes])  # type: ignore[index]
         elif p2p:  # larger payloads move point to point to the root, at their exact size
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]
             elif results is not None:
-                results[r.rank] = decoder(r.rank, comm.recv(r.total, r.rank))
+                results[r.rank] = decoder(r.rank, comm.recv(r.nbytes, r.rank))
         else:  # no point to point on this backend: broadcast, non-roots drop it
-            buf = comm.broadcast(own if r.rank == comm.rank else None, r.total, r.rank)
+            buf = comm.broadcast(own if r.rank == comm.rank else None, r.nbytes, r.rank)
             if results is not None:
                 results[r.rank] = decoder(r.rank, buf)
     closing_status(comm, records, root, decoder, "gather_object", op, moved=bool(big) and not padded)
@@ -419,17 +311,12 @@ def broadcast_object_list(
     if world_size(group) == 1:
         return
     comm = Link(group)
-    check(
-        "broadcast_object_list", comm.group, lambda: (None, {"src": rank_field(src), "data_is_list": not bad})
-    )
+    comm.verify("broadcast_object_list", {"src": rank_field(src), "data_is_list": not bad})
     op = OPS["broadcast_object_list"]
     try:
         root = check_root(comm, src, "src")
     except LocalFailure as fail:  # no rank to receive from: this rank cannot take part
         raise CollectiveArgumentError(f"broadcast_object_list: {fail}") from None
-    if not bad and _native(comm.driver, map_location, serializer):
-        torch_dist.broadcast_object_list(data, src=src, group=group)
-        return
     # One broadcast of src's record (status, size and, when small, the payload itself): the same
     # collectives as torch's size-then-data broadcast, one fewer for small objects. Only src can
     # fail (it alone serializes); its failure reaches every rank in the record.
@@ -438,23 +325,21 @@ def broadcast_object_list(
         try:
             if bad:
                 raise LocalFailure(ASSERTED, f"data must be a list, got {type(data).__name__}")
-            rec, own = payload_record(
-                op, serialize(data, serializer, "data"), root=root, inline_max=comm.inline_bytes
-            )
+            rec, own = payload_record(op, serialize(data, serializer, "data"), root=root)
         except LocalFailure as fail:
             rec = failure_record(op, fail, root=root)
         source = comm.broadcast_record(rec, "broadcast_object_list", op, root)
         if own is not None:
-            comm.broadcast(own, source.total, root)
+            comm.broadcast(own, source.nbytes, root)
         return
     source = comm.receive_record(None, root)
-    if source.status == OK and (source.opcode != op or source.root != root):
+    if source.status == OK and (source.op != op or source.root != root):
         raise CollectiveArgumentError(
-            f"broadcast_object_list: rank {root} sent {OP_NAMES.get(source.opcode, source.opcode)}"
+            f"broadcast_object_list: rank {root} sent {OP_NAMES.get(source.op, source.op)}"
             f" with source {source.root}; every rank must call broadcast_object_list with the same src"
         )
     raise_failures([source], "broadcast_object_list", op, root)
-    buf = source.inline if source.inline is not None else comm.broadcast(None, source.total, root)
+    buf = source.inline if source.inline is not None else comm.broadcast(None, source.nbytes, root)
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
         raise ArgumentAssertionError(bad)
     data[:] = decode(buf, serializer, map_location)
@@ -536,19 +421,18 @@ def scatter_object_list(
         scatter_object_output_list[0] = scatter_object_input_list[0]
         return
     comm = Link(group)
-    check("scatter_object_list", comm.group, lambda: (None, {"src": rank_field(src)}))
+    comm.verify("scatter_object_list", {"src": rank_field(src)})
     op = OPS["scatter_object_list"]
-    problem: Optional[CollectiveArgumentError] = None
+    frames: list[Frame] = []
+    table, sizes = 8 * world, None
     root = -1
+    # One record per rank, all-gathered: a rank's bad argument, the ranks' src, and src's record (did
+    # every item serialize, and each rank's item size) in one collective.
     try:
         if bad:
             raise arg_error(bad)
         root = check_root(comm, src, "src")
-        if _native(comm.driver, map_location, serializer):
-            torch_dist.scatter_object_list(
-                scatter_object_output_list, cast(Any, scatter_object_input_list), src=src, group=group
-            )
-            return
+        rec = make_record(op, root=root)
         if comm.rank == root:
             inp = scatter_object_input_list
             if not isinstance(inp, Sequence) or isinstance(inp, (str, bytes)) or len(inp) != world:
@@ -556,31 +440,17 @@ def scatter_object_list(
                 raise arg_error(
                     f"scatter_object_input_list must be a list of {world} objects on src, got {got}"
                 )
-    except LocalFailure as fail:
-        problem = CollectiveArgumentError(f"scatter_object_list: {fail}")
-    # Argument checks need agreement only (no data travels with them): one small exchange.
-    agreed = agree("scatter_object_list", group, problem=problem, words=(op, root), driver=comm.driver)
-    if not agreed.same:
-        raise CollectiveArgumentError(
-            "scatter_object_list: ranks disagree on src (group ranks"
-            f" {agreed.lowest[1]} to {agreed.highest[1]});"
-            " every rank must call scatter_object_list with the same src"
-        )
-    # src's record: its status (did every item serialize) and the size of each rank's item, in one broadcast.
-    frames: list[Frame] = []
-    table, rec, sizes = 8 * world, None, None
-    if comm.rank == root:
-        try:
             frames = [
-                serialize(item, serializer, f"scatter_object_input_list[{i}]")
-                for i, item in enumerate(cast(Sequence[Any], scatter_object_input_list))
+                serialize(item, serializer, f"scatter_object_input_list[{i}]") for i, item in enumerate(inp)
             ]
             sizes = np.array([f.nbytes for f in frames], dtype="<i8").view(np.uint8)
             rec = make_record(op, total=table, root=root, inline=sizes if table <= INLINE_BYTES else None)
-        except LocalFailure as fail:
-            rec = failure_record(op, fail, root=root)
-    source = comm.broadcast_record(rec, "scatter_object_list", op, root)
-    if source.inline is None:  # a size table longer than a record's inline bytes (over 120 ranks)
+    except LocalFailure as fail:
+        rec = failure_record(op, fail, root=root)
+    records = comm.exchange(rec, "scatter_object_list", op)
+    source = records[root if root >= 0 else records[0].root]
+    root = source.root
+    if source.inline is None:  # a size table longer than a record's inline bytes (over 100 ranks)
         source.inline = comm.broadcast(sizes, table, root)
     sizes = source.inline.copy().view("<i8")
     p2p = comm.has("send") and comm.has("recv")

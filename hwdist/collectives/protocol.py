@@ -24,7 +24,7 @@ A header is ``HEADER_BYTES`` (1 KiB): 24 little-endian int64 words, then inline 
          20  fingerprint of what must agree (a hash of the call's description)
          21  call-site hash (debug mode) or 0
          22  inline length
-         23  flags (INLINE_CUT: the inline description was cut)
+         23  flags (DESCRIBED: the inline bytes are the call's description; INLINE_CUT: it was cut)
 
 Nothing is predicted: the header size never changes, a payload that fits the
 inline room travels inside it (one collective in all), a larger one moves
@@ -44,14 +44,16 @@ import torch
 from . import transport
 
 __all__ = [
-    "HEADER_BYTES", "INLINE_BYTES", "MAGIC", "OK", "INLINE_CUT", "OPS", "OP_NAMES", "Header",
+    "HEADER_BYTES", "INLINE_BYTES", "MAGIC", "OK", "INLINE_CUT", "DESCRIBED", "OPS", "OP_NAMES", "Header",
     "encode", "decode", "parse_rows", "exchange", "broadcast", "dtype_code", "dtype_name", "digest",
-    "op_code", "op_name",
+    "op_code", "op_name", "stamp", "set_inline_length", "INLINE_AT",
 ]  # fmt: skip
 
 HEADER_BYTES = 1024
 _WORDS = 24
 _HEAD = 8 * _WORDS
+#: Where the inline bytes start in an encoded header.
+INLINE_AT = _HEAD
 #: The most bytes a header carries inline (a small payload, a failure's message, a call's description).
 INLINE_BYTES = HEADER_BYTES - _HEAD
 DIMS = 8
@@ -60,6 +62,8 @@ MAGIC = int.from_bytes(b"HWDHDR01", "little")
 OK = 0
 #: flag: the inline bytes are the first INLINE_BYTES of a longer description
 INLINE_CUT = 1
+#: flag: the inline bytes are the call's description (verification), not a payload
+DESCRIBED = 2
 
 #: Every op that exchanges headers, by code (a header's op word; 0: none).
 OPS = {
@@ -179,6 +183,23 @@ def encode(h: Header) -> np.ndarray:
         h.ndim, *dims, h.fingerprint, h.site, n, flags,
     ]  # fmt: skip
     row[:_HEAD] = np.array(words, dtype="<i8").view(np.uint8)
+    return row
+
+
+def set_inline_length(row: np.ndarray, n: int) -> np.ndarray:
+    """Declare the first ``n`` bytes after ``INLINE_AT`` of encoded header ``row`` its inline bytes (a
+    payload written there in place); returns those bytes' view."""
+    row[:_HEAD].view("<i8")[22] = n
+    return row[_HEAD : _HEAD + n]
+
+
+def stamp(row: np.ndarray, op: int, seq: int, fingerprint: int, site: int) -> np.ndarray:
+    """``row`` (an encoded header, a record) with a verified call's op, call number, fingerprint and call
+    site written in (a copy when ``row`` is read-only)."""
+    if not row.flags.writeable:
+        row = row.copy()
+    words = row[:_HEAD].view("<i8")
+    words[2], words[3], words[20], words[21] = op, seq, fingerprint, site
     return row
 
 

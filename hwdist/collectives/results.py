@@ -38,7 +38,6 @@ from ..errors import CollectiveArgumentError, ObjectCollectiveError
 from . import _weights_only
 from . import serialization as _ser
 from .call_entry import collective
-from .engine import check
 from ._objwire import ARGUMENT, CONFIRM, INLINE_BYTES, IO, OPS, SERIALIZE, Decoder, Link, LocalFailure
 from ._objwire import closing_status, decode, describe, failure_record, make_record, may_refuse, world_size
 from .serialization import Frame, MapLocation, Serializer
@@ -147,7 +146,7 @@ def _collect_comm(
     bad: str = "",
 ) -> Optional[list[Any]]:
     comm = Link(group)
-    check(what, group, lambda: (None, {"size": repr(size), "transport": "communication"}))
+    comm.verify("collect_results", {"size": repr(size), "transport": "communication"})
     op = OPS["collect_results"]
     frames: list[Frame] = []
     part: list[Any] = []
@@ -276,7 +275,7 @@ def _collect_files(
     comm = Link(group)
     op = OPS["collect_results(tmpdir)"]
     what = "collect_results(device='cpu', tmpdir=...)"
-    check("collect_results", group, lambda: (None, {"size": repr(size), "transport": "tmpdir"}))
+    comm.verify("collect_results(tmpdir)", {"size": repr(size), "transport": "tmpdir"})
     me = comm.rank
     frames: list[Frame] = []
     part: list[Any] = []
@@ -531,7 +530,7 @@ def create_tmpdir(
         os.makedirs(tmpdir, mode=_PRIVATE, exist_ok=True)
         return os.fspath(tmpdir)
     comm = Link(group)
-    check("create_tmpdir", group, lambda: (None, {"tmpdir_given": tmpdir is not None}))
+    comm.verify("create_tmpdir", {"tmpdir_given": tmpdir is not None})
     op = OPS["create_tmpdir"]
     what = "create_tmpdir"
     probe: Optional[str] = None

@@ -32,7 +32,7 @@ import operator
 import os
 import sys
 import warnings
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
 
 import torch
 import torch.distributed as torch_dist
@@ -222,48 +222,48 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     Raises:
         CollectiveMismatch: on every rank, listing each rank's differing values.
     """
-    if not _enabled or not call_entry.verifying():
+    st = stamp(op, group, fields)
+    if st is None or torch_dist.get_world_size(group) == 1:
         return
-    seq = _next_seq(group)
-    if torch_dist.get_world_size(group) == 1:
-        return
-    head = call_header(op, seq, fields)
-    raise_if_mismatch(op, protocol.exchange(head, group, driver), head, group, driver)
+    raise_if_mismatch(op, protocol.exchange(call_header(op, st), group, driver), st, group, driver)
 
 
-def call_header(op: str, seq: int, fields: dict[str, Any], **words: Any) -> protocol.Header:
-    """The header of a verified call: its description inline, its fingerprint, its call number.
+class Stamp(NamedTuple):
+    """What a verified call adds to its header: its call number, fingerprint, call site and description."""
 
-    ``words`` sets other header words (the sizes of an uneven gather, an object's record).
+    seq: int
+    fingerprint: int
+    site: int
+    text: str
+
+
+def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
+    """The [`Stamp`][hwdist.collectives.verify.Stamp] of this call while verification is on (it takes the
+    group's next call number), else None.
+
+    An op that runs a header round of its own (an uneven gather, an object collective's records) puts it
+    in that header (``protocol.stamp``) and calls
+    [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch] on what it received:
+    verification then costs it no collective of its own.
     """
+    if not _enabled or not call_entry.verifying():
+        return None
+    seq = _next_seq(group)
     desc = {**fields, "op": op, "seq": seq}
     site = 0
     if _call_sites:
         desc["call site"] = _call_site()
         site = protocol.digest(desc["call site"])
     text = json.dumps(desc, sort_keys=True, default=str)
+    return Stamp(seq, protocol.digest(text), site, text)
+
+
+def call_header(op: str, st: Stamp, **words: Any) -> protocol.Header:
+    """The header of a verified call with no payload: the stamp, the description inline, ``words``."""
     return protocol.Header(
-        op=protocol.op_code(op), seq=seq, fingerprint=protocol.digest(text), site=site,
-        inline=text.encode(), **words,
+        op=protocol.op_code(op), seq=st.seq, fingerprint=st.fingerprint, site=st.site,
+        inline=st.text.encode(), flags=protocol.DESCRIBED, **words,
     )  # fmt: skip
-
-
-def own_header(
-    op: str, group: Any, fields: dict[str, Any], head: protocol.Header
-) -> Optional[protocol.Header]:
-    """For an op that runs a header round of its own (an uneven gather, an object collective): ``head``
-    with the call's fingerprint and description added while verification is on (None when off).
-
-    The caller exchanges it and calls [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch]:
-    verification costs such an op no collective of its own.
-    """
-    if not _enabled or not call_entry.verifying():
-        return None
-    words = {
-        k: getattr(head, k)
-        for k in ("status", "root", "nbytes", "nchunks", "token", "dtype", "rop", "numel", "ndim", "dims")
-    }
-    return call_header(op, _next_seq(group), fields, **words)
 
 
 def agrees(headers: list[protocol.Header]) -> bool:
@@ -275,12 +275,14 @@ def agrees(headers: list[protocol.Header]) -> bool:
     )
 
 
-def raise_if_mismatch(
-    op: str, headers: list[protocol.Header], own: protocol.Header, group: Any, driver: Any
-) -> None:
+def raise_if_mismatch(op: str, headers: list[protocol.Header], own: Stamp, group: Any, driver: Any) -> None:
     """Raise [`CollectiveMismatch`][hwdist.errors.CollectiveMismatch] on every rank unless every rank's
     header fingerprints the same call (``headers``: every rank's, from one header round; ``own``: this
-    rank's, whose inline bytes are its whole description)."""
+    rank's stamp).
+
+    The descriptions come from the headers where each carries its own whole; otherwise (a payload
+    inline, a description cut) from one more exchange, on this error path only, the same on every rank.
+    """
     if agrees(headers):
         return
     if not all(h.framed for h in headers):
@@ -288,9 +290,11 @@ def raise_if_mismatch(
             f"collective mismatch in '{op}' across ranks: "
             + protocol.listing(headers, lambda h: "this call" if h.framed else "another kind of exchange")
         )
-    texts = [h.message for h in headers]
-    if any(h.flags & protocol.INLINE_CUT for h in headers):  # a long description: the whole texts
-        texts = [t.decode() for t in transport.gather_bytes(bytes(own.inline), group, driver)]
+    whole = all(h.flags & protocol.DESCRIBED and not h.flags & protocol.INLINE_CUT for h in headers)
+    if whole:
+        texts = [h.message for h in headers]
+    else:
+        texts = [t.decode() for t in transport.gather_bytes(own.text.encode(), group, driver)]
     everyone = []
     for h, t in zip(headers, texts):
         try:

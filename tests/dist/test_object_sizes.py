@@ -4,10 +4,10 @@ Each rank builds its objects from (pattern, call, rank) and returns what it got;
 the test rebuilds what every rank gave and compares. The collectives hwdist
 issues are counted by wrapping the transport's ``issue`` (the engine entry every
 internal exchange goes through) inside the rank process: an object that fits its
-record is one collective, a larger one takes one record exchange plus its
-exact-size route, and the group's records then grow to hold such objects (up to
-1 MiB), so the next calls are one collective again. Failures injected on one rank after earlier
-calls must raise the same error on every rank within seconds.
+record (the fixed 1 KiB header) is one collective, a larger one takes one record
+exchange plus its exact-size route, on every call alike (nothing is predicted
+from earlier calls). Failures injected on one rank after earlier calls must
+raise the same error on every rank within seconds.
 """
 
 from __future__ import annotations
@@ -84,15 +84,7 @@ def _call(op: str, obj, world: int):
     return hwdist.collect_results([obj, obj], 2 * world)
 
 
-def _record_bytes() -> int:
-    from hwdist import _state
-
-    sizes = _state.of(None).object_records
-    return 1024 if sizes is None else sizes.nbytes
-
-
 def _run_patterns() -> dict:
-    from hwdist import _state
     from hwdist.collectives.objects import INLINE_BYTES
 
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
@@ -101,21 +93,13 @@ def _run_patterns() -> dict:
     out: dict = {"inline": INLINE_BYTES, "gathers": transport.gathers(hwdist.registry.resolve(None))}
     for op in OPS:
         for pattern in PATTERNS:
-            _state.of(None).object_records = None  # every rank at the same point: 1 KiB records again
             got, counts = [], []
             for call in range(CALLS):
                 with _Count() as c:
                     res = _call(op, _value(pattern, call, rank), world)
                 got.append(_plain(res))
                 counts.append(c.n)
-            out[(op, pattern)] = {"got": got, "counts": counts, "record": _record_bytes()}
-    # after a medium object, eight small calls bring the group's records back to 1 KiB
-    _state.of(None).object_records = None
-    hwdist.all_gather_object(_value("medium", 0, rank))
-    out["after_medium"] = _record_bytes()
-    for call in range(8):
-        hwdist.all_gather_object(_value("small", call, rank))
-    out["after_small"] = _record_bytes()
+            out[(op, pattern)] = {"got": got, "counts": counts}
     return out
 
 
@@ -134,7 +118,7 @@ def _expected(op: str, pattern: str, call: int, rank: int, world: int):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_size_arrives_and_a_small_object_is_one_collective(dist, world_size, backend):
     results = dist(_run_patterns, world_size, backend)
-    assert results[0]["inline"] >= 900  # a small dict of 40 characters fits, one of 4,000 does not
+    assert results[0]["inline"] == 832  # a small dict of 40 characters fits, one of 4,000 does not
     for rank, res in enumerate(results):
         for op in OPS:
             for pattern in PATTERNS:
@@ -150,27 +134,19 @@ def test_every_size_arrives_and_a_small_object_is_one_collective(dist, world_siz
             big = res[(op, "one_rank_big")]["counts"]
             assert big[:4] == [1] * 4 and big[5:] == [1] * (CALLS - 5), (op, rank, big)
         medium = {op: res[(op, "medium")]["counts"] for op in OPS}
-        # every rank over a 1 KiB record: the first call takes one padded all_gather / one broadcast of
-        # the rest; the group's records then grow to hold them, so the next calls are one collective
+        # every rank over its record: the record exchange, then one padded all_gather / one broadcast /
+        # one gather of the rest, on every call
         for op in ("all_gather_object", "gather_object", "broadcast_object_list"):
-            assert medium[op] == [2] + [1] * (CALLS - 1), medium
-            # 4,000 characters and more: the record holds them, with at most an eighth of headroom
-            assert 4096 < res[(op, "medium")]["record"] < 8192, res[(op, "medium")]
-        # 400 KB from every rank: records grow to hold it, except gather_object's where the backend has
-        # gather: records over 384 KiB would move every payload to every rank, so it stays a 1 KiB
-        # record exchange plus one gather to the root (torch's gather_object takes two too)
+            assert medium[op] == [2] * CALLS, medium
         large = {op: res[(op, "large")]["counts"] for op in OPS}
-        # the first all_gather_object: one padded all_gather up to 1 MiB in all (2 ranks), else a broadcast
-        # from each rank (gather_object without gather: point to point, then the root's closing status)
-        first = 2 if w == 2 else 1 + w
-        assert large["all_gather_object"] == [first] + [1] * (CALLS - 1), large
-        assert large["broadcast_object_list"] == [2] + [1] * (CALLS - 1), large
-        # (the root receives from each other rank, which sends once)
+        # all_gather_object: one padded all_gather up to 1 MiB in all (2 ranks), else a broadcast from each
+        assert large["all_gather_object"] == [2 if w == 2 else 1 + w] * CALLS, large
+        assert large["broadcast_object_list"] == [2] * CALLS, large
+        # gather_object: one gather to the root where the backend has gather; else point to point (the
+        # root receives from each other rank, which sends once), then the root's closing status
         to_root = 2 if w == 2 else (1 + w if rank == 0 else 3)
-        gathered = [2] * CALLS if res["gathers"] else [to_root] + [1] * (CALLS - 1)
-        assert large["gather_object"] == gathered, (res["gathers"], large)
-        assert res["after_medium"] == res[("all_gather_object", "medium")]["record"]
-        assert res["after_small"] == 1024
+        want = ([2] if res["gathers"] else [to_root]) * CALLS
+        assert large["gather_object"] == want, (res["gathers"], large)
         if rank == 0:  # the root gets each other rank's chunk table and chunk, then sends its closing status
             assert medium["collect_results"] == [1 + 2 * (w - 1) + 1] * CALLS, medium
 
@@ -180,7 +156,7 @@ class _Unpicklable:
         self.lock = threading.Lock()
 
 
-def _failures_after_good_calls() -> list:
+def _failures_after_good_calls(verified: bool) -> list:
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
     bad_rank = world - 1
     seen: list = []
@@ -188,8 +164,9 @@ def _failures_after_good_calls() -> list:
     def attempt(fn) -> None:
         start = time.monotonic()
         try:
-            fn()
-        except hwdist.ObjectCollectiveError as exc:
+            with hwdist.verification(verified):
+                fn()
+        except (hwdist.ObjectCollectiveError, hwdist.CollectiveMismatch) as exc:
             seen.append((type(exc).__name__, str(exc), sorted(getattr(exc, "failures", {}) or {}),
                          time.monotonic() - start < 10))
             return
@@ -225,9 +202,15 @@ def _failures_after_good_calls() -> list:
 def test_a_failure_on_one_rank_after_good_calls_raises_the_same_error_on_every_rank(
     dist, world_size, backend
 ):
-    per_rank = dist(_failures_after_good_calls, world_size, backend)
+    for verified in (False, True):
+        _check_failures(dist(_failures_after_good_calls, world_size, backend, verified), world_size, verified)
+
+
+def _check_failures(per_rank: list, world_size: int, verified: bool) -> None:
     bad = world_size - 1
     kinds = ["SerializationError"] * 4 + ["CollectiveArgumentError"] * 3
+    if verified:  # a bad dst and another collective on one rank: verification sees them first
+        kinds[4] = kinds[6] = "CollectiveMismatch"
     for seen in per_rank:
         assert len(seen) == len(kinds) and all(s is not None for s in seen), seen
         for (kind, msg, _, fast), want in zip(seen, kinds):
@@ -236,8 +219,13 @@ def test_a_failure_on_one_rank_after_good_calls_raises_the_same_error_on_every_r
         for _, msg, failures, _ in seen[:4]:
             assert failures == [bad] and f"rank(s) {bad}" in msg, msg
             assert "_Unpicklable" in msg and "lock" in msg, msg  # the whole message reached every rank
-        assert f"dst={world_size + 5} is not a rank of the group" in seen[4][1]
         assert "results must be a list, got str" in seen[5][1]
+        if verified:
+            dsts = "; ".join(f"rank {r}: {world_size + 5 if r == bad else 0}" for r in range(world_size))
+            assert f"dst: {dsts}" in seen[4][1]
+            assert "op: " in seen[6][1] and "gather_object" in seen[6][1]
+            continue
+        assert f"dst={world_size + 5} is not a rank of the group" in seen[4][1]
         assert "different object collectives" in seen[6][1]
     # every rank raised the same text (different collectives: each names its own call first, as before)
     for i in range(len(kinds) - 1):

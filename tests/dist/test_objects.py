@@ -32,10 +32,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.distributed as torch_dist
 
 import hwdist
-from hwdist.collectives import objects as objmod
 from hwdist.testing import RankFailure, run_distributed
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
@@ -74,11 +72,11 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def _check_all(path: str) -> dict:
+def _check_all(verified: bool) -> dict:
     """Every object collective, small and large payloads; returns what each check saw."""
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
     report = {}
-    with hwdist.object_path(path):
+    with hwdist.verification(verified):
         for big in (False, True):
             got = hwdist.all_gather_object(_obj(rank, big))
             assert len(got) == world
@@ -114,10 +112,9 @@ def _check_all(path: str) -> dict:
         mid = {"rank": rank, "pad": "y" * (2000 + 100 * rank)}
         got = hwdist.all_gather_object(mid)
         assert got == [{"rank": r, "pad": "y" * (2000 + 100 * r)} for r in range(world)]
-        if path == "portable":
-            data = ["a", "b", "c"] if rank == 0 else [None]
-            hwdist.broadcast_object_list(data, src=0)
-            assert data == ["a", "b", "c"]
+        data = ["a", "b", "c"] if rank == 0 else [None]
+        hwdist.broadcast_object_list(data, src=0)
+        assert data == ["a", "b", "c"]
         report["objects"] = True
     return report
 
@@ -125,39 +122,9 @@ def _check_all(path: str) -> dict:
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("world_size", world_sizes())
 def test_object_collectives(dist, world_size, backend):
-    paths = PATHS if backend == "gloo" else ("portable",)
-    for path in paths:
-        results = dist(_check_all, world_size, backend, path)
+    for verified in (True, False):
+        results = dist(_check_all, world_size, backend, verified)
         assert all(r["objects"] for r in results)
-
-
-def _check_path_taken(path: str) -> tuple[bool, bool]:
-    """Whether torch's native all_gather_object ran, found by counting its calls."""
-    calls = []
-    original = torch_dist.all_gather_object
-
-    def spy(*a, **k):
-        calls.append(1)
-        return original(*a, **k)
-
-    torch_dist.all_gather_object = spy
-    try:
-        with hwdist.object_path(path):
-            hwdist.all_gather_object(hwdist.get_rank())
-            # map_location or a custom serializer always take the portable path
-            hwdist.all_gather_object(hwdist.get_rank(), map_location="cpu")
-    finally:
-        torch_dist.all_gather_object = original
-    return len(calls) == 1, len(calls) == 0
-
-
-@pytest.mark.parametrize("backend", backends())
-def test_the_driver_decides_the_path(dist, backend):
-    results = dist(_check_path_taken, 2, backend, "native")
-    native_ok = hwdist.get_driver(backend).native_object_collectives if backend != "emu" else False
-    expect = (True, False) if native_ok else (False, True)
-    assert results == [expect, expect]
-    assert dist(_check_path_taken, 2, backend, "portable") == [(False, True)] * 2
 
 
 def _check_tensors_land_on_cpu_and_map_location() -> list:
@@ -212,55 +179,61 @@ def test_unpicklable_object_fails_fast_on_every_rank(dist, world_size, backend):
             assert "_Unpicklable" in msg and "lock" in msg, msg
 
 
-def _bad_arguments() -> list:
+def _bad_arguments(verified: bool) -> list:
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
-    seen: list = []
-    # broadcast_object_list: only src's arguments reach the others (one broadcast, no exchange)
-    try:  # a bad list on a non-src rank: that rank raises after taking part; the others complete
-        hwdist.broadcast_object_list("not a list" if rank == 1 else [1], src=0)
-        seen.append(None)
-    except hwdist.CollectiveArgumentError as exc:
-        seen.append(str(exc))
     cases = [
-        lambda: hwdist.broadcast_object_list(
-            "not a list" if rank == 0 else [1], src=0
-        ),  # bad on src: every rank
+        # a bad list on a non-src rank; without verification only src's record travels (one broadcast):
+        # that rank raises after taking part, the others complete
+        lambda: hwdist.broadcast_object_list("not a list" if rank == 1 else [1], src=0),
+        lambda: hwdist.broadcast_object_list("not a list" if rank == 0 else [1], src=0),  # bad on src
         lambda: hwdist.gather_object(1, dst=world if rank == 0 else 0),
         lambda: hwdist.scatter_object_list([None], [1] if rank == 0 else None, src=0),  # wrong length on src
         lambda: hwdist.scatter_object_list([] if rank == 1 else [None], [1] * world if rank == 0 else None),
         lambda: hwdist.all_gather_object(1) if rank == 0 else hwdist.gather_object(1),  # different calls
         # a serializer that is not one, on rank 1 only: named as such, not blamed on the object
-        lambda: hwdist.all_gather_object({"t": torch.ones(1)}, serializer="pickle" if rank == 1 else None),
+        lambda: hwdist.all_gather_object({"t": 1}, serializer="pickle" if rank == 1 else None),
     ]
-    for case in cases:
-        try:
-            case()
-        except hwdist.CollectiveArgumentError as exc:
-            seen.append(str(exc))
-            continue
-        raise AssertionError(f"case {len(seen)} raised nothing")
-    # the group still works afterwards
-    assert hwdist.all_gather_object(rank) == list(range(world))
+    seen: list = []
+    with hwdist.verification(verified):
+        for case in cases:
+            try:
+                case()
+                seen.append(None)
+            except (hwdist.CollectiveArgumentError, hwdist.CollectiveMismatch) as exc:
+                seen.append((type(exc).__name__, str(exc)))
+        # the group still works afterwards
+        assert hwdist.all_gather_object(rank) == list(range(world))
     return seen
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_bad_arguments_raise_on_every_rank(dist, backend):
-    per_rank = dist(_bad_arguments, 2, backend)
+    """Without verification: each rank's bad argument reaches every rank through the records; with it
+    (the default), a disagreement in what the ranks called raises CollectiveMismatch first."""
+    per_rank = dist(_bad_arguments, 2, backend, False)
     assert per_rank[0][0] is None
-    assert per_rank[1][0] == "broadcast_object_list: data must be a list, got str"
+    assert per_rank[1][0] == ("ArgumentAssertionError", "broadcast_object_list: data must be a list, got str")
     for msgs in per_rank:
-        assert (
-            "broadcast_object_list failed on rank(s) 0" in msgs[1]
-            and "data must be a list, got str" in msgs[1]
-        )
-        assert "dst=2 is not a rank of the group" in msgs[2]
-        assert "scatter_object_input_list must be a list of 2 objects" in msgs[3]
-        assert "scatter_object_output_list must be a non-empty list" in msgs[4]
-        assert "different object collectives" in msgs[5]
-        assert (
-            "failed on rank(s) 1: rank 1: serializer must be a hwdist Serializer or None, got str" in msgs[6]
-        )
+        texts = [m[1] for m in msgs[1:]]
+        assert "broadcast_object_list failed on rank(s) 0" in texts[0]
+        assert "data must be a list, got str" in texts[0]
+        assert "dst=2 is not a rank of the group" in texts[1]
+        assert "scatter_object_input_list must be a list of 2 objects" in texts[2]
+        assert "scatter_object_output_list must be a non-empty list" in texts[3]
+        assert "different object collectives" in texts[4]
+        assert "failed on rank(s) 1: rank 1: serializer must be a hwdist Serializer or None" in texts[5]
+    for msgs in dist(_bad_arguments, 2, backend, True):
+        kinds = [m[0] for m in msgs]
+        assert kinds == ["CollectiveMismatch"] * 3 + ["CollectiveArgumentError"] * 2 + [
+            "CollectiveMismatch", "CollectiveArgumentError"
+        ], msgs
+        assert "data_is_list: rank 0: True; rank 1: False" in msgs[0][1]
+        assert "data_is_list: rank 0: False; rank 1: True" in msgs[1][1]
+        assert "dst: rank 0: 2; rank 1: 0" in msgs[2][1]
+        assert "scatter_object_input_list must be a list of 2 objects" in msgs[3][1]
+        assert "scatter_object_output_list must be a non-empty list" in msgs[4][1]
+        assert "op: rank 0: all_gather_object; rank 1: gather_object" in msgs[5][1]
+        assert "serializer must be a hwdist Serializer or None, got str" in msgs[6][1]
 
 
 def _restricted_refuses(marker: str) -> list:
@@ -328,19 +301,17 @@ def test_non_distributed_semantics():
     assert out == ["x"]
     with pytest.raises(hwdist.CollectiveArgumentError, match="data must be a list, got tuple"):
         hwdist.broadcast_object_list(("a",))
-    with pytest.raises(ValueError, match="object path must be one of"):
-        hwdist.set_object_path("fast")
-    assert objmod.get_object_path() == "portable"
 
 
-def _scatter_src_disagreement() -> list:
+def _scatter_src_disagreement(verified: bool) -> list:
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
     out: list = []
     start = time.monotonic()
-    try:  # rank 0 says src=0, the others src=1: an argument check that needs agreement only
-        hwdist.scatter_object_list([None], [f"item{i}" for i in range(world)], src=min(rank, 1))
+    try:  # rank 0 says src=0, the others src=1: the records' roots (or verification) disagree
+        with hwdist.verification(verified):
+            hwdist.scatter_object_list([None], [f"item{i}" for i in range(world)], src=min(rank, 1))
         out.append(None)
-    except hwdist.CollectiveArgumentError as exc:
+    except (hwdist.CollectiveArgumentError, hwdist.CollectiveMismatch) as exc:
         out.append(str(exc))
     assert time.monotonic() - start < 10
     got = [None]
@@ -353,9 +324,12 @@ def _scatter_src_disagreement() -> list:
 
 @pytest.mark.parametrize("backend", backends())
 def test_scatter_object_list_ranks_disagreeing_on_src_raise_on_every_rank(dist, backend):
-    for rank, (msg, item) in enumerate(dist(_scatter_src_disagreement, 2, backend)):
-        assert msg is not None and "ranks disagree on src (group ranks 0 to 1)" in msg, msg
+    for rank, (msg, item) in enumerate(dist(_scatter_src_disagreement, 2, backend, False)):
+        assert msg and "ranks disagree on the source/destination rank (rank 0: 0, rank 1: 1)" in msg
         assert item == rank * 10  # the group still works
+    for rank, (msg, item) in enumerate(dist(_scatter_src_disagreement, 2, backend, True)):
+        assert msg is not None and "src: rank 0: 0; rank 1: 1" in msg, msg
+        assert item == rank * 10
 
 
 class _Calls:
@@ -414,24 +388,6 @@ def test_every_object_collective_is_one_observed_call(dist, backend):
     ]
     for ops in dist(_observed_calls, 2, backend):
         assert ops == [(name, True) for name in expected]
-
-
-def test_object_path_setting_from_the_environment():
-    import os
-    import subprocess
-
-    code = "import hwdist; print(hwdist.get_object_path())"
-    env = dict(os.environ, HWDIST_OBJECT_PATH="Native")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "native", out.stderr
-    env["HWDIST_OBJECT_PATH"] = "fast"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0
-    assert "HWDIST_OBJECT_PATH must be one of portable, native, got 'fast'" in out.stderr
-    assert "HWDIST_OBJECT_PATH" in hwdist.settings.SETTINGS
-    with hwdist.object_path("native") as value:
-        assert value == "native" and hwdist.get_object_path() == "native"
-    assert hwdist.get_object_path() == "portable"
 
 
 # ---------------------------------------------------------------------------
@@ -519,8 +475,11 @@ def test_dead_peer_in_broadcast_object_list_every_survivor_raises_fast(tmp_path)
     assert got.keys() == {0, 1}, got  # both survivors raised before the harness's 1.5 s grace ran out
     for rank, (kind, msg, secs) in got.items():
         assert kind != "no error" and secs < FAST, (rank, kind, msg, secs)
-    # rank 0 saw the broken connection; rank 1, waiting on rank 0, learnt it from rank 0's notice
-    assert got[1][0] == "PeerFailure" and "failed on rank 0 of this group" in got[1][1], got[1]
+    # rank 0 saw the broken connection; rank 1 too (verification all-gathers the records: every rank meets
+    # the dead one), or, where only src's record is broadcast, from rank 0's notice
+    assert (got[1][0] == "PeerFailure" and "failed on rank 0 of this group" in got[1][1]) or (
+        got[1][0] == "RuntimeError" and "Connection" in got[1][1] or "Read error" in got[1][1]
+    ), got[1]
 
 
 # ---------------------------------------------------------------------------
