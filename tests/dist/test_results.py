@@ -144,9 +144,9 @@ def test_unshared_tmpdir_fails_everywhere_before_anything_is_written(dist, backe
     assert not (tmp_path / "node0").exists()
 
 
-def _bad_inputs() -> list:
+def _bad_inputs(verified: bool) -> list:
     rank = hwdist.get_rank()
-    seen = []
+    seen: list = []
     cases = [
         lambda: hwdist.collect_results([1], -1 if rank == 1 else 2),
         lambda: hwdist.collect_results("abc" if rank == 0 else [1], 2),
@@ -155,9 +155,10 @@ def _bad_inputs() -> list:
     ]
     for case in cases:
         try:
-            case()
-        except hwdist.CollectiveArgumentError as exc:
-            seen.append(str(exc))
+            with hwdist.verification(verified):
+                case()
+        except (hwdist.CollectiveArgumentError, hwdist.CollectiveMismatch) as exc:
+            seen.append((type(exc).__name__, str(exc)))
             continue
         raise AssertionError(f"case {len(seen)} raised nothing")
     assert hwdist.collect_results([rank], 2) == ([0, 1] if rank == 0 else None)
@@ -166,21 +167,28 @@ def _bad_inputs() -> list:
 
 @pytest.mark.parametrize("backend", backends())
 def test_bad_inputs_raise_on_every_rank(dist, backend):
-    for msgs in dist(_bad_inputs, 2, backend):
-        assert "size must be a non-negative int, got int: -1" in msgs[0] and "rank 1" in msgs[0]
-        assert "results must be a list, got str" in msgs[1] and "rank 0" in msgs[1]
-        assert "device must be 'cpu' or 'gpu', got 'tpu'" in msgs[2]
-        assert "tmpdir must be None when device='gpu'" in msgs[3]
+    for msgs in dist(_bad_inputs, 2, backend, False):
+        assert "size must be a non-negative int, got int: -1" in msgs[0][1] and "rank 1" in msgs[0][1]
+        assert "results must be a list, got str" in msgs[1][1] and "rank 0" in msgs[1][1]
+        assert "device must be 'cpu' or 'gpu', got 'tpu'" in msgs[2][1]
+        assert "tmpdir must be None when device='gpu'" in msgs[3][1]
+    # with verification (the default), a size that differs between the ranks is a mismatch first
+    for msgs in dist(_bad_inputs, 2, backend, True):
+        assert msgs[0][0] == "CollectiveMismatch" and "size: rank 0: 2; rank 1: -1" in msgs[0][1], msgs[0]
+        assert "results must be a list, got str" in msgs[1][1] and "rank 0" in msgs[1][1]
+        assert "tpu" in msgs[2][1], msgs[2]
+        assert "tmpdir must be None when device='gpu'" in msgs[3][1]
 
 
-def _tmpdir_on_one_rank(tmp_base: str) -> list:
+def _tmpdir_on_one_rank(tmp_base: str, verified: bool) -> list:
     """collect_results with tmpdir on one rank only (each rank in turn): every rank raises, naming it."""
     rank, out = hwdist.get_rank(), []
     for who in (1, 0):
         start = time.monotonic()
         try:
             tmpdir = os.path.join(tmp_base, f"one{who}") if rank == who else None
-            hwdist.collect_results([rank], 2, tmpdir=tmpdir)
+            with hwdist.verification(verified):
+                hwdist.collect_results([rank], 2, tmpdir=tmpdir)
         except (TypeError, ValueError) as exc:
             out.append((type(exc).__name__, str(exc), time.monotonic() - start))
         else:
@@ -193,7 +201,14 @@ def _tmpdir_on_one_rank(tmp_base: str) -> list:
 @needs_shared_tmp_path
 def test_tmpdir_on_one_rank_only_raises_on_every_rank(dist, backend, tmp_path):
     # both transports start with a record exchange of the same size: the opcodes differ, every rank raises
-    for r, out in enumerate(dist(_tmpdir_on_one_rank, 2, backend, str(tmp_path))):
+    for r, out in enumerate(dist(_tmpdir_on_one_rank, 2, backend, str(tmp_path), True)):
+        assert out[2] == ([0, 1] if r == 0 else None), out
+        for who, got in zip((1, 0), out[:2]):  # verification (the default): the transports differ
+            assert got is not None and got[2] < 10 and got[0] == "CollectiveMismatch", (r, who, got)
+            calls = ["collect_results", "collect_results"]
+            calls[who] += "(tmpdir)"
+            assert f"op: rank 0: {calls[0]}; rank 1: {calls[1]}" in got[1], (r, who, got)
+    for r, out in enumerate(dist(_tmpdir_on_one_rank, 2, backend, str(tmp_path), False)):
         assert out[2] == ([0, 1] if r == 0 else None), out  # results on rank 0 only
         for who, got in zip((1, 0), out[:2]):
             assert got is not None and got[2] < 10, (r, who, got)
