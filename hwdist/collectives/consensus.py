@@ -3,23 +3,22 @@
 A collective that checks its arguments on each rank alone would let one rank
 raise while the others wait forever in the collective it skipped.
 [`agree`][hwdist.collectives.consensus.agree] runs on every rank before the real
-work: one small MAX/MIN exchange (through the transport) of
+work: one header round ([`protocol`][hwdist.collectives.protocol]) carrying
 
-- whether this rank's arguments were invalid (and the lowest rank that was),
+- whether this rank's arguments were invalid, and its message (inline),
 - a few integers every rank must hold the same (fingerprints of shapes, dtypes,
   keys, configuration),
 - a flag whose maximum over the ranks the caller wants (e.g. "someone needs the
   slow path").
 
-When some rank's arguments were invalid, every rank knows it from that one
-exchange; a second, small exchange (only on that error path) carries the failing
-rank's message, so every rank raises an error naming the rank and what was
-wrong there. The rank whose input was bad raises its own exception.
+When some rank's arguments were invalid, every rank knows it, and why, from that
+one exchange: every rank raises an error naming the rank and what was wrong
+there. The rank whose input was bad raises its own exception.
 
 [`check_same_dicts`][hwdist.collectives.consensus.check_same_dicts] is that
-agreement for a dict of tensors (``all_reduce_dict``, ``average_metrics``): a
-fingerprint of its keys, shapes and dtypes, and on a mismatch a message naming
-where the ranks' dicts differ.
+agreement for a dict of tensors (``average_metrics``): a fingerprint of its
+keys, shapes and dtypes, and on a mismatch a message naming where the ranks'
+dicts differ.
 """
 
 from __future__ import annotations
@@ -28,20 +27,21 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
+import numpy as np
 import torch.distributed as torch_dist
 
 from .. import registry
 from ..errors import ArgumentAssertionError, CollectiveArgumentError, PlanError
-from . import transport
+from . import protocol, transport
 
-__all__ = ["Agreement", "agree", "raise_together", "Raiser", "check_same_dicts", "dict_fingerprint"]
+__all__ = ["Agreement", "agree", "Raiser", "check_same_dicts", "dict_fingerprint", "max_over_ranks"]
 
 #: What ``agree(raise_as=...)`` calls on every rank on the error path: ``(this rank's own problem or
 #: None, {rank: (exception type name, message)} of every rank that gave one)`` -> the exception to raise.
 Raiser = Callable[[Optional[BaseException], "dict[int, tuple[str, str]]"], BaseException]
 
-_BIG = (1 << 31) - 1
-_WORD = (1 << 31) - 1  # words travel as 31-bit ints (negations fit int32)
+_WORD = (1 << 31) - 1  # words are compared as 31-bit ints
+_FAILED = 1
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,12 @@ def agree(
         fn: the public op's name (starts every message).
         group: the process group (None: the default group).
         problem: this rank's argument error, if any (raised here, on this rank, after the exchange).
-        words: integers every rank should hold the same (reduced to 31 bits each).
+        words: integers every rank should hold the same (reduced to 31 bits each; at most 100).
         flag: a small non-negative int; the result carries its maximum over the ranks.
         driver: the group's driver when the caller already has it.
         raise_as: on the error path, every rank (the ones that gave a ``problem`` too) raises
             ``raise_as(problem, failures)`` instead of the default below; for ops whose errors
-            keep an older form (``all_reduce_dict``: the same message on every rank).
+            keep an older form (the same message on every rank).
 
     Returns:
         An [`Agreement`][hwdist.collectives.consensus.Agreement]; deciding what a difference in
@@ -93,48 +93,53 @@ def agree(
         CollectiveArgumentError: on every other rank when some rank gave a ``problem``
             (a ``TypeError`` and a ``ValueError``), naming that rank and its message.
     """
-    me = torch_dist.get_rank(group)
-    bad = problem is not None
-    mine = [
-        int(bad),
-        -(me if bad else _BIG),  # MAX of -rank: the lowest rank that had a problem
-        int(flag),
-        *[0 if bad else (int(w) & _WORD) for w in words],
-    ]
     driver = driver if driver is not None else registry.resolve(group)
-    highest, lowest = transport.max_and_min(mine, group, torch_dist.get_world_size(group), driver)
-    if highest[0]:
-        raise_together(fn, group, problem, driver=driver, raise_as=raise_as)
-    hi, lo = tuple(highest[3:]), tuple(lowest[3:])
-    return Agreement(flag=highest[2], same=hi == lo, highest=hi, lowest=lo)
+    mine = [int(w) & _WORD for w in words]
+    if problem is not None:
+        text = f"{type(problem).__name__}: {problem}".encode("utf-8", "replace")
+        head = protocol.Header(status=_FAILED, op=protocol.OPS["agree"], nbytes=flag, inline=text)
+    else:
+        packed = np.array(mine, dtype="<i8").view(np.uint8)
+        head = protocol.Header(op=protocol.OPS["agree"], nbytes=int(flag), nchunks=len(mine), inline=packed)
+    headers = protocol.exchange(head, group, driver)
+    failed = {h.rank: h.message.partition(": ") for h in headers if h.status != protocol.OK or not h.framed}
+    if failed:
+        _raise(fn, group, problem, {r: (kind, msg) for r, (kind, _, msg) in failed.items()}, raise_as)
+    rows = [h.inline.copy().view("<i8").tolist() if h.inline is not None else [] for h in headers]
+    if len({len(r) for r in rows}) > 1:  # another agreement on some rank: nothing in common to compare
+        hi: tuple[int, ...] = (1,) * len(mine)
+        lo: tuple[int, ...] = (0,) * len(mine)
+    else:
+        hi = tuple(max(col) for col in zip(*rows))
+        lo = tuple(min(col) for col in zip(*rows))
+    return Agreement(flag=max(h.nbytes for h in headers), same=hi == lo, highest=hi, lowest=lo)
 
 
-def raise_together(
+def _raise(
     fn: str,
     group: Any,
     problem: Optional[BaseException],
-    *,
-    driver: Any = None,
-    raise_as: Optional[Raiser] = None,
+    failures: dict[int, tuple[str, str]],
+    raise_as: Optional[Raiser],
 ) -> NoReturn:
-    """The error path of [`agree`][hwdist.collectives.consensus.agree], for a caller that already knows
-    (from an exchange of its own) that some rank of ``group`` had a problem: every rank sends its
-    message (one small exchange of sizes, one of bytes) and raises. Arguments as ``agree``'s."""
-    driver = driver if driver is not None else registry.resolve(group)
-    texts = transport.gather_bytes(
-        f"{type(problem).__name__}: {problem}".encode() if problem is not None else b"", group, driver
-    )
+    """The error path of [`agree`][hwdist.collectives.consensus.agree]: every rank raises, naming the
+    ranks that gave a problem (``failures``: rank -> (exception type name, message))."""
     if raise_as is not None:
-        failures = {r: t.decode(errors="replace").partition(": ") for r, t in enumerate(texts) if t}
-        raise raise_as(problem, {r: (kind, msg) for r, (kind, _, msg) in failures.items()})
+        raise raise_as(problem, failures)
     if problem is not None:
         raise problem
-    first = next(r for r, t in enumerate(texts) if t)
+    first = min(failures)
+    kind, msg = failures[first]
     raise CollectiveArgumentError(
-        f"{fn}: rank {first} was given invalid arguments ({texts[first].decode(errors='replace')});"
+        f"{fn}: rank {first} was given invalid arguments ({kind}: {msg});"
         f" rank {torch_dist.get_rank(group)} raises too so that no rank waits forever",
-        {r: t.decode(errors="replace") for r, t in enumerate(texts) if t},
+        {r: f"{k}: {m}" for r, (k, m) in failures.items()},
     )
+
+
+def max_over_ranks(values: Sequence[int], group: Any, driver: Any = None) -> list[int]:
+    """The element-wise maximum over the ranks of 31-bit non-negative ints (one header round)."""
+    return list(agree("max", group, words=values, driver=driver).highest)
 
 
 # ---------------------------------------------------------------------------
@@ -164,11 +169,10 @@ def check_same_dicts(
     driver: Any = None,
     words: Optional[tuple[int, int]] = None,
     what: str = "",
-    known: Optional[tuple[bool, bool]] = None,
 ) -> None:
     """Every rank raises together unless every rank holds the same keys, shapes and dtypes (and ``op``).
 
-    One small exchange (``collectives.consensus.agree``) of a fingerprint and of
+    One header round (``collectives.consensus.agree``) of a fingerprint and of
     ``problem`` (this rank's bad argument, found before any communication). When some rank's
     argument was bad, every rank raises the same message (``problem``'s type where it was this
     rank's, else ValueError); when the layouts differ, the descriptions are exchanged (error path
@@ -185,8 +189,6 @@ def check_same_dicts(
         words: the layout's fingerprint when the caller has it.
         what: what every rank must pass the same of, in the mismatch message
             (default: keys, shapes and dtypes, and op when given).
-        known: ``(some rank had a bad argument, every rank's fingerprint is the same)`` when an
-            exchange of the caller's own told every rank already (no agreement exchange then).
     """
     if problem is not None:
         words = (0, 0)
@@ -205,12 +207,7 @@ def check_same_dicts(
             kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
         return kind(f"{fn}: {explained}")
 
-    if known is None:
-        same = agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same
-    else:
-        if known[0]:
-            raise_together(fn, group, problem, driver=driver, raise_as=raise_as)
-        same = known[1]
+    same = agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same
     if same:
         return
     text = repr([op, describe_dict(keys, values)])

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from .. import registry
-from ..collectives import transport
+from ..collectives.consensus import max_over_ranks
 from ..collectives import tensor as _t
 from ..collectives.call_entry import collective
 from ..collectives.flat import unique_tensors
@@ -73,7 +73,7 @@ def sync_grad(params: Iterable[Tensor], op: Any = "mean", group: Optional[Any] =
     used = has
     if any_missing:  # someone lacks a gradient: learn which parameters any rank has
         driver = registry.resolve(group, plist[0].device)
-        used = [bool(v) for v in transport.max_and_min([int(h) for h in has], group, ws, driver)[0]]
+        used = [bool(v) for v in max_over_ranks([int(h) for h in has], group, driver)]
     handles = []
     for p, u in zip(plist, used):
         if not u:

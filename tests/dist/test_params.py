@@ -92,10 +92,15 @@ def test_all_reduce_dict(dist, combo):
         if backend == "emu" and ws > 1:
             kind, msg = got["i64"]
             assert kind == "PlanError" and "int64" in msg and "lossless" in msg  # the type all_reduce raises
-        if ws > 1:
-            assert got["extra_key"][0] == "ValueError" and "rank 1 has extra keys 'c'" in got["extra_key"][1]
-            assert "key 'a' has shape (2,) on rank 0 but (3,) on rank 1" in got["shape"][1]
-            assert "key 'a' has dtype float32 on rank 0 but float64 on rank 1" in got["dtype"][1]
+        if ws > 1:  # verification (the default) names each rank's side
+            def sides(*values: str) -> str:
+                return "; ".join(f"rank {r}: {values[r == 1]}" for r in range(ws))
+
+            assert got["extra_key"][0] == "CollectiveMismatch", got["extra_key"]
+            assert f"data['c']: {sides('(missing)', 'float32[1]@cpu')}" in got["extra_key"][1]
+            assert f"data['a']: {sides('float32[2]@cpu', 'float32[3]@cpu')}" in got["shape"][1]
+            assert f"data['a']: {sides('float32[2]@cpu', 'float64[2]@cpu')}" in got["dtype"][1]
+            assert got["value"][0] == "ValueError"
             assert "rank 1: data['a'] must be a torch.Tensor, got float" in got["value"][1]
         assert got["healthy"] == ws
 
@@ -264,10 +269,9 @@ def test_all_reduce_dict_collectives_per_call(dist, combo):
     for got in dist(check_dict_calls, ws, backend, backend):
         names = [s[0] for s in got["steps"]]
         assert [s[2] for s in got["steps"]] == [expect_sum(n) for n in names]
-        # verify=True: the dict of the last verified call goes with the check in one collective; another
-        # dict costs the check (the last dict's buffer with its check slots) and then its own buffer
-        assert [s[1] for s in got["steps"]] == ([2, 1, 2, 2, 2] if many else [0] * 5)
-        assert got["empty"] == ((1, 0) if many else (0, 0))  # an empty dict: the check alone
+        # verified (the default): the header round, then the buffer; the same for every dict
+        assert [s[1] for s in got["steps"]] == ([2, 2, 2, 2, 2] if many else [0] * 5)
+        assert got["empty"] == ((1, 0) if many else (0, 0))  # an empty dict: the header round alone
         for name, op, verify, n, result in got["ops"]:
             ranks = range(ws)
             want_n = (BUFFERS[name] + verify) if many else 0
@@ -314,32 +318,30 @@ def test_all_reduce_dict_collectives_per_call(dist, combo):
             last = ws - 1
             errs = got["errors"]
             for case, (err, n, untouched) in errs.items():
-                assert err is not None and err[0] == "ValueError", (case, err)
+                kind = "ValueError" if case == "not_tensor" else "CollectiveMismatch"
+                assert err is not None and err[0] == kind, (case, err)
                 assert untouched, case  # nothing half-written on any rank
-                if n is not None:  # the check, then (error path only) the descriptions: their sizes and bytes
-                    assert n == 3, (case, n)
-            assert f"rank {last} has extra keys 'c'" in errs["extra_key"][0][1]
-            assert f"rank {last} lacks keys 'lr' that rank 0 has" in errs["renamed"][0][1]
-            assert f"rank {last} has extra keys 'zz'" in errs["renamed"][0][1]
-            assert f"key 'lr' has shape () on rank 0 but (2,) on rank {last}" in errs["shape"][0][1]
-            assert f"key 'lr' has dtype float32 on rank 0 but float64 on rank {last}" in errs["float64"][0][1]
+                if n is not None:  # the header round alone: every rank's side is in it
+                    assert n == 1, (case, n)
+
+            def sides(normal: str, odd: str) -> str:
+                return "; ".join(f"rank {r}: {odd if r == last else normal}" for r in range(ws))
+
+            assert f"data['c']: {sides('(missing)', 'float32[]@cpu')}" in errs["extra_key"][0][1]
+            assert f"data['lr']: {sides('float32[]@cpu', '(missing)')}" in errs["renamed"][0][1]
+            assert f"data['zz']: {sides('(missing)', 'float32[]@cpu')}" in errs["renamed"][0][1]
+            assert f"data['lr']: {sides('float32[]@cpu', 'float32[2]@cpu')}" in errs["shape"][0][1]
+            assert f"data['lr']: {sides('float32[]@cpu', 'float64[]@cpu')}" in errs["float64"][0][1]
             int_name = "int32" if backend == "emu" else "int64"
-            assert (
-                f"key 'lr' has dtype float32 on rank 0 but {int_name} on rank {last}"
-                in errs["int_in_floats"][0][1]
-            )
+            assert f"data['lr']: {sides('float32[]@cpu', f'{int_name}[]@cpu')}" in errs["int_in_floats"][0][1]
             assert f"rank {last}: data['lr'] must be a torch.Tensor, got float" in errs["not_tensor"][0][1]
-            assert f"op is 'sum' on rank 0 but 'max' on rank {last}" in errs["op"][0][1]
+            assert f"reduce_op: {sides('sum', 'max')}" in errs["op"][0][1]
         n, loss = got["healthy"]
         assert loss == total + ws and n == (2 if many else 0)
 
 
-#: The verified dict's check slots under every way a reduction can tell a raised slot: "any" ops (sum,
-#: mean, max, or: bool's sum issues max) and "all" ops (min, product, and: bool's product issues min);
-#: bxor cannot tell, so its check stays a separate exchange. (emu has no bitwise ops.) Each row:
-#: (dtype, ops, dict shapes). "mixed" values are concatenated with the slots; values of one shape are
-#: stacked, then the slots follow ("scalars": 0-d rows; "rows", "wide200", "wide300": 1-D rows narrower
-#: and wider than the slots).
+#: Verified dicts of every dtype class and op: (dtype, ops, dict shapes). "mixed" values are
+#: concatenated; values of one shape are stacked ("scalars": 0-d rows; "rows", "wide200", "wide300": 1-D).
 VERIFIED = [
     (torch.float32, ("sum", "min"), ("mixed", "scalars", "rows", "wide200", "wide300")),
     (torch.float32, ("mean", "max", "product"), ("mixed",)),
@@ -427,9 +429,9 @@ def _want(dtype: str, op: str, ws: int, more: bool, shape: str) -> dict:
     return want
 
 
-def test_verified_dict_repeats_in_one_collective_and_still_names_a_difference(dist, combo):
-    """verify=True: the dict of the last verified call goes with its check in one collective, for every op
-    and dtype class; another dict, a bad value or a different dict on one rank is still seen by every rank."""
+def test_verified_dict_is_two_collectives_and_names_a_difference(dist, combo):
+    """Verified (the default): the header round, then the values, for every op and dtype class; another
+    dict, a bad value or a different dict on one rank is seen by every rank."""
     ws, backend = combo
     if ws == 1:
         pytest.skip("a one-rank group communicates nothing")
@@ -438,77 +440,16 @@ def test_verified_dict_repeats_in_one_collective_and_still_names_a_difference(di
         for row in rank_rows:
             dtype, op, counts, shape = row["dtype"], row["op"], row["counts"], row["shape"]
             case = (dtype, op, shape, counts)
-            one = 2 if op == "bxor" else 1  # bxor: the agreement exchange, then the data
-            # 3 repeats; after the error, checked then one; after the bad value, checked; another dict: the
-            # last dict's buffer with its check slots, then the new dict; then the new one in one
-            assert counts == [2, one, one, 2, one, 2, 2, one], case
+            assert counts == [2] * 8, case  # the header round and one buffer, whatever came before
             for i, values in enumerate(row["values"]):
                 want = _want(dtype, op, ws, i >= 6, shape)
                 if dtype in ("torch.float32", "torch.bfloat16"):
                     want = {k: pytest.approx(v) for k, v in want.items()}
                 assert values == want, (case, i)
-            assert row["extra"][0] == "ValueError", case
-            assert f"rank {ws - 1} has extra keys 'c'" in row["extra"][1], case
+            assert row["extra"][0] == "CollectiveMismatch", case
+            assert "data['c']: rank 0: (missing)" in row["extra"][1], case
             assert row["bad"][0] == "ValueError", case
             assert f"rank {ws - 1}: data['b'] must be a torch.Tensor, got int" in row["bad"][1], case
-
-
-def _facts(fingerprint: int, bad: bool = False, elsewhere: bool = False) -> list[bool]:
-    return [bad, elsewhere, *(bool(fingerprint >> b & 1) for b in range(62))]
-
-
-#: (op, dtype) pairs a backend may reduce check slots in: bool reduces with sum, max and min; bitwise ops
-#: are for integers
-SLOT_CASES = [
-    (op, dt)
-    for dt in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int8,
-               torch.uint8, torch.bool)
-    for op in ("sum", "max", "min", "product", "bor", "band")
-    if (dt != torch.bool or op in ("sum", "max", "min"))
-    and not (dt.is_floating_point and op in ("bor", "band"))
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("ws", [2, 3, 7, 100, 300])
-@pytest.mark.parametrize(("op", "dtype"), SLOT_CASES, ids=[f"{op}-{str(dt)[6:]}" for op, dt in SLOT_CASES])
-def test_check_slots_say_what_differs_after_the_reduction(op, dtype, ws):
-    """The check slots every rank sends, reduced in their own dtype as the backend would (one op over the
-    ranks' slot tensors), say whether some rank was bad, had its values elsewhere, or held another
-    fingerprint: for the digit code of exact sums and the slot pairs of the other ops, at group sizes
-    where the digits no longer fit (bfloat16 past 255 ranks falls back to pairs)."""
-    from hwdist.collectives._dicts import _Counts, _slot_code
-    from hwdist.drivers.base import Plan
-
-    code = _slot_code(Plan("all_reduce", "all_reduce", dtype, dtype, reduce_op=op), ws)
-    if code is None:  # an integer sum that could wrap: the layout keeps the separate check
-        assert op == "sum" and ws > torch.iinfo(dtype).max
-        return
-    # a sum in float32 packs 15 facts a slot at 2 ranks; bfloat16 at 300 ranks cannot hold a count
-    if op == "sum" and dtype == torch.float32 and ws == 2:
-        assert isinstance(code, _Counts) and code.size == 5
-    if op == "sum" and dtype == torch.bfloat16 and ws == 300:
-        assert not isinstance(code, _Counts) and code.size == 126
-    # one binary op per rank, in the slots' dtype (torch.prod has no float16 kernel on older CPUs builds)
-    fold = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum, "product": torch.mul,
-            "bor": torch.bitwise_or, "band": torch.bitwise_and}[op]  # fmt: skip
-
-    def reduced(ranks: list[list[bool]]) -> torch.Tensor:
-        rows = [torch.tensor(code.encode(f), dtype=dtype) for f in ranks]
-        out = rows[0]
-        for row in rows[1:]:
-            out = fold(out, row)
-        return out
-
-    fp = (0x2AAA_5555 << 31) | 0x1234_5678
-    same = [_facts(fp)] * ws
-    assert code.decode(reduced(same)) == (False, False, True)
-    for bit in (0, 30, 61):  # one rank differs in one bit: the lowest, a middle and the highest
-        other = [_facts(fp)] * (ws - 1) + [_facts(fp ^ (1 << bit))]
-        assert code.decode(reduced(other)) == (False, False, False), bit
-    bad = [_facts(fp)] * (ws - 1) + [_facts(0, bad=True)]
-    assert code.decode(reduced(bad))[0] is True
-    moved = [_facts(fp, elsewhere=True)] * ws  # every rank holds the same other dict
-    assert code.decode(reduced(moved)) == (False, True, True)
 
 
 # ---------------------------------------------------------------------------
