@@ -1,44 +1,40 @@
 """all_to_all's transports, as engine strategies.
 
-On a backend with an all_to_all, outside verification mode, a call is one
-torch call with no agreement (each rank's outputs give what it receives, as
-torch requires): torch's list form when every piece has one size and the
-backend has that form, else one flat buffer each way with split sizes
+On a backend with an all_to_all and verification off, a call is one torch call
+with no agreement (each rank's outputs give what it receives, as torch
+requires): torch's list form when every piece has one size and the backend has
+that form, else one flat buffer each way with split sizes
 (``all_to_all_single``; a backend that has only the flat form declares
 ``'all_to_all'`` in its ``flat_ops`` and not in its ``native_ops``).
 
-A backend without all_to_all, and verification mode, first exchange every
-rank's dtype and split table (one small all_gather, checked on every rank),
-then the data: the same torch call as above, or without all_to_all one
-all_gather of every rank's pieces (world-size times the traffic).
+With verification on (the default), and on a backend without all_to_all, the
+call first runs the one header round ([`protocol`][hwdist.collectives.protocol]):
+every rank's dtype and split table (inline), and the verified call's
+fingerprint, checked on every rank; then the data: the same torch call as
+above, or without all_to_all one all_gather of every rank's pieces
+(world-size times the traffic).
 
-Mismatched piece sizes raise on every rank on a backend without all_to_all (a
-ValueError naming the ranks) and in verification mode on any backend (the
-mode's ``CollectiveMismatch``); with an all_to_all they are the caller's
-contract, as in torch. ``extra`` is ``(inputs, outputs)``.
+Mismatched piece sizes raise on every rank when the header round runs: the
+verification's ``CollectiveMismatch``, or a ``CollectiveArgumentError`` naming
+the ranks (a backend without all_to_all, verification off); otherwise they are
+the caller's contract, as in torch. ``extra`` is ``(inputs, outputs)``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
-from . import protocol, transport
+from . import protocol, transport, verify
 from ..errors import CollectiveArgumentError, CollectiveMismatch
-from .engine import Call, Strategy, when_checking
+from .engine import Call, Strategy
 from ._wire import as_comm_flat, comm_numel, copy_source, dense_flat, prepare, restore
 
 Tensor = torch.Tensor
 
 _OP = "all_to_all"
-
-
-def _checking() -> bool:
-    """Whether verification mode is on (its hook is set)."""
-    seen: list[bool] = []
-    when_checking(lambda: seen.append(True))
-    return bool(seen)
 
 
 def _piece_size_errors(table: list[list[int]], ws: int) -> list[str]:
@@ -54,7 +50,7 @@ def _piece_size_errors(table: list[list[int]], ws: int) -> list[str]:
 def _raise_piece_sizes(bad: list[str], checking: bool) -> None:
     if checking:
         raise CollectiveMismatch(
-            "collective mismatch in 'all_to_all' across ranks (verification mode): piece sizes do not"
+            "collective mismatch in 'all_to_all' across ranks (verification): piece sizes do not"
             " match: " + "; ".join(bad[:4])
         )
     raise CollectiveArgumentError("all_to_all: piece sizes do not match across ranks: " + "; ".join(bad[:4]))
@@ -65,20 +61,31 @@ def _sizes_of(c: Call) -> tuple[list[int], list[int]]:
     return [comm_numel(t.shape, c.plan) for t in ins], [comm_numel(t.shape, c.plan) for t in outs]
 
 
-def _explicit_table(c: Call, in_sizes: list[int], out_sizes: list[int]) -> list[list[int]]:
-    """Every rank's dtype and sizes (one small all_gather), checked: the same error on every rank."""
+def _table(c: Call, in_sizes: list[int], out_sizes: list[int], st: Optional[verify.Stamp]) -> list[list[int]]:
+    """Every rank's split table from one header round (verified when ``st``), checked: the same error on
+    every rank (a table too long for the inline bytes, over 52 ranks, costs one more small exchange)."""
     ws = c.view.size
-    mine = [protocol.dtype_code(c.data.dtype)] + in_sizes + out_sizes
-    rows = transport.gather_ints(mine, c.group, c.driver)
-    if len({row[0] for row in rows}) > 1:
+    sizes = np.array(in_sizes + out_sizes, dtype="<i8").view(np.uint8)
+    fits = sizes.size <= protocol.INLINE_BYTES
+    head = protocol.Header(op=protocol.op_code(_OP), dtype=protocol.dtype_code(c.data.dtype))
+    if st is not None:
+        head.seq, head.fingerprint, head.site = st.seq, st.fingerprint, st.site
+    head.inline = sizes if fits else None
+    headers = protocol.exchange(head, c.group, c.driver)
+    if st is not None:
+        verify.raise_if_mismatch(_OP, headers, st, c.group, c.driver)
+    if len({h.dtype for h in headers}) > 1:
         raise CollectiveArgumentError(
             "all_to_all: every rank must pass the same dtype; got "
-            + ", ".join(f"rank {r}: {protocol.dtype_name(row[0])}" for r, row in enumerate(rows))
+            + ", ".join(f"rank {h.rank}: {protocol.dtype_name(h.dtype)}" for h in headers)
         )
-    table = [row[1:] for row in rows]
+    if fits:
+        table = [h.inline.copy().view("<i8").tolist() for h in headers]
+    else:
+        table = transport.gather_ints(in_sizes + out_sizes, c.group, c.driver)
     bad = _piece_size_errors(table, ws)
     if bad:
-        _raise_piece_sizes(bad, _checking())
+        _raise_piece_sizes(bad, st is not None)
     return table
 
 
@@ -91,16 +98,18 @@ class AllToAll(Strategy):
         in_sizes, out_sizes = _sizes_of(c)
         listed = c.plan.native_op == "all_to_all"  # torch's list form
         flat = listed or "all_to_all" in c.driver.caps.flat_ops  # all_to_all_single
+        ins, outs = c.extra
+        st = verify.stamp(_OP, c.group, verify.TensorFields.all_to_all(outs, ins, check=True)[2])
         if c.view.size == 1:  # nothing to agree on
             c.state = (in_sizes, out_sizes)
             return EQUAL if listed and in_sizes == out_sizes else SPLIT if flat else EMULATED_ONE
-        if flat and not _checking():
+        if flat and st is None:
             # torch's contract: every rank's output tensors give the sizes it receives, so a backend with
             # an all_to_all needs no agreement (one collective, the data never staged on the host);
-            # verification mode checks the split tables first
+            # verification checks the split tables first, in its header round
             table = [in_sizes + out_sizes]
         else:
-            table = _explicit_table(c, in_sizes, out_sizes)
+            table = _table(c, in_sizes, out_sizes, st)
             if not flat:
                 c.state = table
                 return EMULATED

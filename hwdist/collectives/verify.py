@@ -473,14 +473,31 @@ class TensorFields:
 
     @staticmethod
     def all_to_all(
-        output_list: Any, input_list: Any, group: Optional[Any] = None, *, async_op: bool = False
+        output_list: Any,
+        input_list: Any,
+        group: Optional[Any] = None,
+        *,
+        async_op: bool = False,
+        check: bool = False,
     ) -> Fields:
-        # piece sizes may differ by design: dtype and count here, sizes in the transport (_alltoall)
+        # piece sizes may differ by design: dtype and count here, sizes in the strategy's header round
+        # (_alltoall), which verifies well-formed calls itself (``check``: the fields it stamps)
         first = input_list[0] if isinstance(input_list, (list, tuple)) and input_list else input_list
         pieces = [
             len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in (input_list, output_list)
         ]
-        return group, first, {"input": describe_dtype(first), "pieces": pieces}
+        fields = {"input": describe_dtype(first), "pieces": pieces}
+        if check:
+            return group, first, fields
+        # well-formed (as many tensors as ranks, one dtype): the strategy's own header round verifies it
+        ws = torch_dist.get_world_size(group) if torch_dist.is_initialized() else 1
+        dtype = getattr(first, "dtype", None)
+        well_formed = all(
+            isinstance(x, (list, tuple)) and len(x) == ws
+            and all(isinstance(t, torch.Tensor) and t.dtype == dtype for t in x)
+            for x in (input_list, output_list)
+        )  # fmt: skip
+        return group, first, None if well_formed else fields
 
     @staticmethod
     def barrier(group: Optional[Any] = None) -> Fields:

@@ -115,7 +115,7 @@ def _a2a_rank() -> dict:
         for call in range(CALLS):
             ins = [_piece(pattern, call, rank, r) for r in range(ws)]
             outs = [torch.full((PATTERNS[pattern](call, j, rank),), -1.0) for j in range(ws)]
-            with Calls() as counted:
+            with Calls() as counted, hwdist.verification(False):
                 hwdist.all_to_all(outs, ins)
             got = [torch.equal(outs[j], _piece(pattern, call, j, rank)) for j in range(ws)]
             out["ok"][pattern, call] = all(got)
@@ -130,6 +130,10 @@ def _a2a_rank() -> dict:
             )
     ins = [_piece("uneven", 1, rank, r) for r in range(ws)]
     outs = [torch.empty(PATTERNS["uneven"](1, j, rank)) for j in range(ws)]
+    with Calls() as counted:  # verified (the default): the header round, then the data
+        hwdist.all_to_all(outs, ins)
+    out["verified calls"] = counted.seen
+    out["ok"]["verified"] = all(torch.equal(outs[j], _piece("uneven", 1, j, rank)) for j in range(ws))
     hwdist.all_to_all(outs, ins, async_op=True).wait()
     out["ok"]["async"] = all(torch.equal(outs[j], _piece("uneven", 1, j, rank)) for j in range(ws))
     # the last rank sends 5 elements to rank 0, which expects 4 (and, below, another dtype)
@@ -141,7 +145,7 @@ def _a2a_rank() -> dict:
         if case == "dtype":
             ins = [torch.ones(4, dtype=torch.float64 if rank == ws - 1 else torch.float32) for _ in range(ws)]
             outs = [torch.empty(4, dtype=ins[0].dtype) for _ in range(ws)]
-        with Calls() as counted:
+        with Calls() as counted, hwdist.verification(False):
             # with an all_to_all the sizes are the caller's contract, as in torch (unchecked)
             err = None if native else _catch(hwdist.all_to_all, outs, ins)
         after = [torch.empty(2) for _ in range(ws)]
@@ -175,9 +179,10 @@ def test_all_to_all_results_and_torch_calls(dist, world_size, backend):
             else:  # no all_to_all: the split tables (one all_gather), then every rank's pieces
                 assert sum(seen.values()) == 2, (pattern, call, seen)
                 assert set(seen) <= {"all_gather", "all_gather_into_tensor"}, seen
+        assert sum(res["verified calls"].values()) == 2, res["verified calls"]
         errs = res["errors"]
         err = errs["verification"][0]
-        assert err is not None and err[0] == "CollectiveMismatch" and "verification mode" in err[2], err
+        assert err is not None and err[0] == "CollectiveMismatch" and "(verification)" in err[2], err
         assert f"rank {last} sends 5 elements to rank 0, which expects 4" in err[2], err
         for case in ("sizes", "dtype"):
             err, seen, after = errs[case]
