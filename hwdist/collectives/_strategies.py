@@ -4,8 +4,8 @@ A strategy never calls torch.distributed: its ``to_wire`` names the torch op
 (``call.native``) and fills the buffers, the engine issues it
 (hwdist/collectives/engine.py), and its ``finish`` copies back and builds the
 result. ``serial`` is the op without a process group (mmengine's semantics).
-all_to_all's transports are in ``_alltoall.py``, the gathers' (with the size agreement) in
-``_gather.py``.
+all_to_all's transports and the gathers' (the sizes agreed in the header round) are in
+``_uneven.py``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 
 from ..drivers.base import Driver, Plan
 from ..drivers.tuning import gather_by_broadcast_floor
-from . import _args
+from . import _wire
 from .engine import Call, Strategy
-from ._gather import Gather as Gather  # the gathers' strategy lives with the size agreement
+from ._uneven import Gather as Gather  # the gathers' strategy lives with the size agreement
 from ._wire import (
     comm_numel,
     copy_source,
@@ -115,8 +115,8 @@ class Scatter(Strategy):
         if g.rank == c.root:
             items: list[Tensor] = []
             try:
-                items = _args.check_tensor_list(c.extra, "scatter_list", "scatter", ws, data)
-                _args.check_shapes(items, data, "scatter_list", "scatter")
+                items = _wire.check_tensor_list(c.extra, "scatter_list", "scatter", ws, data)
+                _wire.check_shapes(items, data, "scatter_list", "scatter")
             except (TypeError, ValueError) as exc:
                 error = exc
             rows = torch.zeros((ws, h + n), dtype=plan.comm_dtype, device=device)
@@ -149,7 +149,7 @@ class Scatter(Strategy):
 
     def serial(self, data: Optional[Tensor], extra: Any) -> None:
         assert data is not None
-        items = _args.check_tensor_list(extra, "scatter_list", "scatter", 1, data)
+        items = _wire.check_tensor_list(extra, "scatter_list", "scatter", 1, data)
         with torch.no_grad():
             data.copy_(items[0])
 

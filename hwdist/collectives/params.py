@@ -4,31 +4,40 @@ Both functions pack their tensors into flat buffers (hwdist.collectives.flat),
 one per communication dtype, so a dict of twenty metrics or a whole model
 costs about one all_reduce. Dispatch goes through the group's driver exactly
 as in [`hwdist.collectives.tensor`][hwdist.collectives.tensor].
+
+``all_reduce_dict`` keeps its layouts (``DictLayout``: which values travel in
+which flat buffer, usually one) per group. While verification is on (the
+default) a call starts with the one header round
+([`protocol`][hwdist.collectives.protocol]): every rank's fingerprint of the
+call (op, keys, shapes, dtypes) and, where a rank's arguments were bad, its
+message; every rank raises together before any value moves.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Iterable, Optional
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as torch_dist
 
-from .. import registry
-from .verify import describe_tensor
-from ..drivers.base import Post
+from .. import _compat, _state, registry
+from ..drivers.base import Plan, Post
 from ..drivers.tuning import tuning
+from ..errors import ArgumentAssertionError, PlanError
+from . import protocol, transport, verify
 from . import tensor as _t
-from ._args import not_dense, op_field
-from ._dicts import all_reduce_dict, check_same_dicts  # noqa: F401 (re-exported)
+from ._wire import divide, not_dense, op_field
 from .call_entry import collective
 from .engine import check
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
+from .protocol import check_same_dicts  # noqa: F401 (re-exported)
+from .verify import describe_tensor, verification_enabled
 
 __all__ = ["all_reduce_dict", "all_reduce_params"]
-
-# all_reduce_dict lives in _dicts (its layouts and check); this module is where users import it from
 
 Tensor = torch.Tensor
 
@@ -146,3 +155,365 @@ def all_reduce_params(
         copy_from_flat(flat, members, layout)
     for h in handles:
         h.wait()
+
+
+# ---------------------------------------------------------------------------
+# all_reduce_dict: its layouts and its check
+# ---------------------------------------------------------------------------
+def _canon(key: Any) -> str:
+    """A text of ``key`` that is the same on every rank for equal keys: sets and frozensets by their sorted
+    items (their own order follows the hash seed of each process), tuples item by item, else ``repr``."""
+    if isinstance(key, (frozenset, set)):
+        return f"{type(key).__name__}({{{', '.join(sorted(_canon(k) for k in key))}}})"
+    if isinstance(key, tuple):
+        return f"({', '.join(_canon(k) for k in key)}{',' if len(key) == 1 else ''})"
+    return repr(key)
+
+
+def _key_order(key: Any) -> tuple[str, str]:
+    return type(key).__name__, _canon(key)
+
+
+def sorted_keys(data: Any) -> list[Any]:
+    """The dict's keys in one order on every rank: ``sorted()``'s for str keys and for int keys, else by type
+    name and a canonical text (``sorted()`` alone orders sets only partly: by inclusion)."""
+    keys = list(data)
+    kinds = {type(k) for k in keys}
+    if kinds <= {str} or kinds <= {int}:
+        return sorted(keys)
+    return sorted(keys, key=_key_order)
+
+
+def _value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
+    """What is wrong with the first bad value (not a tensor, sparse, meta), or None."""
+    for k, v in zip(keys, values):
+        if not isinstance(v, torch.Tensor):
+            return f"data[{k!r}] must be a torch.Tensor, got {type(v).__name__}"
+        if v.layout is not torch.strided:
+            layout = str(v.layout).replace("torch.", "")
+            return f"data[{k!r}] must be a dense (strided) tensor, got a {layout} tensor"
+        if v.is_meta:
+            return f"data[{k!r}] is a meta tensor: it has no values to reduce"
+    return None
+
+
+class _Part:
+    """One flat buffer of a dict layout: which values (``idx``), packed in which dtype, reduced how.
+
+    Values of one non-empty shape that travel in their own dtype are stacked (one ``torch.stack``,
+    one ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
+    """
+
+    __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "size",
+                 "cdev", "cpu", "rows")  # fmt: skip
+
+    def __init__(
+        self, idx: list[int], plan: Plan, shapes: list[torch.Size], dtypes: list[torch.dtype], cdev: Any
+    ) -> None:
+        self.idx, self.plan, self.cdev, self.cpu = idx, plan, cdev, cdev.type == "cpu"
+        self.shapes = [shapes[i] for i in idx]
+        self.numels = [math.prod(s) for s in self.shapes]
+        self.offsets = [sum(self.numels[:j]) for j in range(len(idx))]
+        self.size = sum(self.numels)  #: elements of the buffer
+        self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
+        self.own = all(dtypes[i] == self.pack_dtype for i in idx)  #: no value changes dtype
+        one = self.shapes[0]
+        same = self.own and self.numels[0] and all(s == one for s in self.shapes)
+        #: the stacked values' shape, or None: concatenated
+        self.stacked = torch.Size((len(idx), *one)) if same else None
+        #: the stacked values are not 0-d (a 1-D buffer is viewed back into their stacked shape)
+        self.rows = same and len(one) > 0
+
+    def pack(self, values: Sequence[Tensor]) -> tuple[Tensor, Tensor, bool]:
+        """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``.
+
+        Raises:
+            RuntimeError, NotImplementedError, TypeError: a value that does not fit (another shape,
+                sparse, meta); only where the values were not checked first.
+        """
+        members = [values[i] for i in self.idx]
+        cdev = self.cdev
+        if self.stacked is not None:
+            try:
+                flat = torch.stack(members)
+                home = flat.is_cpu if self.cpu else flat.device == cdev
+            except (RuntimeError, AssertionError):  # values on several devices (or of other shapes, or a
+                # meta value on an older torch, whose meta kernels assert: raises again)
+                flat, home = torch.stack([m.to(cdev) for m in members]), False
+            if flat.shape != self.stacked or flat.layout is not torch.strided or flat.is_meta:
+                raise TypeError("the values do not fit the layout")
+            if flat.requires_grad:
+                flat = flat.detach()
+            if not home:
+                flat = flat.to(cdev)
+        else:
+            flat = torch.empty(self.size, dtype=self.pack_dtype, device=cdev)
+            home = all(m.is_cpu for m in members) if self.cpu else all(m.device == cdev for m in members)
+            with torch.no_grad():
+                if home:  # casts into pack_dtype
+                    torch.cat([m.reshape(-1) for m in members], out=flat)
+                else:
+                    for m, off, n in zip(members, self.offsets, self.numels):
+                        flat[off : off + n].copy_(m.reshape(-1))
+        return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
+
+    def reduce(self, wire: Tensor, group: Any) -> None:
+        """Reduce ``wire`` (a packed buffer as it travels) in place: one all_reduce."""
+        transport.reduce_flat(wire, self.plan.reduce_op or "sum", group)
+
+    def finish(
+        self, buf: tuple[Tensor, Tensor, bool], keys: list[Any], values: list[Any], data: Any, ws: int
+    ) -> None:
+        """Mean's division, then each key replaced by its reduced value (own dtype, shape and device)."""
+        flat, wire, home = buf
+        if self.plan.post is Post.DIVIDE:
+            divide(wire, ws, self.plan.dtype)
+        if self.stacked is not None:
+            pieces: Sequence[Tensor] = (flat.view(self.stacked) if self.rows else flat).unbind(0)
+        elif not any(self.shapes):  # 0-d values: one call makes every view
+            pieces = flat.unbind(0)
+        else:
+            pieces = [p.view(s) for p, s in zip(flat.split(self.numels), self.shapes)]
+        for i, piece in zip(self.idx, pieces):
+            data[keys[i]] = piece if home and self.own else piece.to(values[i].device, values[i].dtype)
+
+
+#: One call's packed buffers: ``(buffer, wire, home)`` per part (``_Part.pack``).
+Buffers = list[tuple[Tensor, Tensor, bool]]
+
+
+class DictLayout:
+    """One dict layout (op, sorted keys, dtypes, shapes, device type) and how its values travel.
+
+    Built once per layout and group (``_DictState``), reused call after call: one flat buffer per
+    way of reducing (communication dtype, issued op, mean division, integer floor), usually one.
+    """
+
+    __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "stacked")
+
+    def __init__(self, op: str, keys: list[Any], values: list[Tensor], driver: Any) -> None:
+        self.op, self.keys, self.driver, self.cdev = op, keys, driver, driver.comm_device()
+        self.dtypes, self.shapes = [v.dtype for v in values], [v.shape for v in values]
+        self.device_type = values[0].device.type
+        plans = {dt: driver.plan("all_reduce", dt, op) for dt in dict.fromkeys(self.dtypes)}  # PlanError
+        ways: dict[str, list[int]] = {}
+        for i, dt in enumerate(self.dtypes):
+            p = plans[dt]
+            # a mean floor-divides integers (summed in a wider type) and true-divides floats: two parts
+            floor = p.post is Post.DIVIDE and not (dt.is_floating_point or dt.is_complex)
+            way = f"{p.comm_dtype} {p.reduce_op} {p.post.value} {p.dtype if p.view else ''} {floor}"
+            ways.setdefault(way, []).append(i)
+        order = sorted(ways)
+        self.parts = [
+            _Part(ways[w], plans[self.dtypes[ways[w][0]]], self.shapes, self.dtypes, self.cdev) for w in order
+        ]
+        self.stacked = all(p.stacked is not None for p in self.parts)  #: torch.stack checks the shapes
+
+    def pack(self, values: list[Tensor]) -> Buffers:
+        """The buffers of ``values`` (checked first: dense tensors with data, of this layout)."""
+        return [part.pack(values) for part in self.parts]
+
+    def try_pack(self, op: str, keys: list[Any], values: list[Any]) -> Optional[Buffers]:
+        """The buffers of ``values`` when this call has this layout, with dense tensors that have data.
+
+        Else None (the caller then checks the values and builds the call's layout). Cheaper than the
+        checks and the signature: the path of every call whose dict is the one of the call before.
+        """
+        if op != self.op or keys != self.keys:
+            return None
+        try:
+            if [v.dtype for v in values] != self.dtypes:  # (torch.stack would promote a stray int)
+                return None
+            if not self.stacked and [v.shape for v in values] != self.shapes:
+                return None
+            first = values[0]
+            if not (first.is_cpu if self.device_type == "cpu" else first.device.type == self.device_type):
+                return None
+            return self.pack(values)
+        except Exception:  # noqa: BLE001 - not tensors, sparse or meta (older torch: AssertionError from
+            return None  # its meta kernels): the checks name it
+
+    def reduce(self, bufs: Buffers, group: Any) -> None:
+        """Reduce the buffers in place: one all_reduce each."""
+        for part, (_, wire, _) in zip(self.parts, bufs):
+            part.reduce(wire, group)
+
+    def finish(self, bufs: Buffers, keys: list[Any], values: list[Tensor], data: Any, ws: int) -> None:
+        """Write every reduced value back (``reduce`` first)."""
+        for part, buf in zip(self.parts, bufs):
+            part.finish(buf, keys, values, data, ws)
+
+
+@dataclass(eq=False)
+class _DictState:
+    """One process group's ``all_reduce_dict`` layouts (a local cache: nothing here decides what is sent)."""
+
+    ws: int
+    last: Optional[DictLayout] = None
+    built: dict[tuple[Any, ...], DictLayout] = field(default_factory=dict)
+
+    def layout(
+        self, group: Any, op: str, keys: list[Any], values: list[Any], kind: type[Exception]
+    ) -> DictLayout:
+        """This call's layout (built once per layout and driver), its values checked.
+
+        Raises:
+            ``kind``: a value that is not a dense tensor with data.
+            PlanError: no plan for a value's dtype and ``op`` on this backend.
+        """
+        text = _value_problem(keys, values)
+        if text is not None:
+            raise kind(text)
+        driver = registry.resolve(group, values[0].device.type)
+        dtypes, shapes = tuple(v.dtype for v in values), tuple(v.shape for v in values)
+        sig = (op, tuple(keys), dtypes, shapes, driver)
+        found = self.built.get(sig)
+        if found is None:
+            if len(self.built) >= 64:
+                self.built.clear()
+            found = self.built[sig] = DictLayout(op, keys, values, driver)  # PlanError
+        return found
+
+
+def _describe_dict_call(data: Any, op: Any) -> tuple[Any, dict[str, Any]]:
+    """What verification compares (keys, shapes, dtypes, op); the sample picks the device."""
+    if isinstance(data, MutableMapping):
+        fields: Any = {_canon(k): describe_tensor(data[k]) for k in sorted_keys(data)}
+        first = next((v for v in data.values() if isinstance(v, torch.Tensor)), None)
+    else:
+        fields, first = type(data).__name__, None
+    return first, {"data": fields, "reduce_op": op_field(op)}
+
+
+_KINDS = (TypeError, ValueError, ArgumentAssertionError, PlanError)
+
+
+def _agree(data: Any, op: Any, problem: Optional[Exception], group: Any) -> None:
+    """The header round of a verified call: every rank raises together when some rank's arguments were
+    bad (naming each such rank) or the ranks' dicts differ (CollectiveMismatch naming the difference)."""
+    sample, fields = _describe_dict_call(data, op)
+    st = verify.stamp("all_reduce_dict", group, fields)
+    if st is None:
+        if problem is not None:
+            raise _alone(problem)
+        return
+    driver = registry.resolve(group, sample.device.type if sample is not None else None)
+    head = verify.call_header("all_reduce_dict", st)
+    if problem is not None:  # its message instead of the description
+        head.status, head.flags = 1, 0
+        head.inline = f"{type(problem).__name__}: {problem}".encode("utf-8", "replace")
+    headers = protocol.exchange(head, group, driver)
+    failed = {h.rank: h.message.partition(": ") for h in headers if h.framed and h.status != protocol.OK}
+    if failed:
+        texts = [msg for _, _, msg in failed.values()]
+        if len(failed) == len(headers) and len(set(texts)) == 1:
+            explained = texts[0]  # the same bad argument on every rank: no rank list needed
+        else:
+            explained = "; ".join(f"rank {r}: {msg}" for r, (_, _, msg) in sorted(failed.items()))
+        mine = type(problem) if problem is not None else None
+        kind: type[Exception] = mine if mine is not None and mine in _KINDS else ValueError
+        if all(name == "PlanError" for name, _, _ in failed.values()):
+            kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
+        raise kind(f"all_reduce_dict: {explained}")
+    verify.raise_if_mismatch("all_reduce_dict", headers, st, group, driver)
+
+
+@collective(2)
+def all_reduce_dict(
+    data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True
+) -> None:
+    """Reduce every tensor of a dict across ranks with one flattened collective.
+
+    Keys are processed in sorted order. Tensors are packed into one flat
+    buffer per communication dtype (usually exactly one: all float32 metrics
+    travel together); mixed dtypes are never merged lossily (an int64 counter
+    does not go through float32). Each key is replaced by its reduced tensor
+    in the key's own dtype, shape and device (as in mmengine). Same ops and
+    mean rule as [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce].
+
+    Keys are ordered the same way on every rank: ``sorted()`` for str or int keys, else by type and a
+    canonical text (sets by their sorted items), so equal dicts pair their values whatever the order
+    their keys were inserted in.
+
+    With verification on (the default; ``verify=False`` turns it off for this call, as for every
+    collective) the call starts with one header round: every rank's fingerprint of op, keys, shapes and
+    dtypes. When a value on some rank is not a dense tensor with data, ``op`` or ``data`` is bad there, or
+    the dicts differ, every rank raises before any value moves: a ValueError (PlanError where no rank's
+    backend can reduce a dtype) naming each failing rank, or
+    [`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] (a ValueError) naming each
+    rank's keys, shapes or dtypes where they differ. Then one all_reduce per flat buffer: two collectives
+    in all. Without verification: one collective; a mismatch is undefined (mmengine's behaviour) and a
+    bad value raises on its own rank only, before that rank communicates. ``verify`` must be the same on
+    every rank.
+
+    Non-distributed or a one-rank group: does nothing.
+
+    Args:
+        data: ``{key: Tensor}``, updated in place.
+        op: the reduce op.
+        group: process group.
+        verify: False: no header round for this call (see above).
+
+    Raises:
+        ValueError: unknown ``op``; the dicts differ across ranks, or a
+            value on some rank is not a dense tensor with data (verify).
+        TypeError: ``data`` is not a dict (on that rank; ValueError on the
+            others), or a value is not a tensor (``verify=False``).
+
+    Examples:
+        >>> data = {"loss": torch.tensor(1.0 + rank), "n": torch.tensor([2 * rank])}
+        >>> # rank 0: {'loss': 1., 'n': [0]}   rank 1: {'loss': 2., 'n': [2]}
+        >>> dist.all_reduce_dict(data)
+        >>> # rank 0: {'loss': 3., 'n': [2]}   rank 1: {'loss': 3., 'n': [2]}
+    """
+    problem: Optional[Exception] = None  # a bad op or data: raised here, or on every rank by the check
+    try:
+        rop = _t.normalize_reduce_op(op, "op", "all_reduce_dict")
+    except ValueError as exc:
+        problem = exc
+        rop = "sum"
+    if problem is None and type(data) is not dict and not isinstance(data, MutableMapping):
+        problem = ArgumentAssertionError(f"data must be a dict of tensors, got {type(data).__name__}")
+    if not torch_dist.is_initialized():
+        if problem is not None:
+            raise _alone(problem)
+        return
+    # kept by the group object (not None): a default group made by a new init gets new layouts
+    st = _state.of(group if group is not None else _compat.default_group())
+    state: Optional[_DictState] = st.all_reduce_dict
+    if state is None:
+        state = st.all_reduce_dict = _DictState(torch_dist.get_world_size(group))
+    if state.ws == 1:
+        if problem is not None:
+            raise _alone(problem)
+        return
+    keys: list[Any] = []
+    values: list[Any] = []
+    layout: Optional[DictLayout] = None
+    bufs: Optional[Buffers] = None
+    if problem is None:
+        keys = sorted_keys(data)
+        values = [data[k] for k in keys]
+        layout = state.last if values else None
+        # the dict of the last call
+        bufs = layout.try_pack(rop, keys, values) if layout is not None else None
+        if values and bufs is None:
+            # a bad value: ValueError on every rank when verified, else TypeError on this rank
+            kind = ValueError if verify and verification_enabled() else TypeError
+            try:
+                layout = state.layout(group, rop, keys, values, kind)
+                bufs = layout.pack(values)
+            except (TypeError, ValueError) as exc:  # PlanError is a TypeError
+                problem, layout = exc, None
+            except (RuntimeError, NotImplementedError) as exc:  # a value torch cannot pack: every rank raises
+                problem, layout = kind(f"{type(exc).__name__}: {exc}"), None
+    _agree(data, op, problem, group)
+    if layout is not None and bufs is not None:
+        layout.reduce(bufs, group)
+        layout.finish(bufs, keys, values, data, state.ws)
+        state.last = layout
+
+
+def _alone(problem: Exception) -> Exception:
+    """``problem`` as this rank raises it when no other rank is told (the op's name first)."""
+    return type(problem)(f"all_reduce_dict: {problem}")

@@ -26,14 +26,14 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from . import _args
-from ._alltoall import ALL_TO_ALL
-from ._args import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
-from ._args import ReduceOpLike, normalize_reduce_op
+from . import _wire
+from ._uneven import ALL_TO_ALL
+from ._wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
+from ._wire import ReduceOpLike, normalize_reduce_op
 from .call_entry import CollectiveHandle, collective
 from .engine import view
 from .verify import TensorFields as _fields
-from ._gather import gathered_numels
+from ._uneven import gathered_numels
 from ._strategies import (
     ALL_GATHER,
     ALL_REDUCE,
@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-_check_tensor = _args.check_tensor
+_check_tensor = _wire.check_tensor
 
 
 # ---------------------------------------------------------------------------
@@ -403,7 +403,7 @@ def reduce_scatter(
     rop = normalize_reduce_op(op, "op", "reduce_scatter")
     _check_tensor(output, "output", "reduce_scatter")
     g = view(group)
-    items = _args.split_input(input_list, output, g.size, "reduce_scatter")
+    items = _wire.split_input(input_list, output, g.size, "reduce_scatter")
     return g.run(REDUCE_SCATTER, output, async_op, rop, extra=items)
 
 
@@ -438,8 +438,8 @@ def all_to_all(
             f"all_to_all: input_list must be a list of {ws} tensors, got {type(input_list).__name__}"
         )
     _check_tensor(input_list[0], "input_list[0]", "all_to_all")
-    ins = _args.check_tensor_list(input_list, "input_list", "all_to_all", ws, input_list[0])
-    outs = _args.check_tensor_list(output_list, "output_list", "all_to_all", ws, input_list[0])
+    ins = _wire.check_tensor_list(input_list, "input_list", "all_to_all", ws, input_list[0])
+    outs = _wire.check_tensor_list(output_list, "output_list", "all_to_all", ws, input_list[0])
     return g.run(ALL_TO_ALL, ins[0], async_op, extra=(ins, outs))
 
 

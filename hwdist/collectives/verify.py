@@ -40,7 +40,7 @@ import torch.distributed as torch_dist
 from .. import _state, registry, settings
 from ..errors import CollectiveMismatch
 from . import call_entry, engine, protocol, transport
-from ._args import op_field
+from ._wire import op_field
 
 __all__ = [
     "CollectiveMismatch",
@@ -481,7 +481,7 @@ class TensorFields:
         check: bool = False,
     ) -> Fields:
         # piece sizes may differ by design: dtype and count here, sizes in the strategy's header round
-        # (_alltoall), which verifies well-formed calls itself (``check``: the fields it stamps)
+        # (_uneven), which verifies well-formed calls itself (``check``: the fields it stamps)
         first = input_list[0] if isinstance(input_list, (list, tuple)) and input_list else input_list
         pieces = [
             len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in (input_list, output_list)

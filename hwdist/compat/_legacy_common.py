@@ -10,7 +10,7 @@ import torch.distributed as torch_dist
 
 import hwdist
 
-from ..collectives.consensus import agree
+from ..collectives.protocol import agree
 from ..errors import CollectiveArgumentError, NotInitializedError
 
 __all__ = [

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 import hwdist
 
-from ..collectives.consensus import agree
+from ..collectives.protocol import agree
 from ..drivers.nccl import NcclDriver
 from ..errors import ArgumentAssertionError, CollectiveArgumentError
 from ..launch.resolvers import env_int

@@ -11,7 +11,7 @@ import torch.distributed as torch_dist
 from .. import registry
 from ..collectives import tensor as _t
 from ..collectives.engine import view
-from ..collectives.consensus import agree
+from ..collectives.protocol import agree
 from ..info import is_distributed
 
 Tensor = torch.Tensor
@@ -39,7 +39,7 @@ def check_same_tensors(
 ) -> int:
     """Check that every rank holds the same number, shapes and dtypes of ``tensors`` (and ``config``).
 
-    One ``collectives.consensus.agree`` exchange of the count, a
+    One ``collectives.protocol.agree`` exchange of the count, a
     62-bit fingerprint of shapes and dtypes, a 31-bit one of ``config``
     (arguments that decide the collectives, e.g. the bucket sizes) and
     ``flag``. When a rank's input was invalid (``problem``: raised there; a

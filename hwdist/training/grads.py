@@ -7,7 +7,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from .. import registry
-from ..collectives.consensus import max_over_ranks
+from ..collectives.protocol import max_over_ranks
 from ..collectives import tensor as _t
 from ..collectives.call_entry import collective
 from ..collectives.flat import unique_tensors

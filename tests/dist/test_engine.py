@@ -234,16 +234,9 @@ def test_switching_verification_restarts_the_call_numbers():
 # ---------------------------------------------------------------------------
 # the engine is the one module of the tensor collectives and the transport that calls torch.distributed
 # ---------------------------------------------------------------------------
-_ENGINE_USERS = [
-    "hwdist/collectives/tensor.py",
-    "hwdist/collectives/_strategies.py",
-    "hwdist/collectives/_alltoall.py",
-    "hwdist/collectives/transport.py",
-    "hwdist/collectives/_wire.py",
-    "hwdist/collectives/_args.py",
-    "hwdist/collectives/call_entry.py",
-    "hwdist/collectives/verify.py",
-]
+_ENGINE_USERS = sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "hwdist" / "collectives").glob("*.py") if p.name != "engine.py"
+)
 _COLLECTIVES = {
     "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all",
     "all_to_all_single", "barrier", "send", "recv", "isend", "irecv", "all_gather_into_tensor",
