@@ -234,6 +234,13 @@ def group_store(group: Any) -> Optional[Any]:
 # torch 2.1 (2.1.2: AttributeError; 2.4.1 and later have it; 2.2/2.3 not measured). Without it, a wait of
 # 1 ms per call answers the same (checked on 2.1.2's TCPStore: a timed-out wait leaves the connection
 # usable). Drop when torch>=2.4 is the floor.
+# Whether torch.compile / torch.export is tracing now (dynamo reads it as True then): public from torch 2.3.
+# Verification's header round is skipped while tracing (its bytes would be traced, not exchanged). Before
+# 2.3 nothing is traced through hwdist's collectives here. Drop the fallback when torch>=2.3 is the floor.
+is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (
+    lambda: False
+)
+
 STORE_HAS_CHECK: bool = DIST_AVAILABLE and hasattr(_dist.PrefixStore, "check")
 
 

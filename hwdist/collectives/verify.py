@@ -37,7 +37,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 import torch
 import torch.distributed as torch_dist
 
-from .. import _state, registry, settings
+from .. import _compat, _state, registry, settings
 from ..errors import CollectiveMismatch
 from . import call_entry, engine, protocol, transport
 from ._wire import op_field
@@ -246,8 +246,8 @@ def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
     [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch] on what it received:
     verification then costs it no collective of its own.
     """
-    if not _enabled or not call_entry.verifying():
-        return None
+    if not _enabled or not call_entry.verifying() or _compat.is_compiling():
+        return None  # (while torch.compile traces, the header's bytes would be traced, not exchanged)
     seq = _next_seq(group)
     desc = {**fields, "op": op, "seq": seq}
     site = 0

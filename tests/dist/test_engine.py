@@ -158,7 +158,8 @@ def test_without_a_process_group_every_collective_is_local():
 # verification mode: the engine's hook, and its call numbers in the group's state
 # ---------------------------------------------------------------------------
 def _hook_rank() -> dict:
-    out: dict = {"off": call_entry.hook() is None}
+    with verify.verification(False):
+        out: dict = {"off": call_entry.hook() is None}
     seen: list = []
 
     def record(op, group, sample, fields):
@@ -188,7 +189,8 @@ def _hook_rank() -> dict:
         finally:
             engine.set_hook(verify._hook)
     out["seen"] = seen
-    out["off_again"] = call_entry.hook() is None
+    with verify.verification(False):
+        out["off_again"] = call_entry.hook() is None
     # a mismatch through the hook: every rank raises, naming each rank's value
     with verify.verification():
         try:
@@ -221,14 +223,19 @@ def test_verification_is_a_hook_of_the_engine(dist, world_size, backend):
 
 
 def test_switching_verification_restarts_the_call_numbers():
-    assert verify.verification_enabled() is False
-    old = verify.set_verification(True, call_sites=False)
+    assert verify.verification_enabled() is True  # on by default
+    generation = verify._generation
+    old = verify.set_verification(False)
     try:
-        assert old is False and verify.verification_enabled() and call_entry.hook() is verify._hook
-        assert verify._call_sites is False
+        assert old is True and not verify.verification_enabled() and call_entry.hook() is None
+        assert verify._generation == generation + 1
     finally:
-        assert verify.set_verification(False) is True
-    assert call_entry.hook() is None and verify._call_sites is True
+        assert verify.set_verification(True, call_sites=True) is False
+    try:
+        assert call_entry.hook() is verify._hook and verify._call_sites is True
+    finally:
+        verify.set_verification(True)
+    assert verify._call_sites is False and verify._generation == generation + 3
 
 
 # ---------------------------------------------------------------------------
@@ -349,6 +356,11 @@ def test_default_view_is_made_anew_after_destroy_and_reinit():
 # ---------- the pass-through: torch's own function on the caller's tensor ----------
 
 def _values_rank() -> dict:
+    with hwdist.verification(False):  # the pass-through alone: one torch call each
+        return _values()
+
+
+def _values() -> dict:
     r, ws = hwdist.get_rank(), hwdist.get_world_size()
     out: dict = {}
     hwdist.all_reduce(torch.zeros(4))
@@ -461,8 +473,8 @@ def _special_rank() -> dict:
         out["coalesced"] = {}
         for who, fn in (("raw", torch.distributed.all_reduce), ("hwdist", hwdist.all_reduce)):
             x, y = torch.full((2,), r + 1.0), torch.full((3,), 2.0 * (r + 1))
-            try:
-                with manager():
+            try:  # torch's (private) coalescing block defers every collective: verification off inside
+                with manager(), hwdist.verification(False):
                     fn(x)
                     fn(y)
                     inside = (x.tolist(), y.tolist())
