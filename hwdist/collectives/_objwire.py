@@ -288,19 +288,26 @@ class Link:
         raise_failures(records, what, opcode, root)
         return records
 
-    def receive_record(self, record: Optional[np.ndarray], root: int) -> Record:
-        """Group rank ``root``'s record on every rank (``record`` matters there only), unchecked.
+    def receive_record(
+        self, record: Optional[np.ndarray], root: int, what: str = "", opcode: int = 0
+    ) -> Record:
+        """Group rank ``root``'s record on every rank (``record`` matters on ``root`` only), unchecked.
 
-        One broadcast; a verified call all-gathers instead (every rank's fingerprint with ``root``'s record).
+        One broadcast. A verified call all-gathers instead: every rank's fingerprint with ``root``'s record,
+        and every rank's failure (a rank's own ``record`` may report one: ``raise_failures`` with ``what``
+        and ``opcode`` then raises it on every rank).
         """
         if self._pending is not None:
-            mine = record if record is not None else make_record(0, root=root)
-            return self._gathered(mine)[root]
+            mine = record if record is not None else make_record(opcode, root=root)
+            records = self._gathered(mine)
+            if any(r.status != OK for r in records):
+                raise_failures(records, what, opcode, root)
+            return records[root]
         return parse_record(root, self.broadcast(record, RECORD_BYTES, root))
 
     def broadcast_record(self, record: Optional[np.ndarray], what: str, opcode: int, root: int) -> Record:
         """Group rank ``root``'s record on every rank (``record`` matters there only); raises its failure."""
-        rec = self.receive_record(record, root)
+        rec = self.receive_record(record, root, what, opcode)
         raise_failures([rec], what, opcode, root)
         return rec
 

@@ -311,7 +311,7 @@ def broadcast_object_list(
     if world_size(group) == 1:
         return
     comm = Link(group)
-    comm.verify("broadcast_object_list", {"src": rank_field(src), "data_is_list": not bad})
+    comm.verify("broadcast_object_list", {"src": rank_field(src)})
     op = OPS["broadcast_object_list"]
     try:
         root = check_root(comm, src, "src")
@@ -332,7 +332,9 @@ def broadcast_object_list(
         if own is not None:
             comm.broadcast(own, source.nbytes, root)
         return
-    source = comm.receive_record(None, root)
+    # verified: every rank's record is all-gathered, so a non-list here fails on every rank
+    mine = failure_record(op, LocalFailure(ASSERTED, bad.partition(": ")[2]), root=root) if bad else None
+    source = comm.receive_record(mine, root, "broadcast_object_list", op)
     if source.status == OK and (source.op != op or source.root != root):
         raise CollectiveArgumentError(
             f"broadcast_object_list: rank {root} sent {OP_NAMES.get(source.op, source.op)}"

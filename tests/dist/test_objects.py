@@ -224,11 +224,13 @@ def test_bad_arguments_raise_on_every_rank(dist, backend):
         assert "failed on rank(s) 1: rank 1: serializer must be a hwdist Serializer or None" in texts[5]
     for msgs in dist(_bad_arguments, 2, backend, True):
         kinds = [m[0] for m in msgs]
-        assert kinds == ["CollectiveMismatch"] * 3 + ["CollectiveArgumentError"] * 2 + [
-            "CollectiveMismatch", "CollectiveArgumentError"
-        ], msgs
-        assert "data_is_list: rank 0: True; rank 1: False" in msgs[0][1]
-        assert "data_is_list: rank 0: False; rank 1: True" in msgs[1][1]
+        assert kinds == ["ArgumentAssertionError"] * 2 + ["CollectiveMismatch"] + [
+            "CollectiveArgumentError"
+        ] * 2 + ["CollectiveMismatch", "CollectiveArgumentError"], msgs
+        # a non-list on one rank: every rank learns it from the all-gathered records (an AssertionError, as
+        # mmengine's assert, on every rank)
+        assert "failed on rank(s) 1" in msgs[0][1] and "data must be a list, got str" in msgs[0][1]
+        assert "failed on rank(s) 0" in msgs[1][1] and "data must be a list, got str" in msgs[1][1]
         assert "dst: rank 0: 2; rank 1: 0" in msgs[2][1]
         assert "scatter_object_input_list must be a list of 2 objects" in msgs[3][1]
         assert "scatter_object_output_list must be a non-empty list" in msgs[4][1]

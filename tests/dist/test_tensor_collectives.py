@@ -140,8 +140,8 @@ def test_bad_input_raises_on_every_rank(dist, combo):
         else:
             assert kind == "ValueError" and f"src rank {src} was invalid" in msg, msg
         if ws > 1:
-            kind, msg = got["dtype_mismatch"]
-            assert kind == "TypeError" and "rank 1: float64" in msg and "rank 0: float32" in msg
+            kind, msg = got["dtype_mismatch"]  # verification (the default) names each rank's dtype
+            assert kind == "CollectiveMismatch" and "rank 1: float64" in msg and "rank 0: float32" in msg
         assert got["op"][0] == "ValueError" and "all_reduce: op must be one of 'sum', 'mean'" in got["op"][1]
         assert "'average'" in got["op"][1]
         assert got["op_obj"][0] == "ValueError" and "3.5" in got["op_obj"][1]
@@ -334,7 +334,6 @@ def test_bad_arguments_outside_a_process_group():
             ValueError,
             "timeout must be a positive number of seconds",
         ),
-        (lambda: hwdist.set_object_path("fast"), ValueError, "object path must be one of"),
         (
             lambda: hwdist.collect_results([1], 1, device="npu"),
             hwdist.CollectiveArgumentError,
