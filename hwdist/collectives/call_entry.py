@@ -195,26 +195,41 @@ def _drop(obs: Observer, exc: Exception) -> None:
     )
 
 
+#: Verification's hook, registered once by ``verify`` at import: what ``verify=True`` calls while the mode
+#: is off.
+_verifier: Optional[Callable[[str, Any, Any, dict[str, Any]], None]] = None
+
+
+def set_verifier(hook: Callable[[str, Any, Any, dict[str, Any]], None]) -> None:
+    """Register verification's hook, for calls that ask for it with ``verify=True`` while the mode is off."""
+    global _verifier
+    _verifier = hook
+
+
 def verifying() -> bool:
-    """Whether the call in flight on this thread is verified (a hook is set and no ``verify=False``)."""
+    """Whether the call in flight on this thread is verified: the mode is on (its hook is set) and the call
+    did not pass ``verify=False``, or the call passed ``verify=True``."""
+    if getattr(_local, "forced", False):
+        return True
     return _hook is not None and not getattr(_local, "unverified", False)
 
 
-def _unverified(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """``fn`` with verification off for this call and what it calls (``verify=False``)."""
-    before = getattr(_local, "unverified", False)
-    _local.unverified = True
+def _with_flag(flag: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn`` with this thread's ``flag`` set for the call and what it calls (``verify=False`` sets
+    ``unverified``, ``verify=True`` sets ``forced``)."""
+    before = getattr(_local, flag, False)
+    setattr(_local, flag, True)
     try:
         return fn(*args, **kwargs)
     finally:
-        _local.unverified = before
+        setattr(_local, flag, before)
 
 
 def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, dict[str, Any]]]) -> F:
     """``fn`` preceded by the hook, handed ``describe(*args, **kwargs)`` (the path while the mode is on)."""
 
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        hook = _hook
+        hook = _hook if not getattr(_local, "forced", False) else (_hook or _verifier)
         if hook is not None and not getattr(_local, "unverified", False):
             try:
                 group, sample, fields = describe(*args, **kwargs)
@@ -241,8 +256,9 @@ def collective(
             call's ``(group, sample tensor or None, fields)``; it runs only while a hook is set.
             None: the hook is not called (the function reaches it itself, through ``engine.check``).
 
-    Every decorated collective accepts ``verify=False`` (a keyword its own signature need not have):
-    the call, and what it calls, skips verification.
+    Every decorated collective accepts ``verify=`` (a keyword its own signature need not have): False:
+    the call, and what it calls, skips verification; True: it is verified even while the mode is off;
+    None: as the mode says.
     """
 
     def decorate(fn: F) -> F:
@@ -252,11 +268,13 @@ def collective(
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            body = fn if _hook is None else checked
             if kwargs and "verify" in kwargs:
                 verify = kwargs["verify"] if takes_verify else kwargs.pop("verify")
                 if verify is False and not getattr(_local, "unverified", False):
-                    return _unverified(guarded, args, kwargs)
+                    return _with_flag("unverified", guarded, args, kwargs)
+                if verify is True and _hook is None and not getattr(_local, "forced", False):
+                    return _with_flag("forced", guarded, args, kwargs)
+            body = fn if _hook is None and not getattr(_local, "forced", False) else checked
             group = args[group_index] if len(args) > group_index else kwargs.get("group")
             if group is None:
                 key = 0

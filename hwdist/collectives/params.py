@@ -31,11 +31,12 @@ from ..errors import ArgumentAssertionError, PlanError
 from . import protocol, transport, verify
 from . import tensor as _t
 from ._wire import divide, not_dense, op_field
+from . import call_entry
 from .call_entry import collective
 from .engine import check
 from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 from .protocol import check_same_dicts  # noqa: F401 (re-exported)
-from .verify import describe_tensor, verification_enabled
+from .verify import describe_tensor
 
 __all__ = ["all_reduce_dict", "all_reduce_params"]
 
@@ -420,7 +421,11 @@ def _agree(data: Any, op: Any, problem: Optional[Exception], group: Any) -> None
 
 @collective(2)
 def all_reduce_dict(
-    data: MutableMapping, op: _t.ReduceOpLike = "sum", group: Optional[Any] = None, *, verify: bool = True
+    data: MutableMapping,
+    op: _t.ReduceOpLike = "sum",
+    group: Optional[Any] = None,
+    *,
+    verify: Optional[bool] = None,
 ) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
@@ -435,16 +440,16 @@ def all_reduce_dict(
     canonical text (sets by their sorted items), so equal dicts pair their values whatever the order
     their keys were inserted in.
 
-    With verification on (the default; ``verify=False`` turns it off for this call, as for every
-    collective) the call starts with one header round: every rank's fingerprint of op, keys, shapes and
-    dtypes. When a value on some rank is not a dense tensor with data, ``op`` or ``data`` is bad there, or
-    the dicts differ, every rank raises before any value moves: a ValueError (PlanError where no rank's
-    backend can reduce a dtype) naming each failing rank, or
+    With verification on (the default; ``verify=False`` turns it off for this call and ``verify=True``
+    on, as for every collective) the call starts with one header round: every rank's fingerprint of op,
+    keys, shapes and dtypes. When a value on some rank is not a dense tensor with data, ``op`` or
+    ``data`` is bad there, or the dicts differ, every rank raises before any value moves: a ValueError
+    (PlanError where no rank's backend can reduce a dtype) naming each failing rank, or
     [`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] (a ValueError) naming each
-    rank's keys, shapes or dtypes where they differ. Then one all_reduce per flat buffer: two collectives
-    in all. Without verification: one collective; a mismatch is undefined (mmengine's behaviour) and a
-    bad value raises on its own rank only, before that rank communicates. ``verify`` must be the same on
-    every rank.
+    rank's keys, shapes or dtypes where they differ. Then one all_reduce per flat buffer: two
+    collectives in all. Without verification: one collective; a mismatch is undefined (mmengine's
+    behaviour) and a bad value raises on its own rank only, before that rank communicates. ``verify``
+    must be the same on every rank.
 
     Non-distributed or a one-rank group: does nothing.
 
@@ -452,7 +457,8 @@ def all_reduce_dict(
         data: ``{key: Tensor}``, updated in place.
         op: the reduce op.
         group: process group.
-        verify: False: no header round for this call (see above).
+        verify: False: no header round for this call; True: a header round even while verification is
+            off; None: as ``hwdist.verification_enabled()`` says.
 
     Raises:
         ValueError: unknown ``op``; the dicts differ across ranks, or a
@@ -499,7 +505,7 @@ def all_reduce_dict(
         bufs = layout.try_pack(rop, keys, values) if layout is not None else None
         if values and bufs is None:
             # a bad value: ValueError on every rank when verified, else TypeError on this rank
-            kind = ValueError if verify and verification_enabled() else TypeError
+            kind = ValueError if call_entry.verifying() else TypeError
             try:
                 layout = state.layout(group, rop, keys, values, kind)
                 bufs = layout.pack(values)

@@ -246,7 +246,7 @@ def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
     [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch] on what it received:
     verification then costs it no collective of its own.
     """
-    if not _enabled or not call_entry.verifying() or _compat.is_compiling():
+    if not call_entry.verifying() or _compat.is_compiling():
         return None  # (while torch.compile traces, the header's bytes would be traced, not exchanged)
     seq = _next_seq(group)
     desc = {**fields, "op": op, "seq": seq}
@@ -378,7 +378,8 @@ def seq_reset(group: Optional[Any] = None) -> None:
         _state.of(group).verify_seq = None
 
 
-_mode_changed()  # the initial value (HWDIST_DEBUG): mirrors and the engine's hook
+_mode_changed()  # the initial value (HWDIST_VERIFY, HWDIST_DEBUG): mirrors and the engine's hook
+call_entry.set_verifier(_hook)  # what verify=True calls while the mode is off
 
 
 # ---------------------------------------------------------------------------
