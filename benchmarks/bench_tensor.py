@@ -8,12 +8,15 @@ on a shared machine cancels) and the ratio of the minimums. Nothing here asserts
 
 Usage::
 
-    python -m benchmarks.bench_tensor [--quick] [--passthrough | --dict] [--json PATH]
+    python -m benchmarks.bench_tensor [--quick] [--passthrough | --dict | --header] [--json PATH]
 
 ``--passthrough`` runs only the pass-through rows (the engine's fast path:
 ``all_reduce``, ``broadcast``, ``all_gather(same_shape=True)``, sync and async,
 each with the raw call timed against itself as the noise floor of that case);
-``--dict`` only the ``all_reduce_dict`` rows.
+``--dict`` only the ``all_reduce_dict`` rows; ``--header`` what verification's header round
+costs, at 2 and 3 ranks: ``all_reduce`` verified (the default) against raw torch and against raw
+torch plus one raw header round (an all_gather of 1 KiB per rank), and with ``verify=False``
+against raw torch, each with the raw call against itself as the noise floor.
 
 Cases: all_reduce 4 KiB / 1 MiB / 64 MiB, mean, all_gather (with and without
 the shape exchange), broadcast, all_reduce_dict of 20 metrics vs a
@@ -325,6 +328,48 @@ def bench_passthrough(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _raw_header_round() -> Callable[[], Any]:
+    """One raw header round: an all_gather of 1 KiB per rank into one flat buffer (what verification
+    issues, without hwdist's encoding)."""
+    ws = tdist.get_world_size()
+    row = torch.zeros(1024, dtype=torch.uint8)
+    out = torch.empty(ws * 1024, dtype=torch.uint8)
+    return lambda: tdist.all_gather_into_tensor(out, row)
+
+
+def bench_header(quick: bool) -> list[dict[str, Any]]:
+    """What verification's header round costs a pass-through all_reduce, against raw torch."""
+    ws = tdist.get_world_size()
+    header = _raw_header_round()
+    rows: list[dict[str, Any]] = []
+    for nbytes in (4, 64 * KiB, MiB):
+        t = torch.ones(max(nbytes // 4, 1))
+        iters = _iters_for(max(nbytes, 4 * KiB), quick)[0]
+        samples = 7 if quick else 31
+
+        def raw_and_header(t: torch.Tensor = t) -> None:
+            tdist.all_reduce(t)
+            header()
+
+        cases: dict[str, Callable[[], Any]] = {
+            "verified": lambda t=t: hwdist.all_reduce(t),
+            "unverified": lambda t=t: hwdist.all_reduce(t, verify=False),
+            "raw": lambda t=t: tdist.all_reduce(t),
+            "raw_again": lambda t=t: tdist.all_reduce(t),
+            "raw_and_header": raw_and_header,
+        }
+        times = measure(cases, iters, samples)
+        size = "1 element" if nbytes == 4 else _size(nbytes)
+        rows.append(_row(f"{ws} ranks, all_reduce {size}, verified, vs raw", times, "verified", "raw"))
+        rows.append(
+            _row(f"{ws} ranks, all_reduce {size}, verified, vs raw + one header round", times, "verified",
+                 "raw_and_header")
+        )  # fmt: skip
+        rows.append(_row(f"{ws} ranks, all_reduce {size}, verify=False, vs raw", times, "unverified", "raw"))
+        rows.append(_row(f"{ws} ranks, control: raw all_reduce {size} vs itself", times, "raw_again", "raw"))
+    return rows
+
+
 def bench_passthrough_solo(quick: bool) -> list[dict[str, Any]]:
     """The wrapper's own cost on a 1-rank group, where the raw call is cheapest."""
     one = torch.ones(1)
@@ -371,6 +416,9 @@ def main(argv: list[str]) -> int:
     if "--dict" in argv:
         argv = [a for a in argv if a != "--dict"]
         return bench_main(argv, __doc__.splitlines()[0], [(2, bench_dict)], format_table)
+    if "--header" in argv:
+        argv = [a for a in argv if a != "--header"]
+        return bench_main(argv, __doc__.splitlines()[0], [(2, bench_header), (3, bench_header)], format_table)
     if "--passthrough" in argv:
         argv = [a for a in argv if a != "--passthrough"]
         stages = [(2, bench_passthrough), (1, bench_passthrough_solo)]

@@ -60,7 +60,7 @@ from . import transport
 __all__ = [
     "HEADER_BYTES", "INLINE_BYTES", "MAGIC", "OK", "INLINE_CUT", "DESCRIBED", "OPS", "OP_NAMES", "Header",
     "encode", "decode", "parse_rows", "exchange", "broadcast", "dtype_code", "dtype_name", "digest",
-    "op_code", "op_name", "stamp", "set_inline_length", "INLINE_AT",
+    "op_code", "op_name", "stamp", "set_inline_length", "INLINE_AT", "exchange_rows", "rows_agree",
     "Agreement", "agree", "Raiser", "check_same_dicts", "dict_fingerprint", "max_over_ranks",
 ]  # fmt: skip
 
@@ -241,6 +241,22 @@ def parse_rows(rows: np.ndarray, first: int = 0) -> list[Header]:
     """Every rank's header from the rows of a header all_gather (one row per group rank)."""
     words: list[list[int]] = rows[:, :_HEAD].copy().view("<i8").tolist()  # Python ints, in one call
     return [_decode(first + r, w, rows[r]) for r, w in enumerate(words)]
+
+
+def exchange_rows(h: Header, group: Any, driver: Any, wait: Any = None) -> np.ndarray:
+    """The header round's rows (a ``(world, HEADER_BYTES)`` uint8 array), not decoded."""
+    return transport.gather_rows(encode(h), group, driver, wait)
+
+
+#: The words a verified call's headers must share (magic, status, op, call number; fingerprint, site).
+_AGREE = (slice(0, 32), slice(160, 176))
+
+
+def rows_agree(rows: np.ndarray) -> bool:
+    """Whether every row holds the first row's magic, OK status, op, call number, fingerprint and call site
+    (a verified call agrees: nothing needs decoding)."""
+    first = rows[0]
+    return int(first[8:16].view("<i8")[0]) == OK and all((rows[:, s] == first[s]).all() for s in _AGREE)
 
 
 def exchange(h: Header, group: Any, driver: Any, wait: Any = None) -> list[Header]:

@@ -27,6 +27,7 @@ one global read per call; when on: one all_gather of one 1 KiB header per rank
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import operator
 import os
@@ -225,7 +226,10 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     st = stamp(op, group, fields)
     if st is None or torch_dist.get_world_size(group) == 1:
         return
-    raise_if_mismatch(op, protocol.exchange(call_header(op, st), group, driver), st, group, driver)
+    rows = protocol.exchange_rows(call_header(op, st), group, driver)
+    if protocol.rows_agree(rows):  # the common case: no header is decoded
+        return
+    raise_if_mismatch(op, protocol.parse_rows(rows), st, group, driver)
 
 
 class Stamp(NamedTuple):
@@ -249,13 +253,23 @@ def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
     if not call_entry.verifying() or _compat.is_compiling():
         return None  # (while torch.compile traces, the header's bytes would be traced, not exchanged)
     seq = _next_seq(group)
-    desc = {**fields, "op": op, "seq": seq}
-    site = 0
     if _call_sites:
-        desc["call site"] = _call_site()
-        site = protocol.digest(desc["call site"])
-    text = json.dumps(desc, sort_keys=True, default=str)
-    return Stamp(seq, protocol.digest(text), site, text)
+        site_text = _call_site()
+        text = json.dumps({**fields, "op": op, "call site": site_text}, sort_keys=True, default=str)
+        return Stamp(seq, protocol.digest(text), protocol.digest(site_text), text)
+    try:
+        text, fingerprint = _described(op, tuple(fields.items()))
+    except TypeError:  # a field value that is not hashable (a dict's keys): described afresh
+        text = json.dumps({**fields, "op": op}, sort_keys=True, default=str)
+        fingerprint = protocol.digest(text)
+    return Stamp(seq, fingerprint, 0, text)
+
+
+@functools.lru_cache(maxsize=512)
+def _described(op: str, items: tuple[tuple[str, Any], ...]) -> tuple[str, int]:
+    """A call's description and its fingerprint (the same fields give the same text: computed once)."""
+    text = json.dumps({**dict(items), "op": op}, sort_keys=True, default=str)
+    return text, protocol.digest(text)
 
 
 def call_header(op: str, st: Stamp, **words: Any) -> protocol.Header:
@@ -298,9 +312,11 @@ def raise_if_mismatch(op: str, headers: list[protocol.Header], own: Stamp, group
     everyone = []
     for h, t in zip(headers, texts):
         try:
-            everyone.append(json.loads(t))
+            desc = json.loads(t)
         except ValueError:
-            everyone.append({"op": protocol.op_name(h.op), "seq": h.seq})
+            desc = {"op": protocol.op_name(h.op)}
+        desc["seq"] = h.seq  # the call number travels in its own word
+        everyone.append(desc)
     raise CollectiveMismatch(_format_mismatch(op, everyone))
 
 
