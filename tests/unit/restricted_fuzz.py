@@ -27,7 +27,7 @@ import tracemalloc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hwdist.collectives import serialization as ser
+from hwdist import serialization as ser
 from tests.unit.restricted_probe import attacks, diff, legit_objects, load_one, snapshot, touch, warm_up
 
 PEAK_LIMIT = 32 << 20
@@ -83,7 +83,7 @@ _GLOBALS = [
     ("torch._utils", "_rebuild_parameter"),
     ("torch._utils", "_rebuild_tensor_v2"),
     ("torch.nn.parameter", "Parameter"),
-    ("hwdist.collectives.serialization", "_rebuild_tensor"),
+    ("hwdist.serialization.tensors", "rebuild_tensor"),
     ("numpy", "dtype"),
     ("numpy", "ndarray"),
     ("numpy._core.multiarray", "_reconstruct"),

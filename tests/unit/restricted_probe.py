@@ -83,7 +83,7 @@ def attacks(marker: str) -> dict[str, bytes]:
         "binbytes8_1gib": b"\x80\x04\x8e" + struct.pack("<Q", 2**30) + b".",
         "memo_index_4g": b"\x80\x02Nr\xff\xff\xff\xff.",
         "list_of_range": _g("builtins", "list") + b"(" + _g("builtins", "range") + b"(J\x00\x00\x00\x40tRtR.",
-        "tensor_empty_buffer": _g("hwdist.collectives.serialization", "_rebuild_tensor")
+        "tensor_empty_buffer": _g("hwdist.serialization.tensors", "rebuild_tensor")
         + b"(C\x00Vfloat32\n(J\x00\x00\x00\x10tI00\ntR.",
         # code execution through a global off the allow-list
         "open_marker": pickle.dumps(R(open, (marker, "w")), protocol=4),
@@ -150,7 +150,7 @@ _MODULES = (builtins, collections, datetime, decimal, fractions, np, torch, pick
 
 
 def _watched_classes() -> list[type]:
-    from hwdist.collectives.restricted import checks
+    from hwdist.serialization.restricted import checks
 
     classes = {v for v in checks.VALUES.values() if isinstance(v, type)}
     classes |= {
@@ -214,7 +214,7 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def load_one(payload: bytes, via_frame: bool = True) -> tuple[str, str, Any]:
     """``(outcome, message, object)``: outcome is 'refused', 'error' (another exception) or 'loaded'."""
-    from hwdist.collectives import serialization as ser
+    from hwdist import serialization as ser
 
     try:
         if via_frame:
@@ -244,9 +244,9 @@ def warm_up() -> None:
 
     First-use imports are not a payload's doing.
     """
-    from hwdist.collectives import serialization as ser
+    from hwdist import serialization as ser
 
-    from hwdist.collectives.restricted.checks import _TORCH_DTYPES
+    from hwdist.serialization.restricted.checks import _TORCH_DTYPES
 
     inband = ser.PickleSerializer(oob_threshold=1 << 40)
     extra = [torch.zeros(3, dtype=dt) for dt in _TORCH_DTYPES.values()]

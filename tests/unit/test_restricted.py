@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import hwdist
-from hwdist.collectives import serialization as ser
+from hwdist import serialization as ser
 from tests.unit.restricted_probe import R, attacks, legit_objects, run_child
 import os
 import subprocess

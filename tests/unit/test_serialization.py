@@ -12,14 +12,15 @@ import pytest
 import torch
 
 import hwdist
-from hwdist.collectives.restricted import loader as _restricted
-from hwdist.collectives import serialization as ser
+from hwdist.serialization.restricted import loader as _restricted
+from hwdist import serialization as ser
+from hwdist.serialization import frames
 
 
 def _roundtrip(obj, serializer=None, map_location=None):
     frame = ser.encode(obj, serializer)
     data = frame.to_numpy()
-    assert data.size == frame.nbytes and frame.nbytes % ser.ALIGN == 0
+    assert data.size == frame.nbytes and frame.nbytes % frames.ALIGN == 0
     return ser.decode(data, 0, serializer, map_location), frame, data
 
 

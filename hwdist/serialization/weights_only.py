@@ -10,7 +10,7 @@ torch it supports.
 
 With ``weights_only=True`` hwdist reads payloads with its restricted loader
 (``restricted/loader.py``: hwdist's allow-list, the types registered with
-[`register_safe_class`][hwdist.collectives.restricted.loader.register_safe_class],
+[`register_safe_class`][hwdist.serialization.restricted.loader.register_safe_class],
 and the types registered with torch's ``add_safe_globals`` at the moment of
 the call). torch's own loader was measured against hwdist's hostile payloads
 and is not used: it cannot read hwdist's frames (protocol 5, out-of-band
@@ -29,17 +29,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from .. import _compat
 from ..errors import CollectiveArgumentError, UnpicklingRefused
-from .restricted import pair
-from .serialization import (
-    OOB_THRESHOLD,
-    Frame,
-    PickleSerializer,
-    RestrictedPickleSerializer,
-    Serializer,
-    get_serializer,
-)
+from .frames import Frame
+from .restricted import torch_safe_pairs
+from .serializers import PickleSerializer, RestrictedPickleSerializer, Serializer, get_serializer
+from .tensors import OOB_THRESHOLD
 
 __all__ = ["WeightsOnlySerializer", "for_call", "torch_safe_pairs", "check_own", "HINT"]
 
@@ -49,26 +43,12 @@ HINT = (
 )
 
 
-def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
-    """``(module, name)`` of every type torch's ``add_safe_globals`` / ``safe_globals`` allow now."""
-    out = []
-    for entry in _compat.torch_safe_globals():
-        try:
-            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
-                out.append(pair("add_safe_globals", entry[1]))  # (obj, "module.Name") as torch allows
-            else:
-                out.append(pair("add_safe_globals", entry))
-        except (TypeError, ValueError):  # an entry without a name: no payload can name it either
-            continue
-    return tuple(out)
-
-
 class WeightsOnlySerializer(RestrictedPickleSerializer):
     """The serializer a ``weights_only=True`` call uses: restricted, plus torch's safe globals.
 
     Args:
         extra: ``(module, name)`` pairs allowed by the serializer it stands in for.
-        oob_threshold: as [`PickleSerializer`][hwdist.collectives.serialization.PickleSerializer].
+        oob_threshold: as [`PickleSerializer`][hwdist.serialization.serializers.PickleSerializer].
     """
 
     def __init__(self, extra: Sequence[tuple[str, str]] = (), oob_threshold: int = OOB_THRESHOLD) -> None:

@@ -20,7 +20,7 @@ values to a constructor unchecked:
   refused.
 
 Everything that is not accepted raises
-[`UnpicklingRefused`][hwdist.collectives.restricted.checks.UnpicklingRefused].
+[`UnpicklingRefused`][hwdist.errors.UnpicklingRefused].
 The trust model is described in ``docs/objects.md`` and ``docs/reliability.md``.
 """
 
@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
+from ... import _compat
 from .checks import (
     CALLS,
     SERIALIZATION,
@@ -55,6 +56,7 @@ __all__ = [
     "register_safe_class",
     "safe_globals",
     "restricted_loads",
+    "torch_safe_pairs",
 ]
 
 # ---- the allow-list -------------------------------------------------------------------
@@ -97,7 +99,7 @@ SAFE: set[tuple[str, str]] = {
     ("torch._utils", "_rebuild_parameter"),
     ("torch._utils", "_rebuild_parameter_with_state"),
     ("torch.nn.parameter", "Parameter"),
-    (SERIALIZATION, "_rebuild_tensor"),
+    (SERIALIZATION, "rebuild_tensor"),
     ("numpy", "dtype"),
     ("numpy", "ndarray"),
 }
@@ -152,6 +154,20 @@ def safe_globals() -> frozenset[tuple[str, str]]:
     """The ``(module, name)`` pairs the restricted unpickler accepts (besides builtins and torch dtypes)."""
     with _SAFE_LOCK:
         return frozenset(SAFE)
+
+
+def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
+    """``(module, name)`` of every type torch's ``add_safe_globals`` / ``safe_globals`` allow now."""
+    out = []
+    for entry in _compat.torch_safe_globals():
+        try:
+            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
+                out.append(pair("add_safe_globals", entry[1]))  # (obj, "module.Name") as torch allows
+            else:
+                out.append(pair("add_safe_globals", entry))
+        except (TypeError, ValueError):  # an entry without a name: no payload can name it either
+            continue
+    return tuple(out)
 
 
 # ---- the interpreter ------------------------------------------------------------------------
@@ -471,7 +487,7 @@ class RestrictedUnpickler:
 def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
     """``pickle.loads`` through the restricted unpickler.
 
-    See [`RestrictedUnpickler`][hwdist.collectives.restricted.loader.RestrictedUnpickler].
+    See [`RestrictedUnpickler`][hwdist.serialization.restricted.loader.RestrictedUnpickler].
 
     Examples:
         >>> hwdist.restricted_loads(pickle.dumps({"a": np.arange(3)}))

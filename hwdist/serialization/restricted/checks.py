@@ -24,13 +24,15 @@ import torch
 if TYPE_CHECKING:
     from .loader import Loader
 
-SERIALIZATION = "hwdist.collectives.serialization"
+#: The module whose ``rebuild_tensor`` hwdist's tensor streams name.
+SERIALIZATION = "hwdist.serialization.tensors"
 #: Deepest chain of tuples/frozensets (hashed recursively by CPython) a payload may build.
 MAX_NESTING = 1000
 _MAX_DIMS = 32
 
 
 from ...errors import UnpicklingRefused  # noqa: E402
+from ..tensors import plain_dtype, rebuild_tensor  # noqa: E402
 
 
 def refuse(msg: str) -> UnpicklingRefused:
@@ -105,20 +107,6 @@ def byte_view(name: str, buf: Any) -> memoryview:
 def _check_bool_bytes(name: str, view: memoryview) -> None:
     if view.nbytes and int(np.frombuffer(view, dtype=np.uint8).max()) > 1:
         raise refuse(f"{name}: a bool buffer holds a byte other than 0 or 1")
-
-
-_PLAIN_KINDS = "biufc"
-
-
-def plain_dtype(dt: Any) -> bool:
-    """A numpy dtype that any bytes are a valid value of: bool, ints, floats, complex, one element."""
-    return (
-        isinstance(dt, np.dtype)
-        and dt.kind in _PLAIN_KINDS
-        and dt.fields is None
-        and dt.subdtype is None
-        and dt.metadata is None
-    )
 
 
 def _array_dtype(name: str, dt: Any, allow_object: bool = False) -> np.dtype:
@@ -250,7 +238,7 @@ def _np_frombuffer(u: Loader, args: tuple) -> np.ndarray:
 
 
 def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
-    """``numpy.frombuffer(buf, dtype)``: a small 1-D array as hwdist sends it (``_reduce_ndarray``)."""
+    """``numpy.frombuffer(buf, dtype)``: a small 1-D array as hwdist sends it (``reduce_ndarray``)."""
     _arity("numpy.frombuffer", args, 2, 2)
     view = byte_view("numpy.frombuffer", args[0])
     dt = args[1]
@@ -323,8 +311,6 @@ def _tensor(u: Loader, args: tuple) -> torch.Tensor:
     u.charge(view.nbytes)
     if dt is torch.bool:
         _check_bool_bytes("tensor", view)
-    from ..serialization import rebuild_tensor
-
     return rebuild_tensor(view, name, tuple(shape), requires_grad)
 
 
@@ -546,7 +532,7 @@ UNSAFE_NESTING = (collections.deque, collections.defaultdict, np.ndarray)
 _HANDLERS: dict[tuple[str, str], Callable[[Loader, tuple], Any]] = {
     ("torch._utils", "_rebuild_parameter"): _parameter,
     ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
-    (SERIALIZATION, "_rebuild_tensor"): _tensor,
+    (SERIALIZATION, "rebuild_tensor"): _tensor,
 }
 _HANDLERS[("numpy", "frombuffer")] = _np_frombuffer_1d
 for _np_mod in ("numpy.core", "numpy._core"):
