@@ -5,7 +5,15 @@ A CPU tensor travels as ``(bytes, dtype name, shape, requires_grad)`` for
 band (a ``bytearray`` copy), large ones out of band (pickle protocol 5), so
 the receiver's tensor aliases the received bytes instead of copying them.
 Tensors land on the CPU, or on the ``map_location`` of the decode in force.
-Sparse, quantized, meta and nested tensors keep torch's own format.
+A sparse tensor (COO, CSR, CSC, BSR, BSC) travels as its index and value
+tensors for [`rebuild_sparse`][hwdist.serialization.tensors.rebuild_sparse],
+which checks torch's invariants before it returns; a quantized tensor (per
+tensor or per channel, ``quint8``, ``qint8``, ``qint32``) as its integer values
+and quantization parameters for
+[`rebuild_quantized`][hwdist.serialization.tensors.rebuild_quantized]. These
+are the layouts torch's ``weights_only=True`` loader accepts; meta and nested
+tensors, and quantized kinds torch cannot rebuild from integer values, keep
+torch's own format.
 
 This module is the bottom of ``hwdist.serialization``: the restricted loader
 rebuilds tensors through the same function, so it imports nothing of hwdist.
@@ -20,7 +28,19 @@ from typing import Any, Optional, Union, cast
 import numpy as np
 import torch
 
-__all__ = ["OOB_THRESHOLD", "MapLocation", "plain_dtype", "rebuild_tensor", "reduce_tensor", "reduce_ndarray"]
+__all__ = [
+    "OOB_THRESHOLD",
+    "MapLocation",
+    "SPARSE_LAYOUTS",
+    "QUANTIZED_INTS",
+    "QSCHEMES",
+    "plain_dtype",
+    "rebuild_tensor",
+    "rebuild_sparse",
+    "rebuild_quantized",
+    "reduce_tensor",
+    "reduce_ndarray",
+]
 
 #: Buffers at least this large travel out of band (not copied into the pickle stream).
 OOB_THRESHOLD = 64 * 1024
@@ -106,9 +126,17 @@ def _tensor_kind(dt: torch.dtype) -> tuple[str, bool]:
 
 
 def reduce_tensor(t: torch.Tensor) -> Any:
-    """The pickle reduction of ``t``: hwdist's form for a dense tensor, torch's own for the other layouts."""
-    if t.layout != torch.strided or t.is_quantized or t.is_meta or t.is_nested:
+    """The pickle reduction of ``t``: hwdist's forms for dense, sparse and quantized tensors, else torch's."""
+    if t.layout != torch.strided:
+        if t.layout in _SPARSE_NAMES:
+            return _reduce_sparse(t)
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own format
+    if t.is_quantized:
+        if t.dtype in _INTS_OF and t.qscheme() in _QSCHEME_NAMES:
+            return _reduce_quantized(t)
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    if t.is_meta or t.is_nested:
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     d = t.detach() if t.requires_grad else t
     if not d.is_cpu:
         d = d.cpu()  # tensors land on CPU (or map_location) on the other side
@@ -126,6 +154,98 @@ def reduce_tensor(t: torch.Tensor) -> Any:
         return rebuild_tensor, (small, name, shape, bool(t.requires_grad))
     data: Any = _byte_view(d).numpy()  # any strides (Any: numpy's stubs on 3.9)
     return rebuild_tensor, (pickle.PickleBuffer(data), name, shape, bool(t.requires_grad))
+
+
+# ---- sparse and quantized tensors ------------------------------------------------------------
+
+#: The sparse layouts by their names in streams.
+SPARSE_LAYOUTS: dict[str, torch.layout] = {
+    "sparse_coo": torch.sparse_coo,
+    "sparse_csr": torch.sparse_csr,
+    "sparse_csc": torch.sparse_csc,
+    "sparse_bsr": torch.sparse_bsr,
+    "sparse_bsc": torch.sparse_bsc,
+}
+_SPARSE_NAMES = {v: k for k, v in SPARSE_LAYOUTS.items()}
+#: Quantized dtype -> the integer dtype of its values (``int_repr()``).
+QUANTIZED_INTS: dict[torch.dtype, torch.dtype] = {
+    torch.quint8: torch.uint8,
+    torch.qint8: torch.int8,
+    torch.qint32: torch.int32,
+}
+_INTS_OF = QUANTIZED_INTS
+#: The quantization schemes by their names in streams (the ones torch rebuilds from integer values).
+QSCHEMES: dict[str, torch.qscheme] = {
+    "per_tensor_affine": torch.per_tensor_affine,
+    "per_channel_affine": torch.per_channel_affine,
+    "per_channel_affine_float_qparams": torch.per_channel_affine_float_qparams,
+}
+_QSCHEME_NAMES = {v: k for k, v in QSCHEMES.items()}
+
+
+def _reduce_sparse(t: torch.Tensor) -> Any:
+    d = t.detach()
+    layout = t.layout
+    coalesced = False
+    if layout is torch.sparse_coo:
+        parts: tuple[torch.Tensor, ...] = (d._indices(), d._values())
+        coalesced = d.is_coalesced()
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (d.crow_indices(), d.col_indices(), d.values())
+    else:
+        parts = (d.ccol_indices(), d.row_indices(), d.values())
+    return rebuild_sparse, (_SPARSE_NAMES[layout], parts, tuple(t.shape), coalesced, bool(t.requires_grad))
+
+
+def rebuild_sparse(
+    layout: str, parts: tuple[torch.Tensor, ...], shape: tuple[int, ...], coalesced: bool, requires_grad: bool
+) -> torch.Tensor:
+    """Rebuild a sparse tensor from its index and value tensors, checking torch's invariants.
+
+    ``parts`` is ``(indices, values)`` for ``sparse_coo``, else ``(compressed indices, plain
+    indices, values)``. An index out of ``shape``, or indices that do not describe the layout,
+    raise (torch's ``check_invariants``), as torch's own loader does after a load.
+    """
+    lay = SPARSE_LAYOUTS.get(layout) if isinstance(layout, str) else None
+    if lay is None:
+        raise pickle.UnpicklingError(f"sparse tensor payload names an unknown layout {layout!r}")
+    if lay is torch.sparse_coo:
+        indices, values = parts
+        out = torch.sparse_coo_tensor(
+            indices, values, shape, check_invariants=True, is_coalesced=bool(coalesced)
+        )
+    else:
+        compressed, plain, values = parts
+        out = torch.sparse_compressed_tensor(
+            compressed, plain, values, shape, layout=lay, check_invariants=True
+        )
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _reduce_quantized(t: torch.Tensor) -> Any:
+    scheme = _QSCHEME_NAMES[t.qscheme()]
+    if t.qscheme() is torch.per_tensor_affine:
+        params: tuple[Any, ...] = (scheme, float(t.q_scale()), int(t.q_zero_point()))
+    else:
+        axis = int(t.q_per_channel_axis())
+        params = (scheme, t.q_per_channel_scales(), t.q_per_channel_zero_points(), axis)
+    return rebuild_quantized, (t.int_repr(), params)
+
+
+def rebuild_quantized(values: torch.Tensor, params: tuple[Any, ...]) -> torch.Tensor:
+    """Rebuild a quantized tensor from its integer values and quantization parameters, exactly.
+
+    ``params`` is ``('per_tensor_affine', scale, zero_point)`` or
+    ``(per-channel scheme name, scales, zero_points, axis)``; the quantized dtype follows the
+    values' (``uint8``: ``quint8``, ``int8``: ``qint8``, ``int32``: ``qint32``).
+    """
+    if params[0] == "per_tensor_affine":
+        return torch._make_per_tensor_quantized_tensor(values, params[1], params[2])
+    if params[0] in QSCHEMES:
+        return torch._make_per_channel_quantized_tensor(values, params[1], params[2], params[3])
+    raise pickle.UnpicklingError(f"quantized tensor payload names an unknown scheme {params[0]!r}")
 
 
 #: dtype -> whether numpy.frombuffer rebuilds it exactly (a plain one: bool, int, uint, float, complex)

@@ -53,6 +53,11 @@ EXPECTED = {
     "deep_tuple_hash": "tuples or frozensets nested deeper than 1000",
     "deep_deque": "a deque directly inside a deque",
     "deep_defaultdict": "a defaultdict directly inside a defaultdict",
+    # torch's kinds beyond dense tensors, forged: torch's own invariant checks, hwdist's parameter checks
+    "sparse_out_of_shape": "size is inconsistent with indices",
+    "sparse_false_coalesced": "cannot set is_coalesced to true if indices correspond to uncoalesced",
+    "quantized_nan_scale": "the scale must be finite and positive",
+    "ordered_dict_int_state": "the state of an OrderedDict must be a dict with str keys",
 }
 GROUPS = {
     "item1_numpy": ["dtype_object_field", "reconstruct_object_field", "ndarray_huge_strides"],
@@ -66,6 +71,12 @@ GROUPS = {
         "tensor_empty_buffer",
     ],
     "code_and_nesting": ["open_marker", "os_system", "deep_tuple_hash", "deep_deque", "deep_defaultdict"],
+    "torch_kinds": [
+        "sparse_out_of_shape",
+        "sparse_false_coalesced",
+        "quantized_nan_scale",
+        "ordered_dict_int_state",
+    ],
 }
 PEAK_LIMIT = 64 << 20
 

@@ -27,6 +27,7 @@ The trust model is described in ``docs/objects.md`` and ``docs/reliability.md``.
 from __future__ import annotations
 
 import builtins
+import collections
 import importlib
 import struct
 import threading
@@ -35,19 +36,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch
 
 from ... import _compat
-from .checks import (
-    CALLS,
-    SERIALIZATION,
-    UNSAFE_NESTING,
-    VALUES,
-    MAX_NESTING,
-    UnpicklingRefused,
-    describe,
-    Handler,
-    hashable_in,
-    Pending,
-    refuse,
-)
+from .base import MAX_NESTING, Handler, Pending, UnpicklingRefused, describe, hashable_in, refuse
+from .checks import CALLS, UNSAFE_NESTING, VALUES
+from .torchtypes import SERIALIZATION
 from .opcodes import DISPATCH
 
 __all__ = [
@@ -98,8 +89,11 @@ SAFE: set[tuple[str, str]] = {
     ("torch", "device"),
     ("torch._utils", "_rebuild_parameter"),
     ("torch._utils", "_rebuild_parameter_with_state"),
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
     ("torch.nn.parameter", "Parameter"),
     (SERIALIZATION, "rebuild_tensor"),
+    (SERIALIZATION, "rebuild_sparse"),
+    (SERIALIZATION, "rebuild_quantized"),
     ("numpy", "dtype"),
     ("numpy", "ndarray"),
 }
@@ -346,6 +340,12 @@ class Loader:
             )
         if self.trusted(type(inst)):
             _set_state(inst, state)
+        elif type(inst) is collections.OrderedDict and state:
+            # An OrderedDict's attributes: nn.Module.state_dict() carries its ``_metadata`` this way
+            # (torch's weights_only loader accepts it the same way, as a __dict__ update)
+            if type(state) is not dict or not all(type(k) is str for k in state):
+                raise refuse("the state of an OrderedDict must be a dict with str keys")
+            inst.__dict__.update(state)
         elif not (state is None or (type(state) is dict and not state)):
             raise refuse(
                 f"setting state on a {describe(type(inst))} is not allowed (only on registered classes)"
