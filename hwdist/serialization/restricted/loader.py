@@ -38,6 +38,7 @@ import torch
 from ... import _compat
 from .base import MAX_NESTING, Handler, Pending, UnpicklingRefused, describe, hashable_in, refuse
 from .checks import CALLS, UNSAFE_NESTING, VALUES
+from .stream import read_pickle
 from .torchtypes import SERIALIZATION
 from .opcodes import DISPATCH
 
@@ -446,7 +447,6 @@ class RestrictedUnpickler:
         self._file = file
         self._buffers = buffers
         self._extra = tuple(extra)
-        self._rest = b""  # read from a file that cannot seek, after the last STOP
 
     def find_class(self, module: str, name: str) -> Any:
         """What ``module.name`` resolves to.
@@ -459,9 +459,10 @@ class RestrictedUnpickler:
     def load(self) -> Any:
         """The next object in the stream; like ``pickle.Unpickler.load``, it stops at the object's STOP.
 
-        A seekable file is left just after that STOP (another unpickler, or ``pickle``, reads what
-        follows); from a file that cannot seek, the bytes read after it are kept for this unpickler's
-        next ``load``.
+        The file is left just after that STOP, so the next pickle in it is read by the next ``load``,
+        of this unpickler or another one, or by ``pickle``: a seekable file is read to its end, then
+        put back just after the STOP; from a stream that cannot seek (a pipe, a socket), exactly the
+        pickle's bytes are read, opcode by opcode (a protocol 4/5 frame at once).
 
         Raises:
             UnpicklingRefused: for anything not accepted.
@@ -472,15 +473,16 @@ class RestrictedUnpickler:
             start: Optional[int] = file.tell() if file.seekable() else None
         except (AttributeError, OSError, ValueError):
             start = None
-        data = self._rest + bytes(file.read())
-        if not data:
-            raise EOFError("Ran out of input")
+        if start is None:
+            data = read_pickle(file)
+        else:
+            data = bytes(file.read())
+            if not data:
+                raise EOFError("Ran out of input")
         loader = Loader(data, self._buffers, self._extra)
         value = loader.load()
         if start is not None:
             file.seek(start + loader.pos)
-        else:
-            self._rest = data[loader.pos :]
         return value
 
 
