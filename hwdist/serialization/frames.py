@@ -144,7 +144,9 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
         )
     head = np.frombuffer(data, dtype="<i8", count=_FIXED, offset=offset)
     if int(head[0]) != MAGIC:
-        raise ValueError("not an hwdist object payload (bad magic); was it made by hwdist.object_to_tensor?")
+        raise ValueError(
+            "not an hwdist object payload (bad magic); was it made by hwdist.serialization.object_to_tensor?"
+        )
     return int(head[1])
 
 
@@ -245,8 +247,9 @@ def object_to_tensor(
             ([`get_serializer`][hwdist.serialization.frames.get_serializer]).
 
     Examples:
-        >>> t = hwdist.object_to_tensor({"a": 1})      # tensor([...], dtype=torch.uint8)
-        >>> hwdist.tensor_to_object(t)
+        >>> from hwdist.serialization import object_to_tensor, tensor_to_object
+        >>> t = object_to_tensor({"a": 1})      # tensor([...], dtype=torch.uint8)
+        >>> tensor_to_object(t)
         {'a': 1}
     """
     frame = encode(obj, serializer)

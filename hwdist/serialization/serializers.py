@@ -152,7 +152,7 @@ def get_serializer() -> Serializer:
     ([`set_serializer`][hwdist.serialization.serializers.set_serializer]).
 
     Examples:
-        >>> hwdist.get_serializer()                  # every rank: the pickle default
+        >>> hwdist.serialization.get_serializer()      # every rank: the pickle default
         <hwdist.serialization.serializers.PickleSerializer object at ...>
     """
     scoped = _SCOPED.get()
@@ -172,7 +172,8 @@ def set_serializer(serializer: Optional[Serializer]) -> Serializer:
     start-up, on every rank.
 
     Examples:
-        >>> hwdist.set_serializer(hwdist.RestrictedPickleSerializer())   # every rank
+        >>> from hwdist.serialization import RestrictedPickleSerializer, set_serializer
+        >>> set_serializer(RestrictedPickleSerializer())   # every rank
     """
     global _process_default
     if serializer is not None:
@@ -190,7 +191,8 @@ def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
     Other threads keep theirs; on exit the previous one is restored exactly.
 
     Examples:
-        >>> with hwdist.use_serializer(hwdist.RestrictedPickleSerializer()):   # every rank
+        >>> from hwdist.serialization import RestrictedPickleSerializer, use_serializer
+        >>> with use_serializer(RestrictedPickleSerializer()):   # every rank
         ...     outs = hwdist.all_gather_object(obj)
     """
     if serializer is None:  # the pickle default, as before

@@ -39,7 +39,8 @@ __all__ = ["WeightsOnlySerializer", "for_call", "torch_safe_pairs", "check_own",
 
 HINT = (
     "with weights_only=True, register a type on every rank with torch.serialization.add_safe_globals([T])"
-    " (torch >= 2.4) or hwdist.register_safe_class(T), or pass weights_only=False if every sender is trusted"
+    " (torch >= 2.4) or hwdist.serialization.register_safe_class(T),"
+    " or pass weights_only=False if every sender is trusted"
 )
 
 

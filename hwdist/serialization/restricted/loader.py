@@ -122,7 +122,7 @@ def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
         >>> @dataclasses.dataclass
         ... class Box:
         ...     x: int
-        >>> hwdist.register_safe_class(Box)         # on every rank that receives a Box
+        >>> hwdist.serialization.register_safe_class(Box)   # on every rank that receives a Box
     """
     pairs = [pair("register_safe_class", item) for item in classes]
     with _SAFE_LOCK:
@@ -294,7 +294,8 @@ class Loader:
                 return obj
         raise UnpicklingRefused(
             f"restricted unpickler refused global '{module}.{name}': it is not on the allow-list."
-            f" If every sender is trusted to send it, call hwdist.register_safe_class('{module}.{name}')"
+            f" If every sender is trusted to send it, call"
+            f" hwdist.serialization.register_safe_class('{module}.{name}')"
         )
 
     # -- calls and state
@@ -437,7 +438,7 @@ class RestrictedUnpickler:
         extra: more ``(module, name)`` pairs allowed for this unpickler only.
 
     Examples:
-        >>> hwdist.RestrictedUnpickler(io.BytesIO(pickle.dumps([1, "a"]))).load()
+        >>> hwdist.serialization.RestrictedUnpickler(io.BytesIO(pickle.dumps([1, "a"]))).load()
         [1, 'a']
     """
 
@@ -492,7 +493,7 @@ def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[t
     See [`RestrictedUnpickler`][hwdist.serialization.restricted.loader.RestrictedUnpickler].
 
     Examples:
-        >>> hwdist.restricted_loads(pickle.dumps({"a": np.arange(3)}))
+        >>> hwdist.serialization.restricted_loads(pickle.dumps({"a": np.arange(3)}))
         {'a': array([0, 1, 2])}
     """
     return Loader(bytes(data), buffers, extra).load()
