@@ -12,10 +12,12 @@ With ``weights_only=True`` hwdist reads payloads with its restricted loader
 (``restricted/loader.py``: hwdist's allow-list, the types registered with
 [`register_safe_class`][hwdist.serialization.restricted.loader.register_safe_class],
 and the types registered with torch's ``add_safe_globals`` at the moment of
-the call). torch's own loader was measured against hwdist's hostile payloads
-and is not used: it cannot read hwdist's frames (protocol 5, out-of-band
-buffers), and it crashed or allocated a gigabyte on some of them
-(``docs/reliability.md``).
+the call). It accepts what torch 2.15's loader accepts: a module's
+``state_dict()`` with its ``_metadata``, dense, sparse (every layout,
+invariants checked), quantized and meta tensors, parameters. torch's own
+loader was measured against hwdist's hostile payloads and is not used: it
+cannot read hwdist's frames (protocol 5, out-of-band buffers), and it crashed
+or allocated a gigabyte on some of them (``docs/reliability.md``).
 
 Each sender also reads its own object back through the same loader before it
 sends it, so an object holding a type that is not allowed fails on every rank
