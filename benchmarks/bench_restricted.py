@@ -18,7 +18,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from hwdist.collectives import serialization as ser
+from hwdist import serialization as ser
 
 
 def cases() -> dict[str, Any]:

@@ -2,30 +2,36 @@
 
 ``import hwdist as dist`` is a drop-in for ``mmengine.dist``. Importing it
 changes no global state and imports no vendor package.
+
+``__all__`` is the public surface: ``mmengine.dist``'s 31 names, the
+collectives of ``torch.distributed`` that mmengine does not wrap, and hwdist's
+core (the backend registry, ``Driver``/``Plan``, ``detect``, the error root,
+verification mode). Everything else has its home in a submodule:
+[`hwdist.serialization`][hwdist.serialization] (serializers, the restricted
+loader), [`hwdist.launch`][hwdist.launch], [`hwdist.training`][hwdist.training],
+[`hwdist.errors`][hwdist.errors], [`hwdist.flight`][hwdist.flight],
+``hwdist.testing``; [`hwdist.utils`][hwdist.utils] and
+[`hwdist.dist`][hwdist.dist] mirror ``mmengine.dist.utils`` and
+``mmengine.dist.dist``. Names that left ``__all__`` stay attributes of
+``hwdist`` (``hwdist.PickleSerializer``, ``hwdist.sync_grad``, ...), so code
+written against the earlier surface keeps working; new code imports them
+from their home.
 """
 
 from __future__ import annotations
 
-from . import info as _info
-from . import launch as _launch
-from . import registry as _registry
-from . import training as _training
-from .collectives import objects as _objects
-from .collectives import params as _params
-from .collectives import results as _results
-from .collectives import tensor as _tensor
-from .collectives.objects import *  # noqa: F401,F403
-from .collectives.params import *  # noqa: F401,F403
-from .collectives.results import *  # noqa: F401,F403
-from .collectives.tensor import *  # noqa: F401,F403
+# ---- the public surface (__all__) -------------------------------------------------------------
+from . import dist, utils  # mmengine.dist.dist and mmengine.dist.utils, by name
+from .collectives.objects import scatter_object_list
+from .collectives.tensor import all_to_all, irecv, isend, recv, reduce, reduce_scatter, scatter, send
+from .collectives.verify import CollectiveMismatch, set_verification, verification, verification_enabled
+
 # The function hwdist.detect; its module is hwdist.detection (so neither hides the other).
 from .detection import Detection, detect, get_device
+from .dist import *  # noqa: F401,F403  (mmengine.dist.dist's 13 names)
 from .drivers.base import Driver, Plan, PlanError
-from .info import *  # noqa: F401,F403
-from .launch import *  # noqa: F401,F403
-from .training import *  # noqa: F401,F403
-from .registry import (  # noqa: F401  (in __all__ through _registry.__all__)
-    BackendError,
+from .errors import HwdistError
+from .registry import (
     available_backends,
     get_driver,
     list_backends,
@@ -33,35 +39,68 @@ from .registry import (  # noqa: F401  (in __all__ through _registry.__all__)
     resolve,
     unregister_backend,
 )
+from .utils import *  # noqa: F401,F403  (mmengine.dist.utils' 18 names)
 
-from .verify import CollectiveMismatch, set_verification, verification, verification_enabled
-from .errors import HwdistError
-from .flight import dump_flight_record
+# ---- kept as attributes for code written against the earlier surface (not in __all__) ----------
+from .collectives.objects import *  # noqa: F401,F403
+from .collectives.results import *  # noqa: F401,F403
+from .collectives.tensor import *  # noqa: F401,F403
+from .errors import *  # noqa: F401,F403
+from .flight import dump_flight_record  # noqa: F401
+from .info import *  # noqa: F401,F403
+from .launch import *  # noqa: F401,F403
+from .serialization import (  # noqa: F401
+    PickleSerializer,
+    RestrictedPickleSerializer,
+    RestrictedUnpickler,
+    Serializer,
+    UnpicklingRefused,
+    get_serializer,
+    obj2tensor,
+    object_to_tensor,
+    register_safe_class,
+    restricted_loads,
+    safe_globals,
+    set_serializer,
+    tensor2obj,
+    tensor_to_object,
+    use_serializer,
+)
+from .training import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 
-# The package's public surface: each submodule's public names (the registry's without its plug-in
-# plumbing, ENTRY_POINT_GROUP and record_group), and the single names re-exported from elsewhere.
 __all__ = [
-    "__version__",
+    *dist.__all__,  # mmengine.dist's 31 names: its dist module's 13 and its utils module's 18
+    *utils.__all__,
+    # torch.distributed's collectives that mmengine does not wrap
+    "reduce",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "scatter_object_list",
+    # the backend registry and drivers
+    "register_backend",
+    "unregister_backend",
+    "get_driver",
+    "list_backends",
+    "available_backends",
+    "resolve",
     "Driver",
     "Plan",
     "PlanError",
-    "HwdistError",
-    *(n for n in _registry.__all__ if n not in ("ENTRY_POINT_GROUP", "record_group")),
-    "Detection",
+    # detection
     "detect",
+    "Detection",
     "get_device",
+    # the error root, and verification mode
+    "HwdistError",
     "CollectiveMismatch",
     "verification",
     "set_verification",
     "verification_enabled",
-    "dump_flight_record",
-    *_info.__all__,
-    *_launch.__all__,
-    *_tensor.__all__,
-    *_params.__all__,
-    *_objects.__all__,
-    *_results.__all__,
-    *_training.__all__,
 ]

@@ -32,9 +32,6 @@ class GroupState:
             (``collectives/verify.py``); None before the first verified call.
         all_reduce_dict: ``all_reduce_dict``'s layouts built on this rank, a local cache
             (``collectives/params.py``, ``_DictState``); None before the first call.
-        reducers: the ``FlatReducer`` of each small exchange shape hwdist's own agreement uses in
-            this group (``collectives/transport.py``, ``max_and_min``), keyed by driver, length,
-            dtype and device.
         flight: the flight recorder's ``GroupInfo`` (name, ranks, sequence numbers) for this
             group (``flight/recorder.py``); None until the first recorded call.
         torch_hooks: the ``GroupHooks`` through which the recorder sees torch's own
@@ -44,7 +41,6 @@ class GroupState:
 
     verify_seq: Optional[tuple[int, int]] = None
     all_reduce_dict: Any = None
-    reducers: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     flight: Any = None
     torch_hooks: Any = None
 

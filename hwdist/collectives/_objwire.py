@@ -47,10 +47,11 @@ from ..errors import (
     SerializationError,
     WeightsOnlyRefused,
 )
-from . import _weights_only, protocol, transport, verify
-from . import serialization as _ser
+from .. import serialization as _ser
+from ..serialization import weights_only as _weights_only
+from . import protocol, transport, verify
 from .engine import view
-from .serialization import Frame, MapLocation, PickleSerializer, Serializer
+from ..serialization import Frame, MapLocation, PickleSerializer, Serializer
 
 __all__ = [
     "OK", "SERIALIZE", "ARGUMENT", "ASSERTED", "REFUSED", "IO", "OTHER", "LocalFailure", "arg_error",

@@ -44,19 +44,19 @@ from ..errors import (
     WeightsOnlyRefused,
 )
 from .verify import rank_field
-from . import _weights_only
-from . import serialization as _ser
+from .. import serialization as _ser
+from ..serialization import weights_only as _weights_only
 from .call_entry import collective
 from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure
 from ._objwire import Link, arg_error, check_root, closing_status, decode, failure_record, make_record
 from ._objwire import may_refuse, payload_record, raise_failures, serialize, world_size
-from .serialization import Frame, MapLocation, Serializer
+from ..serialization import Frame, MapLocation, Serializer
 
 # re-exported (in __all__ through _ser.__all__): objects is where users import them from
-from .serialization import PickleSerializer, RestrictedPickleSerializer, RestrictedUnpickler  # noqa: F401
-from .serialization import UnpicklingRefused, get_serializer, obj2tensor, object_to_tensor  # noqa: F401
-from .serialization import register_safe_class, restricted_loads, safe_globals, set_serializer  # noqa: F401
-from .serialization import tensor2obj, tensor_to_object, use_serializer  # noqa: F401
+from ..serialization import PickleSerializer, RestrictedPickleSerializer, RestrictedUnpickler  # noqa: F401
+from ..serialization import UnpicklingRefused, get_serializer, obj2tensor, object_to_tensor  # noqa: F401
+from ..serialization import register_safe_class, restricted_loads, safe_globals, set_serializer  # noqa: F401
+from ..serialization import tensor2obj, tensor_to_object, use_serializer, WeightsOnlySerializer  # noqa: F401
 
 # serialization's public names, bar the wire's Frame and encode/decode
 __all__ = [
@@ -121,7 +121,7 @@ def all_gather_object(
         rank_zero_return_only: vis4d semantics: gather to rank 0 of the group
             only; other ranks get None.
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        serializer: default: [`get_serializer`][hwdist.serialization.serializers.get_serializer].
         weights_only: as torch's: True builds only safe types and those allowed with
             ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 
@@ -193,7 +193,7 @@ def gather_object(
         dst: destination rank (global rank, as in torch and mmengine).
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        serializer: default: [`get_serializer`][hwdist.serialization.serializers.get_serializer].
         weights_only: as torch's: True builds only safe types and those allowed with
             ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 
@@ -290,7 +290,7 @@ def broadcast_object_list(
         src: source rank (global rank).
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        serializer: default: [`get_serializer`][hwdist.serialization.serializers.get_serializer].
         weights_only: as torch's: True builds only safe types and those allowed with
             ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 
@@ -393,7 +393,7 @@ def scatter_object_list(
         src: source rank (global rank).
         group: process group (default group if None).
         map_location: device for tensors inside received objects (default CPU).
-        serializer: default: [`get_serializer`][hwdist.collectives.serialization.get_serializer].
+        serializer: default: [`get_serializer`][hwdist.serialization.serializers.get_serializer].
         weights_only: as torch's: True builds only safe types and those allowed with
             ``torch.serialization.add_safe_globals`` (docs/objects.md). Default False.
 

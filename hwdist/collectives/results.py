@@ -35,12 +35,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..errors import CollectiveArgumentError, ObjectCollectiveError
-from . import _weights_only
-from . import serialization as _ser
+from .. import serialization as _ser
+from ..serialization import weights_only as _weights_only
 from .call_entry import collective
 from ._objwire import ARGUMENT, CONFIRM, INLINE_BYTES, IO, OPS, SERIALIZE, Decoder, Link, LocalFailure
 from ._objwire import closing_status, decode, describe, failure_record, make_record, may_refuse, world_size
-from .serialization import Frame, MapLocation, Serializer
+from ..serialization import Frame, MapLocation, Serializer
 
 __all__ = ["collect_results", "collect_results_cpu", "collect_results_gpu", "create_tmpdir"]
 
@@ -393,7 +393,7 @@ def collect_results(
         tmpdir: a directory every rank sees; ``device='cpu'`` only.
         group: process group (default group if None); its rank 0 collects.
         map_location: device for tensors inside the results (default CPU).
-        serializer: default: [`hwdist.get_serializer`][hwdist.collectives.serialization.get_serializer].
+        serializer: default: [`hwdist.get_serializer`][hwdist.serialization.serializers.get_serializer].
         weights_only: as the object collectives' (torch's keyword): True reads only safe types.
 
     Returns:

@@ -32,6 +32,9 @@ HOSTILE = [
     "fraction_eq",
     "bytearray_1gib",
     "deep_tuple_hash",
+    "sparse_out_of_shape",
+    "quantized_nan_scale",
+    "ordered_dict_int_state",
 ]
 
 

@@ -16,6 +16,7 @@ import torch.distributed as torch_dist
 
 import hwdist
 from hwdist import _compat
+from tests.unit import torch_kinds
 
 
 @dataclasses.dataclass
@@ -92,6 +93,32 @@ def _refused_everywhere() -> list[tuple[str, str, bool]]:
     return out
 
 
+def _torch_kinds_travel() -> list[bool]:
+    """State dicts, sparse, quantized and meta tensors through all_gather_object and broadcast_object_list."""
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    got = []
+    gathered = hwdist.all_gather_object(torch_kinds.everything(rank), weights_only=True)
+    want = [torch_kinds.everything(r) for r in range(world)]
+    got.append(len(gathered) == world and all(torch_kinds.same(w, g) for w, g in zip(want, gathered)))
+    box = [torch_kinds.model(rank).state_dict(), torch_kinds.everything(rank)]
+    hwdist.broadcast_object_list(box, src=1, weights_only=True)
+    got.append(torch_kinds.same(box[0], torch_kinds.model(1).state_dict()))
+    got.append(torch_kinds.same(box[1], torch_kinds.everything(1)))
+    fresh = torch_kinds.model(7)
+    fresh.load_state_dict(box[0])  # strict, and _metadata's versions came along
+    x = torch.ones(4, 3)
+    got.append(torch.equal(fresh.eval()(x), torch_kinds.model(1).eval()(x)))
+    return got
+
+
+def _torch_accepts_state_dicts() -> bool:
+    """torch's own all_gather_object(weights_only=True) with a module's state_dict (torch >= 2.14)."""
+    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    out: list = [None] * world
+    torch_dist.all_gather_object(out, torch_kinds.model(rank).state_dict(), weights_only=True)
+    return all(torch_kinds.same(torch_kinds.model(r).state_dict(), o) for r, o in enumerate(out))
+
+
 def _bad_keyword() -> str:
     try:
         hwdist.all_gather_object(1, weights_only="yes")
@@ -137,6 +164,25 @@ def test_a_type_not_allowed_raises_unpickling_error_on_every_rank(dist):
             assert "rank(s) 1" in message, (name, message)
 
 
+def test_state_dicts_sparse_and_quantized_tensors_travel_with_weights_only(dist):
+    """What torch's weights_only=True loader accepts travels with hwdist's weights_only=True, any torch."""
+    assert not torch_kinds.same(torch_kinds.everything(0), torch_kinds.everything(1))  # ranks differ
+    assert dist(_torch_kinds_travel, 2, "gloo") == [[True] * 4] * 2
+
+
+_TORCH_HAS_WEIGHTS_ONLY = _compat.DIST_AVAILABLE and (
+    "weights_only" in inspect.signature(torch_dist.all_gather_object).parameters
+)
+
+
+@pytest.mark.skipif(
+    not _TORCH_HAS_WEIGHTS_ONLY,
+    reason=f"torch {torch.__version__}'s all_gather_object has no weights_only (torch >= 2.14)",
+)
+def test_torchs_own_weights_only_accepts_the_state_dict_too(dist):
+    assert dist(_torch_accepts_state_dicts, 2, "gloo") == [True, True]
+
+
 def test_bad_weights_only_names_the_argument_and_default_stays_pickle(dist):
     for message in dist(_bad_keyword, 2, "gloo"):
         assert "weights_only must be True or False" in message and "'yes'" in message
@@ -144,8 +190,7 @@ def test_bad_weights_only_names_the_argument_and_default_stays_pickle(dist):
 
 
 @pytest.mark.skipif(
-    not _compat.DIST_AVAILABLE
-    or "weights_only" not in inspect.signature(torch_dist.all_gather_object).parameters,
+    not _TORCH_HAS_WEIGHTS_ONLY,
     reason=f"torch {torch.__version__}'s all_gather_object has no weights_only (torch >= 2.14)",
 )
 def test_the_error_type_is_the_one_torch_raises(dist):

@@ -27,8 +27,9 @@ import tracemalloc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hwdist.collectives import serialization as ser
-from tests.unit.restricted_probe import attacks, diff, legit_objects, load_one, snapshot, touch, warm_up
+from hwdist import serialization as ser
+from tests.unit.restricted_probe import attacks, diff, legit_objects, legit_torch_kinds, load_one, snapshot
+from tests.unit.restricted_probe import touch, warm_up
 
 PEAK_LIMIT = 32 << 20
 _EXTREMES = [
@@ -83,7 +84,10 @@ _GLOBALS = [
     ("torch._utils", "_rebuild_parameter"),
     ("torch._utils", "_rebuild_tensor_v2"),
     ("torch.nn.parameter", "Parameter"),
-    ("hwdist.collectives.serialization", "_rebuild_tensor"),
+    ("hwdist.serialization.tensors", "rebuild_tensor"),
+    ("hwdist.serialization.tensors", "rebuild_sparse"),
+    ("hwdist.serialization.tensors", "rebuild_quantized"),
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
     ("numpy", "dtype"),
     ("numpy", "ndarray"),
     ("numpy._core.multiarray", "_reconstruct"),
@@ -98,7 +102,7 @@ def _seeds(marker: str) -> list[bytes]:
     objs = legit_objects()
     out = [pickle.dumps(o, protocol=p) for o in objs for p in (2, 4, 5)]
     inband = ser.PickleSerializer(oob_threshold=1 << 40)
-    out += [bytes(inband.dumps(o)[0]) for o in objs]
+    out += [bytes(inband.dumps(o)[0]) for o in objs + legit_torch_kinds()]
     out += [pickle.dumps(objs, protocol=5)]
     out += [p for p in attacks(marker).values() if len(p) < 4096]
     return out

@@ -51,10 +51,37 @@ def _g(module: str, name: str) -> bytes:
     return f"c{module}\n{name}\n".encode()
 
 
+def _hwdist_stream(obj: Any) -> bytes:
+    """``obj`` pickled as hwdist's pickler does (tensors inside in hwdist's form), all in band."""
+    from hwdist.serialization import PickleSerializer
+
+    return bytes(PickleSerializer(oob_threshold=1 << 40).dumps(obj)[0])
+
+
+def _torch_kind_attacks() -> dict[str, bytes]:
+    """Sparse and quantized tensors, and a state_dict's OrderedDict state, as a hostile peer forges them."""
+    from hwdist.serialization.tensors import rebuild_quantized, rebuild_sparse
+
+    far = torch.tensor([[2**40]])
+    return {
+        "sparse_out_of_shape": _hwdist_stream(
+            R(rebuild_sparse, ("sparse_coo", (far, torch.ones(1)), (2,), False, False))
+        ),
+        "sparse_false_coalesced": _hwdist_stream(
+            R(rebuild_sparse, ("sparse_coo", (torch.tensor([[0, 0]]), torch.ones(2)), (2,), True, False))
+        ),
+        "quantized_nan_scale": _hwdist_stream(
+            R(rebuild_quantized, (torch.ones(2, dtype=torch.uint8), ("per_tensor_affine", float("nan"), 0)))
+        ),
+        "ordered_dict_int_state": _hwdist_stream(R(collections.OrderedDict, (), {1: 2})),
+    }
+
+
 def attacks(marker: str) -> dict[str, bytes]:
     """The hostile payloads by name (numpy tricks, class state, huge allocations, ...)."""
     obj_field = R(np.dtype, ("V8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 0))
     return {
+        **_torch_kind_attacks(),
         # 1a: a V8 dtype claiming an object field with flags 0, then _frombuffer over attacker bytes
         "dtype_object_field": pickle.dumps(R(_FROMBUFFER, (b"AAAAAAAA", obj_field, (1,), "C")), protocol=4),
         # 1a': numpy's own array format with the same dtype
@@ -83,7 +110,7 @@ def attacks(marker: str) -> dict[str, bytes]:
         "binbytes8_1gib": b"\x80\x04\x8e" + struct.pack("<Q", 2**30) + b".",
         "memo_index_4g": b"\x80\x02Nr\xff\xff\xff\xff.",
         "list_of_range": _g("builtins", "list") + b"(" + _g("builtins", "range") + b"(J\x00\x00\x00\x40tRtR.",
-        "tensor_empty_buffer": _g("hwdist.collectives.serialization", "_rebuild_tensor")
+        "tensor_empty_buffer": _g("hwdist.serialization.tensors", "rebuild_tensor")
         + b"(C\x00Vfloat32\n(J\x00\x00\x00\x10tI00\ntR.",
         # code execution through a global off the allow-list
         "open_marker": pickle.dumps(R(open, (marker, "w")), protocol=4),
@@ -105,6 +132,15 @@ def attacks(marker: str) -> dict[str, bytes]:
         + b"s" * 100_000
         + b".",
     }
+
+
+def legit_torch_kinds() -> list[Any]:
+    """What torch's weights_only loader accepts beyond dense tensors: a state_dict, sparse, quantized."""
+    from tests.unit import torch_kinds
+
+    kinds = torch_kinds.everything(0)
+    names = ("state_dict", "coo", "csr", "bsc", "per_tensor_qint8", "per_channel_qint8", "meta")
+    return [kinds[k] for k in names]
 
 
 def legit_objects() -> list[Any]:
@@ -150,7 +186,7 @@ _MODULES = (builtins, collections, datetime, decimal, fractions, np, torch, pick
 
 
 def _watched_classes() -> list[type]:
-    from hwdist.collectives.restricted import checks
+    from hwdist.serialization.restricted import checks
 
     classes = {v for v in checks.VALUES.values() if isinstance(v, type)}
     classes |= {
@@ -214,7 +250,7 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def load_one(payload: bytes, via_frame: bool = True) -> tuple[str, str, Any]:
     """``(outcome, message, object)``: outcome is 'refused', 'error' (another exception) or 'loaded'."""
-    from hwdist.collectives import serialization as ser
+    from hwdist import serialization as ser
 
     try:
         if via_frame:
@@ -244,12 +280,12 @@ def warm_up() -> None:
 
     First-use imports are not a payload's doing.
     """
-    from hwdist.collectives import serialization as ser
+    from hwdist import serialization as ser
 
-    from hwdist.collectives.restricted.checks import _TORCH_DTYPES
+    from hwdist.serialization.restricted.torchtypes import TORCH_DTYPES
 
     inband = ser.PickleSerializer(oob_threshold=1 << 40)
-    extra = [torch.zeros(3, dtype=dt) for dt in _TORCH_DTYPES.values()]
+    extra = [torch.zeros(3, dtype=dt) for dt in TORCH_DTYPES.values()] + legit_torch_kinds()
     extra += [np.zeros(3, dtype=c) for c in "?bhilqBHILQefdgFDG"]
     for obj in legit_objects() + extra:
         try:

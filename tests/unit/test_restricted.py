@@ -11,6 +11,7 @@ changed or bloated a receiver that used the earlier restricted unpickler
 from __future__ import annotations
 
 import collections
+import io
 import pickle
 import signal
 import sys
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 import hwdist
-from hwdist.collectives import serialization as ser
+from hwdist import serialization as ser
 from tests.unit.restricted_probe import R, attacks, legit_objects, run_child
 import os
 import subprocess
@@ -53,6 +54,11 @@ EXPECTED = {
     "deep_tuple_hash": "tuples or frozensets nested deeper than 1000",
     "deep_deque": "a deque directly inside a deque",
     "deep_defaultdict": "a defaultdict directly inside a defaultdict",
+    # torch's kinds beyond dense tensors, forged: torch's own invariant checks, hwdist's parameter checks
+    "sparse_out_of_shape": "size is inconsistent with indices",
+    "sparse_false_coalesced": "cannot set is_coalesced to true if indices correspond to uncoalesced",
+    "quantized_nan_scale": "the scale must be finite and positive",
+    "ordered_dict_int_state": "the state of an OrderedDict must be a dict with str keys",
 }
 GROUPS = {
     "item1_numpy": ["dtype_object_field", "reconstruct_object_field", "ndarray_huge_strides"],
@@ -66,6 +72,12 @@ GROUPS = {
         "tensor_empty_buffer",
     ],
     "code_and_nesting": ["open_marker", "os_system", "deep_tuple_hash", "deep_deque", "deep_defaultdict"],
+    "torch_kinds": [
+        "sparse_out_of_shape",
+        "sparse_false_coalesced",
+        "quantized_nan_scale",
+        "ordered_dict_int_state",
+    ],
 }
 PEAK_LIMIT = 64 << 20
 
@@ -113,8 +125,8 @@ def test_harmless_odd_payloads_load_without_effect(tmp_path):
 def test_refusal_messages_are_clear():
     with pytest.raises(
         hwdist.UnpicklingRefused,
-        match=r"refused global 'os.getcwd': it is not on the allow-list\."
-        r" If every sender is trusted to send it, call hwdist.register_safe_class\('os.getcwd'\)",
+        match=r"refused global 'os.getcwd': it is not on the allow-list\. If every sender is trusted to send"
+        r" it, call hwdist.serialization.register_safe_class\('os.getcwd'\)",
     ):
         hwdist.restricted_loads(b"cos\ngetcwd\n)R.")
     with pytest.raises(hwdist.UnpicklingRefused, match="truncated: no STOP opcode"):
@@ -373,24 +385,90 @@ def test_a_flood_of_memo_or_mark_opcodes_costs_what_pickle_needs(opcode):
     assert ours < 2 * base + 4, (opcode, base, ours)  # was 68-80 MiB where pickle needs 7-10
 
 
-def test_restricted_unpickler_stops_at_the_first_stop():
-    import io
-    import os
+class _Trickle(io.RawIOBase):
+    """A stream that cannot seek and hands out at most ``step`` bytes per read (as a pipe or socket may)."""
 
+    def __init__(self, data: bytes, step: int) -> None:
+        self.data, self.pos, self.step = data, 0, step
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.step, len(self.data) - self.pos)
+        buf[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+def _several_pickles() -> tuple[list, bytes]:
+    objs = [
+        [1, np.arange(3)],  # protocol 5: framed
+        {"a": 2, "b": "x" * 70_000},  # protocol 4: more than one frame's worth
+        collections.OrderedDict(k=[1.5, None]),  # protocol 2: no frames
+        {"text": "é", "n": 12},  # protocol 0: lines
+        (b"raw", 2**70),  # protocol 3: bytes, a long int
+    ]
+    stream = b"".join(pickle.dumps(o, protocol=p) for o, p in zip(objs, (5, 4, 2, 0, 3)))
+    return objs, stream
+
+
+def _same_objects(got, want) -> bool:
+    return pickle.dumps(got, protocol=4) == pickle.dumps(want, protocol=4)  # arrays compare by bytes
+
+
+def test_restricted_unpickler_stops_at_the_first_stop_of_a_seekable_file():
     first, second = pickle.dumps([1, np.arange(3)], protocol=5), pickle.dumps({"a": 2}, protocol=2)
     f = io.BytesIO(first + second + b"tail")
     assert hwdist.RestrictedUnpickler(f).load()[1].tolist() == [0, 1, 2]
     assert f.tell() == len(first)
     assert hwdist.RestrictedUnpickler(f).load() == {"a": 2}  # a new unpickler reads the next one
     assert f.read() == b"tail"
-    rfd, wfd = os.pipe()  # a stream that cannot seek: the same unpickler reads them one by one
-    os.write(wfd, first + second)
-    os.close(wfd)
+
+
+def test_a_new_restricted_unpickler_per_load_reads_each_pickle_of_a_pipe():
+    """As pickle.Unpickler(f).load(): each load reads one pickle of a pipe, the next load the next one."""
+    objs, stream = _several_pickles()
+    rfd, wfd = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(wfd, stream + b"tail"), os.close(wfd)))
+    writer.start()  # the stream is larger than a pipe's buffer: written while it is read
     with os.fdopen(rfd, "rb") as pipe:
-        u = hwdist.RestrictedUnpickler(pipe)
-        assert u.load()[0] == 1 and u.load() == {"a": 2}
+        assert not pipe.seekable()
+        for want in objs:
+            assert _same_objects(hwdist.RestrictedUnpickler(pipe).load(), want)
+        assert pipe.read() == b"tail"  # nothing after the last STOP was taken
         with pytest.raises(EOFError):
-            u.load()
+            hwdist.RestrictedUnpickler(pipe).load()
+    writer.join(10)
+
+
+@pytest.mark.parametrize("step", [1, 3, 4096])
+def test_the_restricted_unpickler_leaves_a_stream_where_pickle_does(step):
+    """A custom non-seekable io.RawIOBase, with short reads: the same objects as pickle.Unpickler, one per
+    load, and the stream left at the same byte after each one (pickle's C unpickler needs whole reads, so
+    it reads the same stream without short reads)."""
+    objs, stream = _several_pickles()
+    theirs = _Trickle(stream + b"rest", 1 << 30)
+    where = []
+    for want in objs:
+        assert _same_objects(pickle.Unpickler(theirs).load(), want)
+        where.append(theirs.pos)
+    ours = _Trickle(stream + b"rest", step)
+    for want, pos in zip(objs, where):
+        assert _same_objects(hwdist.RestrictedUnpickler(ours).load(), want)
+        assert ours.pos == pos
+    assert ours.read() == b"rest"
+    with pytest.raises(EOFError):
+        hwdist.RestrictedUnpickler(_Trickle(b"", step)).load()
+
+
+def test_a_stream_that_ends_inside_a_pickle_is_refused_as_truncated():
+    stream = pickle.dumps({"a": [1, 2, 3]}, protocol=2)
+    for cut in (1, 5, len(stream) - 1):
+        with pytest.raises(hwdist.UnpicklingRefused, match="truncated"):
+            hwdist.RestrictedUnpickler(_Trickle(stream[:cut], 7)).load()
+    with pytest.raises(hwdist.UnpicklingRefused, match="not accepted"):  # an opcode pickle does not have
+        hwdist.RestrictedUnpickler(_Trickle(b"\x80\x02\xff.more", 7)).load()
 
 
 # ---------- fuzzing the restricted loader ----------

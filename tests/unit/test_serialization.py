@@ -12,14 +12,17 @@ import pytest
 import torch
 
 import hwdist
-from hwdist.collectives.restricted import loader as _restricted
-from hwdist.collectives import serialization as ser
+from hwdist import _compat
+from hwdist import serialization as ser
+from hwdist.serialization import frames, tensors
+from hwdist.serialization.restricted import loader as _restricted
+from tests.unit import torch_kinds
 
 
 def _roundtrip(obj, serializer=None, map_location=None):
     frame = ser.encode(obj, serializer)
     data = frame.to_numpy()
-    assert data.size == frame.nbytes and frame.nbytes % ser.ALIGN == 0
+    assert data.size == frame.nbytes and frame.nbytes % frames.ALIGN == 0
     return ser.decode(data, 0, serializer, map_location), frame, data
 
 
@@ -274,10 +277,9 @@ def test_restricted_unpickler_refuses_unknown_globals_and_runs_nothing(tmp_path)
         hwdist.restricted_loads(payload)
     with pytest.raises(hwdist.UnpicklingRefused, match="_Plain"):
         ser.decode(ser.encode(_Plain()).to_numpy(), serializer=rs)
-    # torch's own tensor format goes through torch.load: refused
-    sparse = torch.eye(2).to_sparse()
-    with pytest.raises(hwdist.UnpicklingRefused):
-        ser.decode(ser.encode(sparse).to_numpy(), serializer=rs)
+    # torch's own tensor format (plain pickle of a tensor) goes through torch.load: refused
+    with pytest.raises(hwdist.UnpicklingRefused, match="torch"):
+        hwdist.restricted_loads(pickle.dumps(torch.ones(2)))
     assert not marker.exists()
 
 
@@ -323,3 +325,125 @@ def test_pluggable_serializer():
     assert isinstance(hwdist.get_serializer(), hwdist.PickleSerializer)
     with pytest.raises(TypeError, match="Serializer"):
         hwdist.set_serializer(object())  # type: ignore[arg-type]
+
+
+# ---- what torch's weights_only=True loader accepts: module state, sparse, quantized, meta ----------
+
+_KINDS = torch_kinds.everything(0)
+_SERIALIZERS = {
+    "pickle": ser.PickleSerializer,
+    "restricted": ser.RestrictedPickleSerializer,
+    "weights_only": ser.WeightsOnlySerializer,
+}
+
+
+@pytest.mark.parametrize("serializer", sorted(_SERIALIZERS))
+def test_a_module_state_dict_roundtrips_with_its_metadata_and_loads_into_a_model(serializer):
+    model = torch_kinds.model(3)
+    state = model.state_dict()
+    assert state._metadata  # what made the restricted loader refuse it: BUILD on an OrderedDict
+    back, _, _ = _roundtrip(state, _SERIALIZERS[serializer]())
+    assert type(back) is collections.OrderedDict and back._metadata == state._metadata
+    assert torch_kinds.same(state, back) and not torch_kinds.same(state, torch_kinds.model(4).state_dict())
+    fresh = torch_kinds.model(5)
+    fresh.load_state_dict(back)  # strict: every key, and the versions in _metadata
+    x = torch.randn(6, 3)
+    assert torch.equal(fresh.eval()(x), model.eval()(x))
+
+
+@pytest.mark.parametrize("serializer", sorted(_SERIALIZERS))
+@pytest.mark.parametrize("kind", sorted(k for k in _KINDS if k != "state_dict"))
+def test_sparse_quantized_and_meta_tensors_roundtrip(kind, serializer):
+    t = _KINDS[kind]
+    back, _, _ = _roundtrip({"t": t}, _SERIALIZERS[serializer]())
+    assert torch_kinds.same(t, back["t"]), (kind, back["t"])
+
+
+def test_torchs_own_weights_only_loader_accepts_the_same_kinds():
+    """The reference: torch.load(weights_only=True) reads a state_dict, sparse and meta tensors on every
+    torch hwdist supports, and quantized tensors from torch 2.4 (2.1 refuses _rebuild_qtensor)."""
+    import io
+
+    names = [k for k in _KINDS if not k.startswith("per_") or _compat.TORCH_VERSION >= (2, 4)]
+    buf = io.BytesIO()
+    torch.save({k: _KINDS[k] for k in names}, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=True)
+    for k in names:  # torch drops requires_grad of a sparse tensor; hwdist keeps it, as for a dense one
+        want = _KINDS[k].detach() if k == "coo_requires_grad" else _KINDS[k]
+        assert torch_kinds.same(want, back[k]), k
+
+
+class _Call:
+    """A stream that calls ``fn(*args)``, pickled by hwdist's pickler (tensors inside in hwdist's form)."""
+
+    def __init__(self, fn, *args) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+class _StateOf(collections.OrderedDict):
+    """An OrderedDict whose pickle sets ``state`` with BUILD (as a state_dict's ``_metadata``)."""
+
+    def __init__(self, state) -> None:
+        super().__init__()
+        self.state = state
+
+    def __reduce__(self):
+        return (collections.OrderedDict, (), self.state, None, iter(self.items()))
+
+
+_IDX = torch.tensor([[0, 1]])
+_Q = torch.tensor([1, 2, 3], dtype=torch.uint8)
+_F64 = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+_ONE, _TWO = torch.ones(1), torch.ones(2)
+
+
+def _sparse(layout, parts, shape, coalesced=False, requires_grad=False):
+    return _Call(tensors.rebuild_sparse, layout, parts, shape, coalesced, requires_grad)
+
+
+def _quantized(values, *params):
+    return _Call(tensors.rebuild_quantized, values, params)
+
+
+@pytest.mark.parametrize(
+    "obj, match",
+    [
+        (_sparse("sparse_coo", (torch.tensor([[5]]), _ONE), (2,)), "size is inconsistent with indices"),
+        (_sparse("sparse_coo", (torch.tensor([[0, 0]]), _TWO), (2,), coalesced=True), "uncoalesced"),
+        (_sparse("sparse_csr", (torch.tensor([0, 5]), torch.tensor([0]), _ONE), (1, 2)), "crow_indices"),
+        (_sparse("strided", (_IDX, _TWO), (2,)), "layout 'strided'"),
+        (_sparse("sparse_coo", (_IDX.float(), _TWO), (2,)), "int64 or int32"),
+        (_sparse("sparse_coo", (_IDX, _TWO.long()), (2,), requires_grad=True), "requires_grad"),
+        (_quantized(_Q, "per_tensor_affine", -0.5, 0), "finite and positive"),
+        (_quantized(_Q, "per_tensor_affine", float("nan"), 0), "finite and positive"),
+        (_quantized(_Q.float(), "per_tensor_affine", 0.5, 0), "uint8, int8 or int32"),
+        (_quantized(_Q, "per_tensor_symmetric", 0.5, 0), "the scheme must be one of"),
+        (_quantized(_Q, "per_channel_affine", _F64[:2], _IDX[0], 0), "one per entry of the axis"),
+        (_quantized(_Q, "per_channel_affine", _F64, torch.tensor([0, 0, 0]), 1), "one per entry of the axis"),
+        (_quantized(_Q, "per_channel_affine", _F64, torch.tensor([0.0, 0, 0]), 0), "int64 zero points"),
+        (_StateOf({1: "not a str key"}), "must be a dict with str keys"),
+        (_StateOf([("_metadata", {})]), "must be a dict with str keys"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_the_restricted_loader_refuses_what_torch_refuses_or_never_sends(obj, match):
+    """Forged streams: indices out of the shape, a false coalesced claim, a scheme torch cannot rebuild..."""
+    stream, buffers = ser.PickleSerializer(oob_threshold=1 << 30).dumps(obj)
+    with pytest.raises(hwdist.UnpicklingRefused, match=match):
+        ser.RestrictedPickleSerializer().loads(memoryview(stream), buffers)
+
+
+def test_state_on_a_dict_or_counter_stays_refused():
+    """torch's loader sets attributes on an OrderedDict only; so does the restricted loader."""
+
+    class _StateOfDict(dict):
+        def __reduce__(self):
+            return (dict, (), {"_metadata": {}}, None, iter(self.items()))
+
+    stream, _ = ser.PickleSerializer().dumps(_StateOfDict(a=1))
+    with pytest.raises(hwdist.UnpicklingRefused, match="setting state on a 'builtins.dict'"):
+        ser.RestrictedPickleSerializer().loads(memoryview(stream), [])

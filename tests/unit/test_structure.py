@@ -30,6 +30,12 @@ THIRD_PARTY_ALLOWED = {
     "torch.autograd.Variable._execution_engine": (
         "queue_callback at the end of a backward pass (what torch's own DDP uses; no public API)"
     ),
+    "torch._make_per_tensor_quantized_tensor": (
+        "rebuilds a quantized tensor from its integer values exactly (no public constructor; torch 2.1-2.15)"
+    ),
+    "torch._make_per_channel_quantized_tensor": (
+        "rebuilds a per-channel quantized tensor from its integer values exactly (no public constructor)"
+    ),
 }
 
 #: Known violations (file under hwdist/, rule), to fix; remove an entry once its file is fixed.

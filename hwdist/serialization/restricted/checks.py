@@ -1,11 +1,11 @@
-"""Checks and handlers of the restricted unpickler: what each allow-listed global may build.
+"""The allow-list of the restricted unpickler, and the handlers of numpy and the standard library.
 
 A payload never reaches a constructor with unchecked values: each handler
 takes the REDUCE arguments (or a BUILD state), checks types, sizes and
 ranges, and builds the object itself. numpy arrays come only from a plain
 numeric (or record, or object-by-element) dtype, a shape and a buffer of
-exactly the right size; tensors likewise. See ``loader.py`` for the
-interpreter that calls them.
+exactly the right size; torch's types are in ``torchtypes.py``. See
+``loader.py`` for the interpreter that calls them.
 """
 
 from __future__ import annotations
@@ -14,111 +14,17 @@ import collections
 import datetime
 import decimal
 import fractions
-import pickle
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
 
-if TYPE_CHECKING:
+from ..tensors import plain_dtype
+from .base import Handler, Pending, arity, byte_view, check_bool_bytes, hashable_in, int_arg, refuse, shape_of
+from .torchtypes import TORCH_CALLS, TORCH_HANDLERS, TORCH_VALUES
+
+if TYPE_CHECKING:  # the handlers get the running interpreter; never imported at run time
     from .loader import Loader
-
-SERIALIZATION = "hwdist.collectives.serialization"
-#: Deepest chain of tuples/frozensets (hashed recursively by CPython) a payload may build.
-MAX_NESTING = 1000
-_MAX_DIMS = 32
-
-
-from ...errors import UnpicklingRefused  # noqa: E402
-
-
-def refuse(msg: str) -> UnpicklingRefused:
-    return UnpicklingRefused(f"restricted unpickler refused the payload: {msg}")
-
-
-# ---- checks shared by the handlers ------------------------------------------------------
-
-
-class Handler:
-    """What a payload gets for a global that only hwdist's own code may act on."""
-
-    __slots__ = ("name", "fn")
-
-    def __init__(self, name: str, fn: Callable[[Loader, tuple], Any]) -> None:
-        self.name, self.fn = name, fn
-
-    def __repr__(self) -> str:
-        return f"<restricted global {self.name}>"
-
-
-class Pending:
-    """An object whose final value comes with the BUILD that follows (numpy's dtype and array formats)."""
-
-    __slots__ = ("finish", "keys", "done")
-
-    def __init__(self, finish: Callable[[Loader, Any], Any]) -> None:
-        self.finish = finish
-        self.keys: list[Any] = []
-        self.done = False
-
-    def __repr__(self) -> str:
-        return "<unfinished restricted object>"
-
-
-def _arity(name: str, args: tuple, lo: int, hi: int) -> None:
-    if not lo <= len(args) <= hi:
-        want = str(lo) if lo == hi else f"{lo} to {hi}"
-        raise refuse(f"{name} takes {want} arguments, got {len(args)}")
-
-
-def _int(name: str, x: Any, lo: int = 0) -> int:
-    if type(x) is not int or x < lo:
-        raise refuse(f"{name} must be an int >= {lo}, got {type(x).__name__}")
-    return x
-
-
-_INT64_MAX = (1 << 63) - 1
-
-
-def _shape(name: str, shape: Any) -> tuple[int, int]:
-    """``(ndim, number of elements)`` of a checked shape."""
-    if type(shape) not in (tuple, list, torch.Size) or len(shape) > _MAX_DIMS:
-        raise refuse(
-            f"{name}: shape must be a tuple of at most {_MAX_DIMS} ints, got {type(shape).__name__}"
-        )
-    count = 1
-    for d in shape:
-        if _int(f"{name}: shape entry", d) > _INT64_MAX:
-            raise refuse(f"{name}: shape entry {d} does not fit a 64-bit size")
-        count *= d
-    return len(shape), count
-
-
-def byte_view(name: str, buf: Any) -> memoryview:
-    if type(buf) not in (bytes, bytearray, memoryview, pickle.PickleBuffer):
-        raise refuse(f"{name}: expected a buffer, got {type(buf).__name__}")
-    view = memoryview(buf)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _check_bool_bytes(name: str, view: memoryview) -> None:
-    if view.nbytes and int(np.frombuffer(view, dtype=np.uint8).max()) > 1:
-        raise refuse(f"{name}: a bool buffer holds a byte other than 0 or 1")
-
-
-_PLAIN_KINDS = "biufc"
-
-
-def plain_dtype(dt: Any) -> bool:
-    """A numpy dtype that any bytes are a valid value of: bool, ints, floats, complex, one element."""
-    return (
-        isinstance(dt, np.dtype)
-        and dt.kind in _PLAIN_KINDS
-        and dt.fields is None
-        and dt.subdtype is None
-        and dt.metadata is None
-    )
 
 
 def _array_dtype(name: str, dt: Any, allow_object: bool = False) -> np.dtype:
@@ -147,7 +53,7 @@ _DTYPE_STR = re.compile(r"([biufc])(\d{1,2})|(V)(\d{1,9})|(O)(4|8)")
 
 
 def _np_dtype(u: Loader, args: tuple) -> Pending:
-    _arity("numpy.dtype", args, 1, 3)
+    arity("numpy.dtype", args, 1, 3)
     spec = args[0]
     match = _DTYPE_STR.fullmatch(spec) if type(spec) is str else None
     if match is None:
@@ -170,14 +76,14 @@ def _np_dtype_state(spec: str, state: Any) -> np.dtype:
     if spec[0] == "V":
         if type(names) is not tuple or not names or type(fields) is not dict or len(fields) != len(names):
             raise refuse(f"numpy.dtype {spec!r}: a record needs names and fields")
-        itemsize = _int("numpy.dtype record size", elsize, 1)
+        itemsize = int_arg("numpy.dtype record size", elsize, 1)
         formats, offsets = [], []
         for key in names:
             entry = fields.get(key) if type(key) is str else None
             if type(entry) is not tuple or len(entry) != 2:
                 raise refuse(f"numpy.dtype {spec!r}: field {key!r} must be (dtype, offset)")
             dt = _array_dtype(f"numpy.dtype field {key!r}", entry[0])
-            off = _int(f"numpy.dtype field {key!r} offset", entry[1])
+            off = int_arg(f"numpy.dtype field {key!r} offset", entry[1])
             if dt.fields is not None or dt.kind == "b" or off + dt.itemsize > itemsize:
                 raise refuse(
                     f"numpy.dtype {spec!r}: field {key!r} does not fit a plain field in {itemsize} bytes"
@@ -203,7 +109,7 @@ def _np_array_state(u: Loader, state: Any) -> np.ndarray:
     if type(state) is not tuple or len(state) != 5 or state[0] != 1:
         raise refuse("numpy array state must be numpy's 5-tuple (version 1)")
     _, shape, dt, fortran, raw = state
-    _, count = _shape("numpy array", shape)
+    _, count = shape_of("numpy array", shape)
     dt = _array_dtype("numpy array", dt, allow_object=True)
     order = "F" if fortran is True or fortran == 1 else "C"
     if dt.kind == "O":
@@ -223,7 +129,7 @@ def _np_array_state(u: Loader, state: Any) -> np.ndarray:
         )
     u.charge(view.nbytes)
     if dt.kind == "b":
-        _check_bool_bytes("numpy array", view)
+        check_bool_bytes("numpy array", view)
     out = np.frombuffer(view, dtype=dt)
     if not out.flags.writeable:
         out = out.copy()
@@ -231,11 +137,11 @@ def _np_array_state(u: Loader, state: Any) -> np.ndarray:
 
 
 def _np_frombuffer(u: Loader, args: tuple) -> np.ndarray:
-    _arity("numpy _frombuffer", args, 4, 4)
+    arity("numpy _frombuffer", args, 4, 4)
     buf, dt, shape, order = args
     view = byte_view("numpy _frombuffer", buf)
     dt = _array_dtype("numpy _frombuffer", dt)
-    _, count = _shape("numpy _frombuffer", shape)
+    _, count = shape_of("numpy _frombuffer", shape)
     if order not in ("C", "F"):
         raise refuse(f"numpy _frombuffer: order must be 'C' or 'F', got {order!r}")
     if view.nbytes != count * dt.itemsize:
@@ -245,13 +151,13 @@ def _np_frombuffer(u: Loader, args: tuple) -> np.ndarray:
         )
     u.charge(view.nbytes)
     if dt.kind == "b":
-        _check_bool_bytes("numpy _frombuffer", view)
+        check_bool_bytes("numpy _frombuffer", view)
     return np.frombuffer(view, dtype=dt).reshape(shape, order=order)
 
 
 def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
-    """``numpy.frombuffer(buf, dtype)``: a small 1-D array as hwdist sends it (``_reduce_ndarray``)."""
-    _arity("numpy.frombuffer", args, 2, 2)
+    """``numpy.frombuffer(buf, dtype)``: a small 1-D array as hwdist sends it (``reduce_ndarray``)."""
+    arity("numpy.frombuffer", args, 2, 2)
     view = byte_view("numpy.frombuffer", args[0])
     dt = args[1]
     if not plain_dtype(dt):
@@ -260,101 +166,22 @@ def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
         raise refuse(f"numpy.frombuffer: {view.nbytes} bytes is not a whole, non-empty number of {dt} items")
     u.charge(view.nbytes)
     if dt.kind == "b":
-        _check_bool_bytes("numpy.frombuffer", view)
+        check_bool_bytes("numpy.frombuffer", view)
     return np.frombuffer(view, dtype=dt)
 
 
 def _np_scalar(u: Loader, args: tuple) -> Any:
-    _arity("numpy scalar", args, 2, 2)
+    arity("numpy scalar", args, 2, 2)
     dt = _array_dtype("numpy scalar", args[0])
     view = byte_view("numpy scalar", args[1]) if type(args[1]) is bytes else None
     if view is None or view.nbytes != dt.itemsize:
         raise refuse(f"numpy scalar of {dt} needs {dt.itemsize} bytes")
     if dt.kind == "b":
-        _check_bool_bytes("numpy scalar", view)
+        check_bool_bytes("numpy scalar", view)
     return np.frombuffer(view, dtype=dt)[0]
 
 
 # ---- torch ------------------------------------------------------------------------------
-
-_TORCH_DTYPES = {
-    name: getattr(torch, name)
-    for name in (
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-    )
-    if isinstance(getattr(torch, name, None), torch.dtype)
-}
-
-
-def _tensor(u: Loader, args: tuple) -> torch.Tensor:
-    _arity("tensor", args, 4, 4)
-    buf, name, shape, requires_grad = args
-    view = byte_view("tensor", buf)
-    dt = _TORCH_DTYPES.get(name) if type(name) is str else None
-    if dt is None:
-        raise refuse(f"tensor dtype {name!r} is not one of {', '.join(sorted(_TORCH_DTYPES))}")
-    _, count = _shape("tensor", shape)
-    if view.nbytes != count * dt.itemsize:
-        raise refuse(
-            f"tensor: shape {tuple(shape)} of {name} needs {count * dt.itemsize} bytes, got {view.nbytes}"
-        )
-    if type(requires_grad) is not bool or (requires_grad and not (dt.is_floating_point or dt.is_complex)):
-        raise refuse(
-            f"tensor: requires_grad must be a bool (True only for float or complex), got {requires_grad!r}"
-        )
-    u.charge(view.nbytes)
-    if dt is torch.bool:
-        _check_bool_bytes("tensor", view)
-    from ..serialization import rebuild_tensor
-
-    return rebuild_tensor(view, name, tuple(shape), requires_grad)
-
-
-def _parameter(u: Loader, args: tuple) -> torch.nn.Parameter:
-    _arity("torch parameter", args, 3, 4)
-    data, requires_grad, hooks = args[:3]
-    state = args[3] if len(args) == 4 else None
-    if type(data) is not torch.Tensor or type(requires_grad) is not bool:
-        raise refuse("torch parameter takes (tensor, requires_grad)")
-    if hooks or state not in (None, {}, (None, {}), ({}, None)):
-        raise refuse("torch parameter: backward hooks and extra state are not accepted")
-    return torch.nn.Parameter(data, requires_grad)
-
-
-def _size(u: Loader, args: tuple) -> torch.Size:
-    _arity("torch.Size", args, 1, 1)
-    _shape("torch.Size", args[0])
-    return torch.Size(args[0])
-
-
-def _device(u: Loader, args: tuple) -> torch.device:
-    _arity("torch.device", args, 1, 2)
-    if (
-        type(args[0]) is not str
-        or len(args[0]) > 64
-        or (len(args) == 2 and args[1] is not None and type(args[1]) is not int)
-    ):
-        raise refuse("torch.device takes (type string, index)")
-    return torch.device(*args)
-
 
 # ---- the standard library ---------------------------------------------------------------
 
@@ -365,7 +192,7 @@ _SEQUENCES = (tuple, list, set, frozenset, str, bytes, bytearray, dict)
 
 
 def _primitive(name: str, args: tuple, lo: int, hi: int, types: tuple = _PRIMITIVE) -> tuple:
-    _arity(name, args, lo, hi)
+    arity(name, args, lo, hi)
     for a in args:
         if type(a) not in types:
             raise refuse(f"{name}: argument of type {type(a).__name__} is not accepted")
@@ -430,7 +257,7 @@ def _mapping(cls: type) -> Callable[[Loader, tuple], Any]:
 
 
 def _defaultdict(u: Loader, args: tuple) -> collections.defaultdict:
-    _arity("defaultdict", args, 0, 2)
+    arity("defaultdict", args, 0, 2)
     factory = args[0] if args else None
     if factory is not None and not (hashable_in(factory, _FACTORIES) or u.trusted(factory)):
         raise refuse(f"defaultdict: default factory {factory!r} is not accepted")
@@ -518,9 +345,8 @@ CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     datetime.timezone: _timezone,
     decimal.Decimal: _decimal,
     fractions.Fraction: _fraction,
-    torch.Size: _size,
-    torch.device: _device,
     np.dtype: _np_dtype,
+    **TORCH_CALLS,
 }
 _FACTORIES = frozenset(
     {
@@ -543,11 +369,7 @@ _FACTORIES = frozenset(
 )
 #: Containers whose deallocation recurses in C without CPython's trashcan: never directly nested.
 UNSAFE_NESTING = (collections.deque, collections.defaultdict, np.ndarray)
-_HANDLERS: dict[tuple[str, str], Callable[[Loader, tuple], Any]] = {
-    ("torch._utils", "_rebuild_parameter"): _parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
-    (SERIALIZATION, "_rebuild_tensor"): _tensor,
-}
+_HANDLERS: dict[tuple[str, str], Callable[[Loader, tuple], Any]] = dict(TORCH_HANDLERS)
 _HANDLERS[("numpy", "frombuffer")] = _np_frombuffer_1d
 for _np_mod in ("numpy.core", "numpy._core"):
     _HANDLERS[(f"{_np_mod}.numeric", "_frombuffer")] = _np_frombuffer
@@ -567,25 +389,8 @@ VALUES: dict[tuple[str, str], Any] = {
     ("datetime", "timezone"): datetime.timezone,
     ("decimal", "Decimal"): decimal.Decimal,
     ("fractions", "Fraction"): fractions.Fraction,
-    ("torch", "Size"): torch.Size,
-    ("torch", "device"): torch.device,
-    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
     ("numpy", "dtype"): np.dtype,
     ("numpy", "ndarray"): np.ndarray,
+    **TORCH_VALUES,
 }
 VALUES.update({key: Handler(".".join(key), fn) for key, fn in _HANDLERS.items()})
-
-
-def hashable_in(x: Any, table: Any) -> bool:
-    try:
-        return x in table
-    except TypeError:
-        return False
-
-
-def describe(obj: Any) -> str:
-    if isinstance(obj, (type, Handler)) or callable(obj):
-        module = getattr(obj, "__module__", None)
-        name = getattr(obj, "__qualname__", None) or getattr(obj, "name", None) or repr(obj)
-        return f"'{module}.{name}'" if module else f"'{name}'"
-    return f"a {type(obj).__name__} value"

@@ -20,13 +20,14 @@ values to a constructor unchecked:
   refused.
 
 Everything that is not accepted raises
-[`UnpicklingRefused`][hwdist.collectives.restricted.checks.UnpicklingRefused].
+[`UnpicklingRefused`][hwdist.errors.UnpicklingRefused].
 The trust model is described in ``docs/objects.md`` and ``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
 import builtins
+import collections
 import importlib
 import struct
 import threading
@@ -34,19 +35,11 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from .checks import (
-    CALLS,
-    SERIALIZATION,
-    UNSAFE_NESTING,
-    VALUES,
-    MAX_NESTING,
-    UnpicklingRefused,
-    describe,
-    Handler,
-    hashable_in,
-    Pending,
-    refuse,
-)
+from ... import _compat
+from .base import MAX_NESTING, Handler, Pending, UnpicklingRefused, describe, hashable_in, refuse
+from .checks import CALLS, UNSAFE_NESTING, VALUES
+from .stream import read_pickle
+from .torchtypes import SERIALIZATION
 from .opcodes import DISPATCH
 
 __all__ = [
@@ -55,6 +48,7 @@ __all__ = [
     "register_safe_class",
     "safe_globals",
     "restricted_loads",
+    "torch_safe_pairs",
 ]
 
 # ---- the allow-list -------------------------------------------------------------------
@@ -96,8 +90,11 @@ SAFE: set[tuple[str, str]] = {
     ("torch", "device"),
     ("torch._utils", "_rebuild_parameter"),
     ("torch._utils", "_rebuild_parameter_with_state"),
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
     ("torch.nn.parameter", "Parameter"),
-    (SERIALIZATION, "_rebuild_tensor"),
+    (SERIALIZATION, "rebuild_tensor"),
+    (SERIALIZATION, "rebuild_sparse"),
+    (SERIALIZATION, "rebuild_quantized"),
     ("numpy", "dtype"),
     ("numpy", "ndarray"),
 }
@@ -125,7 +122,7 @@ def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
         >>> @dataclasses.dataclass
         ... class Box:
         ...     x: int
-        >>> hwdist.register_safe_class(Box)         # on every rank that receives a Box
+        >>> hwdist.serialization.register_safe_class(Box)   # on every rank that receives a Box
     """
     pairs = [pair("register_safe_class", item) for item in classes]
     with _SAFE_LOCK:
@@ -152,6 +149,20 @@ def safe_globals() -> frozenset[tuple[str, str]]:
     """The ``(module, name)`` pairs the restricted unpickler accepts (besides builtins and torch dtypes)."""
     with _SAFE_LOCK:
         return frozenset(SAFE)
+
+
+def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
+    """``(module, name)`` of every type torch's ``add_safe_globals`` / ``safe_globals`` allow now."""
+    out = []
+    for entry in _compat.torch_safe_globals():
+        try:
+            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
+                out.append(pair("add_safe_globals", entry[1]))  # (obj, "module.Name") as torch allows
+            else:
+                out.append(pair("add_safe_globals", entry))
+        except (TypeError, ValueError):  # an entry without a name: no payload can name it either
+            continue
+    return tuple(out)
 
 
 # ---- the interpreter ------------------------------------------------------------------------
@@ -283,7 +294,8 @@ class Loader:
                 return obj
         raise UnpicklingRefused(
             f"restricted unpickler refused global '{module}.{name}': it is not on the allow-list."
-            f" If every sender is trusted to send it, call hwdist.register_safe_class('{module}.{name}')"
+            f" If every sender is trusted to send it, call"
+            f" hwdist.serialization.register_safe_class('{module}.{name}')"
         )
 
     # -- calls and state
@@ -330,6 +342,12 @@ class Loader:
             )
         if self.trusted(type(inst)):
             _set_state(inst, state)
+        elif type(inst) is collections.OrderedDict and state:
+            # An OrderedDict's attributes: nn.Module.state_dict() carries its ``_metadata`` this way
+            # (torch's weights_only loader accepts it the same way, as a __dict__ update)
+            if type(state) is not dict or not all(type(k) is str for k in state):
+                raise refuse("the state of an OrderedDict must be a dict with str keys")
+            inst.__dict__.update(state)
         elif not (state is None or (type(state) is dict and not state)):
             raise refuse(
                 f"setting state on a {describe(type(inst))} is not allowed (only on registered classes)"
@@ -420,7 +438,7 @@ class RestrictedUnpickler:
         extra: more ``(module, name)`` pairs allowed for this unpickler only.
 
     Examples:
-        >>> hwdist.RestrictedUnpickler(io.BytesIO(pickle.dumps([1, "a"]))).load()
+        >>> hwdist.serialization.RestrictedUnpickler(io.BytesIO(pickle.dumps([1, "a"]))).load()
         [1, 'a']
     """
 
@@ -430,7 +448,6 @@ class RestrictedUnpickler:
         self._file = file
         self._buffers = buffers
         self._extra = tuple(extra)
-        self._rest = b""  # read from a file that cannot seek, after the last STOP
 
     def find_class(self, module: str, name: str) -> Any:
         """What ``module.name`` resolves to.
@@ -443,9 +460,10 @@ class RestrictedUnpickler:
     def load(self) -> Any:
         """The next object in the stream; like ``pickle.Unpickler.load``, it stops at the object's STOP.
 
-        A seekable file is left just after that STOP (another unpickler, or ``pickle``, reads what
-        follows); from a file that cannot seek, the bytes read after it are kept for this unpickler's
-        next ``load``.
+        The file is left just after that STOP, so the next pickle in it is read by the next ``load``,
+        of this unpickler or another one, or by ``pickle``: a seekable file is read to its end, then
+        put back just after the STOP; from a stream that cannot seek (a pipe, a socket), exactly the
+        pickle's bytes are read, opcode by opcode (a protocol 4/5 frame at once).
 
         Raises:
             UnpicklingRefused: for anything not accepted.
@@ -456,25 +474,26 @@ class RestrictedUnpickler:
             start: Optional[int] = file.tell() if file.seekable() else None
         except (AttributeError, OSError, ValueError):
             start = None
-        data = self._rest + bytes(file.read())
-        if not data:
-            raise EOFError("Ran out of input")
+        if start is None:
+            data = read_pickle(file)
+        else:
+            data = bytes(file.read())
+            if not data:
+                raise EOFError("Ran out of input")
         loader = Loader(data, self._buffers, self._extra)
         value = loader.load()
         if start is not None:
             file.seek(start + loader.pos)
-        else:
-            self._rest = data[loader.pos :]
         return value
 
 
 def restricted_loads(data: Any, buffers: Optional[Any] = None, extra: Sequence[tuple[str, str]] = ()) -> Any:
     """``pickle.loads`` through the restricted unpickler.
 
-    See [`RestrictedUnpickler`][hwdist.collectives.restricted.loader.RestrictedUnpickler].
+    See [`RestrictedUnpickler`][hwdist.serialization.restricted.loader.RestrictedUnpickler].
 
     Examples:
-        >>> hwdist.restricted_loads(pickle.dumps({"a": np.arange(3)}))
+        >>> hwdist.serialization.restricted_loads(pickle.dumps({"a": np.arange(3)}))
         {'a': array([0, 1, 2])}
     """
     return Loader(bytes(data), buffers, extra).load()

@@ -10,12 +10,14 @@ torch it supports.
 
 With ``weights_only=True`` hwdist reads payloads with its restricted loader
 (``restricted/loader.py``: hwdist's allow-list, the types registered with
-[`register_safe_class`][hwdist.collectives.restricted.loader.register_safe_class],
+[`register_safe_class`][hwdist.serialization.restricted.loader.register_safe_class],
 and the types registered with torch's ``add_safe_globals`` at the moment of
-the call). torch's own loader was measured against hwdist's hostile payloads
-and is not used: it cannot read hwdist's frames (protocol 5, out-of-band
-buffers), and it crashed or allocated a gigabyte on some of them
-(``docs/reliability.md``).
+the call). It accepts what torch 2.15's loader accepts: a module's
+``state_dict()`` with its ``_metadata``, dense, sparse (every layout,
+invariants checked), quantized and meta tensors, parameters. torch's own
+loader was measured against hwdist's hostile payloads and is not used: it
+cannot read hwdist's frames (protocol 5, out-of-band buffers), and it crashed
+or allocated a gigabyte on some of them (``docs/reliability.md``).
 
 Each sender also reads its own object back through the same loader before it
 sends it, so an object holding a type that is not allowed fails on every rank
@@ -29,38 +31,19 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from .. import _compat
 from ..errors import CollectiveArgumentError, UnpicklingRefused
-from .restricted import pair
-from .serialization import (
-    OOB_THRESHOLD,
-    Frame,
-    PickleSerializer,
-    RestrictedPickleSerializer,
-    Serializer,
-    get_serializer,
-)
+from .frames import Frame
+from .restricted import torch_safe_pairs
+from .serializers import PickleSerializer, RestrictedPickleSerializer, Serializer, get_serializer
+from .tensors import OOB_THRESHOLD
 
 __all__ = ["WeightsOnlySerializer", "for_call", "torch_safe_pairs", "check_own", "HINT"]
 
 HINT = (
     "with weights_only=True, register a type on every rank with torch.serialization.add_safe_globals([T])"
-    " (torch >= 2.4) or hwdist.register_safe_class(T), or pass weights_only=False if every sender is trusted"
+    " (torch >= 2.4) or hwdist.serialization.register_safe_class(T),"
+    " or pass weights_only=False if every sender is trusted"
 )
-
-
-def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
-    """``(module, name)`` of every type torch's ``add_safe_globals`` / ``safe_globals`` allow now."""
-    out = []
-    for entry in _compat.torch_safe_globals():
-        try:
-            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
-                out.append(pair("add_safe_globals", entry[1]))  # (obj, "module.Name") as torch allows
-            else:
-                out.append(pair("add_safe_globals", entry))
-        except (TypeError, ValueError):  # an entry without a name: no payload can name it either
-            continue
-    return tuple(out)
 
 
 class WeightsOnlySerializer(RestrictedPickleSerializer):
@@ -68,7 +51,7 @@ class WeightsOnlySerializer(RestrictedPickleSerializer):
 
     Args:
         extra: ``(module, name)`` pairs allowed by the serializer it stands in for.
-        oob_threshold: as [`PickleSerializer`][hwdist.collectives.serialization.PickleSerializer].
+        oob_threshold: as [`PickleSerializer`][hwdist.serialization.serializers.PickleSerializer].
     """
 
     def __init__(self, extra: Sequence[tuple[str, str]] = (), oob_threshold: int = OOB_THRESHOLD) -> None:

@@ -5,14 +5,13 @@ kept beside torch's ``weights_only`` loader because that one crashes the
 process on some hostile payloads (``docs/reliability.md`` lists them, with the
 torch versions); the trust model is in ``docs/objects.md``.
 
-* [`loader`][hwdist.collectives.restricted.loader]: the opcode interpreter and
+* [`loader`][hwdist.serialization.restricted.loader]: the opcode interpreter and
   the allow-list (``register_safe_class``, ``safe_globals``, ``restricted_loads``);
-* [`checks`][hwdist.collectives.restricted.checks]: the builders of
+* [`checks`][hwdist.serialization.restricted.checks]: the builders of
   allow-listed globals, each checking its arguments before it allocates;
-* [`opcodes`][hwdist.collectives.restricted.opcodes]: one handler per pickle opcode.
+* [`opcodes`][hwdist.serialization.restricted.opcodes]: one handler per pickle opcode.
 """
 
-from .checks import plain_dtype
 from .loader import (
     RestrictedUnpickler,
     UnpicklingRefused,
@@ -20,14 +19,15 @@ from .loader import (
     register_safe_class,
     restricted_loads,
     safe_globals,
+    torch_safe_pairs,
 )
 
 __all__ = [
     "RestrictedUnpickler",
     "UnpicklingRefused",
     "pair",
-    "plain_dtype",
     "register_safe_class",
     "restricted_loads",
     "safe_globals",
+    "torch_safe_pairs",
 ]

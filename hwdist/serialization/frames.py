@@ -1,0 +1,285 @@
+"""Frames: one serialized object as 64-byte-aligned bytes, and the tensors the object collectives move.
+
+An object becomes one *frame*: a small header (magic ``HWDOBJ01``, length,
+stream length, buffer lengths), the pickle stream, then every large buffer
+appended out of band, so a 32 MiB array is copied once (into the frame)
+instead of three or four times. Frames are multiples of 64 bytes and every
+section is 64-byte aligned, so a frame can travel as any byte-view dtype a
+driver asks for and tensors rebuilt from it need no copy. Tensors are
+rebuilt on the CPU (or a ``map_location``), never on the device they left.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+from typing import Any, Callable, Optional, Sequence, Union, cast
+
+import numpy as np
+import torch
+
+from .serializers import PickleSerializer, Serializer, get_serializer
+from .tensors import MAP_LOCATION, MapLocation
+
+__all__ = [
+    "ALIGN",
+    "MAGIC",
+    "Frame",
+    "frame_length",
+    "encode",
+    "decode",
+    "object_to_tensor",
+    "tensor_to_object",
+    "obj2tensor",
+    "tensor2obj",
+]
+
+#: Alignment (bytes) of every frame section and of frame lengths.
+ALIGN = 64
+#: First int64 of every frame header ("HWDOBJ01" little-endian).
+MAGIC = int.from_bytes(b"HWDOBJ01", "little")
+_FIXED = 4  # magic, total length, stream length, number of buffers
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+#: Room for the header of a frame without out-of-band buffers (zeros until the header is written).
+_BARE_HEAD = bytes(_aligned(8 * _FIXED))
+
+
+class Frame:
+    """One serialized object: header + stream + out-of-band buffers, 64-byte aligned.
+
+    ``nbytes`` is the frame length;
+    [`write_into`][hwdist.serialization.frames.Frame.write_into] copies it into a byte
+    array (the one copy of the buffers);
+    [`to_numpy`][hwdist.serialization.frames.Frame.to_numpy] allocates and fills one, or,
+    for a frame pickled where it lies (``laid_out``: no out-of-band buffers), returns its bytes.
+    """
+
+    __slots__ = ("stream", "buffers", "header", "nbytes", "_offsets", "_whole")
+
+    def __init__(self, stream: Union[bytes, memoryview], buffers: Sequence[memoryview]) -> None:
+        self.stream = _byte_view(stream)
+        self.buffers = [_byte_view(b) for b in buffers]
+        n = len(self.buffers)
+        head = np.empty(_FIXED + n, dtype="<i8")
+        offsets = []
+        pos = _aligned(8 * (_FIXED + n))
+        offsets.append(pos)
+        pos = _aligned(pos + self.stream.nbytes)
+        for b in self.buffers:
+            offsets.append(pos)
+            pos = _aligned(pos + b.nbytes)
+        head[0], head[1], head[2], head[3] = MAGIC, pos, self.stream.nbytes, n
+        for i, b in enumerate(self.buffers):
+            head[_FIXED + i] = b.nbytes
+        self.header = head
+        self.nbytes = pos
+        self._offsets = offsets
+        self._whole: Optional[np.ndarray] = None  #: the frame's bytes where it is laid out already
+
+    @classmethod
+    def laid_out(cls, whole: memoryview, stream_len: int) -> "Frame":
+        """A frame without out-of-band buffers whose stream ``whole`` holds after the header's room, up
+        to its aligned length (``encode`` with a pickle serializer); the header is written here."""
+        self = cls.__new__(cls)
+        start = len(_BARE_HEAD)
+        self.stream, self.buffers, self.nbytes, self._offsets = (
+            whole[start : start + stream_len],
+            [],
+            whole.nbytes,
+            [start],
+        )
+        self._whole = np.frombuffer(whole, dtype=np.uint8)
+        head = self._whole[: 8 * _FIXED].view("<i8")
+        head[0], head[1], head[2], head[3] = MAGIC, whole.nbytes, stream_len, 0
+        self.header = head
+        return self
+
+    def write_into(self, out: np.ndarray) -> None:
+        """Copy the frame into ``out`` (a uint8 array of at least ``nbytes``)."""
+        if self._whole is not None:
+            out[: self.nbytes] = self._whole
+            return
+        hb = self.header.view(np.uint8)
+        out[: hb.size] = hb
+        out[hb.size : self._offsets[0]] = 0
+        sections = [self.stream, *self.buffers]
+        for off, sec in zip(self._offsets, sections):
+            n = sec.nbytes
+            if n:
+                out[off : off + n] = np.frombuffer(sec, dtype=np.uint8)
+        # Zero the alignment gaps so frames are deterministic.
+        ends = [off + sec.nbytes for off, sec in zip(self._offsets, sections)]
+        starts = self._offsets[1:] + [self.nbytes]
+        for end, start in zip(ends, starts):
+            if start > end:
+                out[end:start] = 0
+
+    def to_numpy(self) -> np.ndarray:
+        """A uint8 array holding the frame: the frame's own bytes where it is laid out already (the
+        caller must not write into it), else a new array."""
+        if self._whole is not None:
+            return self._whole
+        out = np.empty(self.nbytes, dtype=np.uint8)
+        self.write_into(out)
+        return out
+
+
+def _byte_view(buf: Any) -> memoryview:
+    view = memoryview(buf)
+    if view.format == "B" and view.ndim == 1:
+        return view
+    return view.cast("B")
+
+
+def frame_length(data: np.ndarray, offset: int = 0) -> int:
+    """The length of the frame starting at ``data[offset]`` (checks the magic)."""
+    if data.size - offset < 8 * _FIXED:
+        raise ValueError(
+            f"not an hwdist object payload: {data.size - offset} bytes is shorter than a frame header"
+        )
+    head = np.frombuffer(data, dtype="<i8", count=_FIXED, offset=offset)
+    if int(head[0]) != MAGIC:
+        raise ValueError(
+            "not an hwdist object payload (bad magic); was it made by hwdist.serialization.object_to_tensor?"
+        )
+    return int(head[1])
+
+
+def _device(map_location: Any) -> torch.device:
+    try:
+        return torch.device(map_location)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"map_location must be a torch.device, a device string or None, got {map_location!r}"
+        ) from exc
+
+
+def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
+    """Serialize ``obj`` once into a [`Frame`][hwdist.serialization.frames.Frame]."""
+    ser = serializer or get_serializer()
+    if isinstance(ser, PickleSerializer):
+        return cast(Frame, _gc_paused(_pickled_frame, ser, obj))
+    stream, buffers = _gc_paused(ser.dumps, obj)
+    return Frame(stream, buffers)
+
+
+def _pickled_frame(ser: PickleSerializer, obj: Any) -> Frame:
+    """``obj``'s frame, pickled straight into it.
+
+    The stream is written after room for the header of a frame without out-of-band buffers; when
+    nothing went out of band the frame is then complete where it lies (no copy of the stream).
+    """
+    out = io.BytesIO()
+    out.write(_BARE_HEAD)
+    buffers = ser.dump_into(obj, out)
+    if buffers:
+        return Frame(out.getbuffer()[len(_BARE_HEAD) :], buffers)
+    n = out.tell() - len(_BARE_HEAD)
+    total = _aligned(len(_BARE_HEAD) + n)
+    out.write(bytes(total - len(_BARE_HEAD) - n))  # the alignment gap, zeroed as write_into does
+    return Frame.laid_out(out.getbuffer(), n)
+
+
+def _gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with Python's cyclic garbage collector paused (if it was on), then restored.
+
+    Unpickling many small objects (20k result dicts) otherwise runs dozens of collections that
+    find nothing to free: about a quarter of the decoding time (docs/objects.md).
+    """
+    if not gc.isenabled():
+        return fn(*args)
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        gc.enable()
+
+
+def decode(
+    data: np.ndarray,
+    offset: int = 0,
+    serializer: Optional[Serializer] = None,
+    map_location: MapLocation = None,
+) -> Any:
+    """The object in the frame at ``data[offset]`` (a writable uint8 array; buffers alias it)."""
+    total = frame_length(data, offset)
+    if data.size - offset < total:
+        raise ValueError(f"truncated hwdist object payload: {data.size - offset} of {total} bytes")
+    head = np.frombuffer(data, dtype="<i8", offset=offset, count=_FIXED)
+    stream_len, n = int(head[2]), int(head[3])
+    if total < 8 * _FIXED or not 0 <= n <= (total - 8 * _FIXED) // 8:
+        raise ValueError(f"corrupt hwdist object payload: header says {n} buffers in {total} bytes")
+    lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist() if n else []
+    view = memoryview(cast(Any, data))  # numpy's stubs miss the buffer protocol on 3.9
+    pos = offset + _aligned(8 * (_FIXED + n))
+    sections = []
+    for ln in [stream_len, *lens]:
+        if ln < 0 or pos + ln > offset + total:
+            raise ValueError(
+                f"corrupt hwdist object payload: a section of {ln} bytes at byte {pos - offset}"
+                f" does not fit its {total}-byte frame"
+            )
+        sections.append(view[pos : pos + ln])
+        pos = _aligned(pos + ln)
+    stream, buffers = sections[0], sections[1:]
+    token = MAP_LOCATION.set(None if map_location is None else _device(map_location))
+    try:
+        return _gc_paused((serializer or get_serializer()).loads, stream, buffers)
+    finally:
+        MAP_LOCATION.reset(token)
+
+
+def object_to_tensor(
+    obj: Any, device: Union[None, str, torch.device] = None, serializer: Optional[Serializer] = None
+) -> torch.Tensor:
+    """Serialize ``obj`` into a 1-D uint8 tensor (the vis4d ``obj2tensor``).
+
+    Args:
+        obj: any object the serializer accepts.
+        device: where the tensor goes; default: the communication device of
+            the default group (CPU when not distributed).
+        serializer: default: the current one
+            ([`get_serializer`][hwdist.serialization.frames.get_serializer]).
+
+    Examples:
+        >>> from hwdist.serialization import object_to_tensor, tensor_to_object
+        >>> t = object_to_tensor({"a": 1})      # tensor([...], dtype=torch.uint8)
+        >>> tensor_to_object(t)
+        {'a': 1}
+    """
+    frame = encode(obj, serializer)
+    out = torch.from_numpy(frame.to_numpy())
+    if device is None:
+        from ..info import get_comm_device
+
+        device = get_comm_device()
+    return out.to(device)
+
+
+def tensor_to_object(
+    tensor: torch.Tensor, map_location: MapLocation = None, serializer: Optional[Serializer] = None
+) -> Any:
+    """The object in a tensor made by [`object_to_tensor`][hwdist.serialization.frames.object_to_tensor].
+
+    The vis4d ``tensor2obj``.
+
+    Trailing padding is ignored; tensors inside land on CPU, or ``map_location``.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8:
+        got = f"{tensor.dtype} tensor" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise TypeError(f"tensor_to_object: expected a uint8 tensor from object_to_tensor, got {got}")
+    flat = tensor.detach().reshape(-1)
+    # Own the bytes: the rebuilt objects alias them, and must not alias the caller's tensor.
+    data = flat.numpy().copy() if flat.device.type == "cpu" else flat.cpu().numpy()
+    return decode(data, 0, serializer, map_location)
+
+
+obj2tensor = object_to_tensor
+"""vis4d name of [`object_to_tensor`][hwdist.serialization.frames.object_to_tensor]."""
+tensor2obj = tensor_to_object
+"""vis4d name of [`tensor_to_object`][hwdist.serialization.frames.tensor_to_object]."""
