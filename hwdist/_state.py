@@ -13,7 +13,7 @@ old entry.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 __all__ = ["GroupState", "of", "clear"]

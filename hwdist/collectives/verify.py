@@ -71,7 +71,7 @@ def _env_flag(name: str) -> bool:
         warnings.warn(
             f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off)"
             " or 1/2/.../true/yes/on (on);"
-            " it is ON",
+            " debug mode (call-site comparison) is ON",
             stacklevel=2,
         )
     return on

@@ -151,13 +151,13 @@ def test_env_lists_every_setting_with_its_value(monkeypatch):
     env = {"HWDIST_DEBUG": "1", "HWDIST_FAKE_TOKEN": "tok-271828"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("HWDIST_OBJECT_PATH", raising=False)
+    monkeypatch.delenv("HWDIST_FLIGHT_SIGNAL", raising=False)
     rows = {r["name"]: r for r in cli_env.settings_report()}
     assert set(rows) == set(settings.SETTINGS)
     assert rows["HWDIST_DEBUG"]["value"] == "1" and rows["HWDIST_DEBUG"]["kind"] == "flag"
     assert rows["HWDIST_FAKE_TOKEN"]["value"] == cli_env.MASK
-    assert rows["HWDIST_OBJECT_PATH"]["value"] is None and rows["HWDIST_OBJECT_PATH"]["default"] == "portable"
-    assert rows["HWDIST_OBJECT_PATH"]["choices"] == ["portable", "native"]
+    assert rows["HWDIST_FLIGHT_SIGNAL"]["value"] is None and rows["HWDIST_FLIGHT_SIGNAL"]["default"] == "auto"
+    assert rows["HWDIST_FLIGHT_SIGNAL"]["choices"] == ["auto", "on", "off"]
     import io
 
     out = io.StringIO()
@@ -165,7 +165,7 @@ def test_env_lists_every_setting_with_its_value(monkeypatch):
     text = out.getvalue()
     for name in settings.SETTINGS:
         assert name in text
-    assert "HWDIST_DEBUG=1" in text and "HWDIST_OBJECT_PATH (unset; default 'portable')" in text
+    assert "HWDIST_DEBUG=1" in text and "HWDIST_FLIGHT_SIGNAL (unset; default 'auto')" in text
     assert "tok-271828" not in text
 
 
