@@ -8,24 +8,82 @@ from, and so is every one they deliberately leave out. The drivers build their t
 
 Where vendor releases differ, a driver declares only what holds on every release read (the
 others are emulated, widened or moved as bytes, all exact), and the fact's note says what
-differs. A fact with no source is marked "from documentation only". Every table here was read, none
-was measured on its hardware by this project (``hwdist check --backend NAME --measure`` measures one).
+differs. Where a source says support depends on more than the backend (the chip, the library
+version), the fact carries a condition (``when``, a key of
+[`CONDITIONS`][hwdist.drivers._vendor_caps.CONDITIONS]) checked against what the driver probes at
+run time (``probe()``: torch_npu's SoC version, the oneCCL version); the unconditional fact is the
+conservative row used when the probe says nothing. Pairs a library accepts but computes wrongly are
+facts of kind ``inexact`` (``min:int32``): the planner routes them through an exact widening or
+refuses them. A fact with no source is marked "from documentation only". Every table here was
+read, none was measured on its hardware by this project (``hwdist check --backend NAME
+--conformance`` checks one there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
 from .base import ALL_OPS
 
-__all__ = ["Source", "Fact", "Caps", "SOURCES", "FACTS", "KINDS", "table"]
+__all__ = [
+    "Source", "Fact", "Caps", "Condition", "SOURCES", "FACTS", "ENGINE_FACTS", "KINDS", "CONDITIONS",
+    "ONECCL_KNOWN_GOOD", "applying", "table",
+]
 
 #: What a fact is about: dtypes the library moves, dtypes its reductions accept, reduce ops,
-#: and the collective ops its process group implements.
-KINDS = ("dtype", "reduce_dtype", "reduce_op", "native_op")
+#: the collective ops its process group implements, and (``inexact``) ``op:dtype`` pairs it computes
+#: wrongly.
+KINDS = ("dtype", "reduce_dtype", "reduce_op", "native_op", "inexact")
+
+#: oneCCL releases known to compute integer MIN/MAX right: none so far (no report of a fixed release
+#: was found). A release joins this set when ``hwdist check --conformance`` passes on it.
+ONECCL_KNOWN_GOOD: frozenset[str] = frozenset()
+
+
+def _version(text: Any) -> tuple[int, ...]:
+    """``'2021.15.3'`` (or a tuple) -> ``(2021, 15, 3)``; () when unreadable."""
+    if isinstance(text, tuple):
+        return tuple(int(x) for x in text if isinstance(x, int))
+    parts = []
+    for piece in str(text).split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What a conditional fact depends on: one probed key, tested."""
+
+    key: str  # what the driver's probe() reports: 'soc' (torch_npu SocVersion number), 'oneccl'
+    test: Callable[[Any], bool]
+    what: str  # in words, for docs/hardware.md and ``hwdist env``
+
+    def holds(self, probed: Optional[Mapping[str, Any]]) -> bool:
+        """Whether the probe answered ``key`` and the answer passes; False when unknown (conservative)."""
+        if not probed or probed.get(self.key) is None:
+            return False
+        try:
+            return bool(self.test(probed[self.key]))
+        except (TypeError, ValueError):
+            return False
+
+
+#: Condition name -> Condition. torch_npu's SocVersion numbers: Ascend950 = 260 (NpuVariables.h).
+CONDITIONS: Mapping[str, Condition] = {
+    "ascend950": Condition("soc", lambda v: int(v) >= 260, "an Ascend950-class chip (SocVersion >= 260)"),
+    "oneccl>=2021.15": Condition(
+        "oneccl", lambda v: _version(v) >= (2021, 15), "oneCCL 2021.15 or newer (XCCL_HAS_AVG)"
+    ),
+    "oneccl-known-good": Condition(
+        "oneccl", lambda v: str(v) in ONECCL_KNOWN_GOOD, "a oneCCL release in ONECCL_KNOWN_GOOD"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -47,6 +105,7 @@ class Fact:
     declared: bool
     sources: tuple[str, ...]  # keys of SOURCES; () means from documentation only
     note: str = ""
+    when: str = ""  # a key of CONDITIONS: the fact holds only where the probe says so; "" always
 
 
 _WHEEL = "torch-npu 2.14.0 wheel (PyPI)"
@@ -157,6 +216,66 @@ SOURCES: Mapping[str, Source] = {
         "commit 0029c2c",
         "xcclDatatypes, xcclOps and XCCL_HAS_AVG (oneCCL >= 2021.15), the op bodies",
     ),
+    "npu-a5": Source(
+        "Ascend/pytorch",
+        "torch_npu/csrc/distributed/ProcessGroupHCCL.cpp, lines 168-189 (checkSupportedDataType)",
+        "commit 9e73e70 (master, 2026-08-21; builds torch_npu 2.13 to 2.15)",
+        "uint64 and fp64 reductions accepted only when GetSocVersion() >= SocVersion::Ascend950",
+    ),
+    "npu-soc": Source(
+        "Ascend/pytorch",
+        "torch_npu/csrc/core/npu/NpuVariables.h line 35; torch_npu/npu/_backends.py line 96; HCCLUtils.cpp"
+        " lines 59-60",
+        "commit 9e73e70",
+        "SocVersion Ascend950 = 260; torch_npu.npu.get_soc_version() (initialises the device); UInt64 and"
+        " kDouble in kScalarTypeToHcclDataType",
+    ),
+    "xpu-minmax": Source(
+        "sgl-project/sglang",
+        "github.com/sgl-project/sglang/issues/31011 and /pull/31014 (2026-07-13)",
+        "torch XPU builds with oneCCL, reported 2026-07",
+        "all_reduce(MIN/MAX) on integer tensors silently computes SUM on xccl; the fix all_gathers and"
+        " takes torch.min locally",
+    ),
+    "xpu-b60-max": Source(
+        "intel/torch-xpu-ops",
+        "github.com/intel/torch-xpu-ops/issues/3059 (2026-03-16, closed; no fixed oneCCL release named)",
+        "Arc Pro B60, torch XPU 2.10-era build",
+        "all_reduce(MAX) of int64 [-1] and [0] on 2 ranks returns a wrong value",
+    ),
+    "xpu-b60-avg": Source(
+        "intel/torch-xpu-ops",
+        "github.com/intel/torch-xpu-ops/issues/3020 (2026-03-10, open)",
+        "torch 2.9.0+xpu on Arc Pro B60",
+        "native ReduceOp.AVG divides twice for small tensors (0-d, 1-4, 28-31, 33 elements): SUM/n/n",
+    ),
+    "xpu-premul": Source(
+        "intel/torch-xpu-ops",
+        "github.com/intel/torch-xpu-ops/pull/1948 (merged 2025-08), src/xccl/ProcessGroupXCCL.cpp",
+        "oneCCL >= 2021.17 (ENABLE_XCCL_PREMUL_SUM_SUPPORT)",
+        "PREMUL_SUM only for all_reduce/reduce_scatter and only over XeLink, like AVG",
+    ),
+    "nccl2-pg": Source(
+        "torch 2.15.0 wheel (PyPI, +cu132)",
+        "torch/distributed/distributed_c10d.py lines 958-1026; the torch.distributed.backends entry points",
+        "torch 2.15.0",
+        "'nccl' builds ProcessGroupNCCL2 (torchcomms) unless TORCH_DIST_USE_NCCL2=0; 'nccl-legacy',"
+        " 'nccl2', 'nccl-lazy' and 'nccl4py' registered beside it",
+    ),
+    "nccl2-bitwise": Source(
+        "meta-pytorch/torchcomms",
+        "github.com/meta-pytorch/torchcomms/pull/2082 (2026-04-15)",
+        "torchcomms before the fix; torch 2.15.0's libtorch_cuda.so carries 'Cannot use ReduceOp.BAND with"
+        " NCCL'",
+        "BAND/BOR/BXOR were silently issued as ncclSum by torchcomms' NCCL backends; the fix raises as"
+        " ProcessGroupNCCL does",
+    ),
+    "nccl4py-pg": Source(
+        "torch 2.15.0 wheel (PyPI, +cu132)",
+        "torch/distributed/_nccl4py/backend.py lines 184-210 (_get_nccl_redop)",
+        "torch 2.15.0",
+        "SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM; anything else raises RuntimeError",
+    ),
     "xpu-draft": Source(
         "pytorch/pytorch",
         "torch/csrc/distributed/c10d/ProcessGroupXCCL.cpp",
@@ -167,9 +286,16 @@ SOURCES: Mapping[str, Source] = {
 
 
 def _facts(
-    kind: str, names: str, declared: bool, sources: tuple[str, ...], note: str = ""
+    kind: str, names: str, declared: bool, sources: tuple[str, ...], note: str = "", when: str = ""
 ) -> tuple[Fact, ...]:
-    return tuple(Fact(kind, name, declared, sources, note) for name in names.split())
+    return tuple(Fact(kind, name, declared, sources, note, when) for name in names.split())
+
+
+def _pairs(ops: str, dtypes: str) -> str:
+    return " ".join(f"{op}:{d}" for op in ops.split() for d in dtypes.split())
+
+
+_XPU_INTS = "uint8 int8 int32 int64 bool"
 
 
 _BITWISE_REFUSED = 'refused by the process group ("Cannot use ReduceOp.BAND/BOR/BXOR")'
@@ -209,8 +335,30 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             "reduce_dtype",
             "float64",
             False,
-            ("npu-pg", "npu-types"),
-            "HCCL_DATA_TYPE_FP64 exists, but all_reduce/reduce refuse it",
+            ("npu-pg", "npu-types", "npu-a5"),
+            "HCCL_DATA_TYPE_FP64 exists, but all_reduce/reduce refuse it below Ascend950",
+        ),
+        *_facts(
+            "reduce_dtype",
+            "float64 uint64",
+            True,
+            ("npu-a5", "npu-soc"),
+            "checkSupportedDataType adds uint64/fp64 on Ascend950 (Atlas A5); needs the SoC probe",
+            when="ascend950",
+        ),
+        *_facts(
+            "dtype",
+            "uint64",
+            False,
+            ("npu-soc",),
+            "mapped at commit 9e73e70, not in older revisions: moved as bytes (a torch >= 2.3 dtype)",
+        ),
+        *_facts(
+            "reduce_dtype",
+            "uint64",
+            False,
+            ("npu-a5",),
+            "refused below Ascend950: hwdist has no lossless widening for uint64",
         ),
         *_facts("reduce_op", "sum product min max", True, ("npu-pg", "npu-types")),
         *_facts(
@@ -259,7 +407,8 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             False,
             ("hpu-utils", "hpu-matrix-doc"),
             "moved as 4-byte values unless int64 support is on (PT_ENABLE_INT64_SUPPORT, a runtime setting"
-            " hwdist cannot see); the HPU has no float64: hwdist moves them as bytes",
+            " hwdist cannot see); the HPU has no float64: hwdist moves them as bytes (lossless, never as"
+            " 4-byte values) and refuses their reductions (float32 holds neither exactly)",
         ),
         *_facts(
             "dtype",
@@ -275,8 +424,9 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             False,
             ("hpu-pg",),
             "all_reduce and reduce convert them to float32 and back, which loses int32 values beyond 2**24;"
-            " reduce_scatter passes them to HCCL as they are. hwdist widens float16 to float32 itself and"
-            " refuses integer reductions (no lossless route)",
+            " reduce_scatter passes them to HCCL as they are. hwdist widens float16 to float32 itself;"
+            " MIN/MAX of bool, uint8, int8 and int16 go through float32 (it holds each value, so the order is"
+            " exact); other integer reductions are refused (no lossless route)",
         ),
         *_facts("reduce_op", "sum min max", True, ("hpu-utils", "hpu-hccl-doc")),
         *_facts(
@@ -330,7 +480,8 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             "float64",
             False,
             ("mlu-pg",),
-            "kDouble is sent as cnclFloat (32-bit) in every revision read: moved as bytes",
+            "kDouble is sent as cnclFloat (32-bit) in every revision read: hwdist never hands it float64, it"
+            " moves float64 as bytes and refuses float64 reductions (never sent as fp32)",
         ),
         *_facts("dtype", "complex64 complex128", False, ("mlu-pg",), "not in the map"),
         *_facts("reduce_op", "sum product min max", True, ("mlu-pg",)),
@@ -397,16 +548,70 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
         ),
         *_facts("reduce_op", "sum product min max", True, ("xpu-pg", "xpu-draft")),
         *_facts(
+            "inexact",
+            _pairs("min max", _XPU_INTS),
+            True,
+            ("xpu-minmax", "xpu-b60-max"),
+            "oneCCL returns integer MIN/MAX as SUM: hwdist reduces bool/uint8/int8 in float32 and int32 in"
+            " float64 (exact), and refuses int64 MIN/MAX (no lossless route), on every oneCCL release not"
+            " known good",
+        ),
+        *_facts(
+            "inexact",
+            _pairs("min max", _XPU_INTS),
+            False,
+            ("xpu-minmax",),
+            "a oneCCL release that `hwdist check --conformance` found right",
+            when="oneccl-known-good",
+        ),
+        *_facts(
             "reduce_op",
             "avg",
             False,
             ("xpu-pg", "xpu-draft"),
-            "native only with oneCCL >= 2021.15 (XCCL_HAS_AVG), otherwise issued as SUM; the draft refused"
-            " it."
-            " hwdist cannot see the oneCCL version without a device, so it sums and divides (was declared)",
+            "native only with oneCCL >= 2021.15 (XCCL_HAS_AVG), otherwise issued as SUM then divided by"
+            " torch-xpu-ops; the draft refused it: hwdist sums and divides",
+        ),
+        *_facts(
+            "reduce_op",
+            "avg",
+            False,
+            ("xpu-pg", "xpu-b60-avg"),
+            "native from oneCCL 2021.15, but it divides twice on small tensors on Arc Pro B60: still summed"
+            " and divided by hwdist",
+            when="oneccl>=2021.15",
+        ),
+        *_facts(
+            "reduce_op",
+            "premul_sum",
+            False,
+            ("xpu-premul",),
+            "oneCCL >= 2021.17 and XeLink only; hwdist never issues PREMUL_SUM (it scales, then sums)",
         ),
         *_facts("reduce_op", "band bor bxor", False, ("xpu-pg",), "not in xcclOps"),
         *_facts("native_op", " ".join(sorted(ALL_OPS)), True, ("xpu-pg",)),
+    ),
+}
+
+#: The NCCL engines of torch 2.15 (``hwdist env`` shows which one 'nccl' builds): facts about them
+#: that hwdist's NCCL table relies on. The table is the same for every engine: no bitwise op.
+ENGINE_FACTS: Mapping[str, tuple[Fact, ...]] = {
+    "nccl": (
+        *_facts(
+            "reduce_op",
+            "band bor bxor",
+            False,
+            ("nccl2-pg", "nccl2-bitwise"),
+            "ProcessGroupNCCL refuses them; torchcomms (nccl2, nccl-lazy) issued them as SUM before"
+            " its fix (torchcomms/pull/2082) and raises since: hwdist never issues them on any engine",
+        ),
+        *_facts(
+            "reduce_op",
+            "sum product min max avg",
+            True,
+            ("nccl2-pg", "nccl4py-pg"),
+            "every engine of torch 2.15 (nccl, nccl-legacy, nccl2, nccl-lazy, nccl4py) maps them",
+        ),
     ),
 }
 
@@ -419,21 +624,47 @@ class Caps:
     reduce_ops: frozenset[str]
     dtypes: frozenset[torch.dtype]
     reduce_dtypes: Optional[frozenset[torch.dtype]]
+    inexact: frozenset[tuple[str, torch.dtype]] = frozenset()
 
 
-def table(backend: str) -> Caps:
-    """The capability table of ``backend`` ('hccl', 'gaudi', 'cncl', 'mccl' or 'xccl') from its facts."""
-    facts = FACTS[backend]
+def applying(backend: str, probed: Optional[Mapping[str, Any]] = None) -> list[Fact]:
+    """The facts of ``backend`` that hold for ``probed`` (what its driver's probe reported): each entry's
+    unconditional fact, replaced by a conditional one whose condition holds."""
+    chosen: dict[tuple[str, str], Fact] = {}
+    for f in FACTS[backend]:
+        if not f.when:
+            chosen.setdefault((f.kind, f.name), f)
+    for f in FACTS[backend]:
+        if f.when and CONDITIONS[f.when].holds(probed):
+            chosen[(f.kind, f.name)] = f
+    return list(chosen.values())
 
-    def names(kind: str) -> frozenset[str]:
-        return frozenset(f.name for f in facts if f.kind == kind and f.declared)
 
-    reduce_dtypes = None
-    if any(f.kind == "reduce_dtype" for f in facts):
-        reduce_dtypes = frozenset(getattr(torch, n) for n in names("reduce_dtype"))
+def table(backend: str, probed: Optional[Mapping[str, Any]] = None) -> Caps:
+    """The capability table of ``backend`` ('hccl', 'gaudi', 'cncl', 'mccl' or 'xccl') from its facts.
+
+    ``probed``: what the driver's ``probe()`` reported (None: nothing, the conservative table). A dtype
+    this torch lacks (uint64 before torch 2.3) is left out.
+    """
+    facts = applying(backend, probed)
+
+    def names(kind: str) -> list[str]:
+        return [f.name for f in facts if f.kind == kind and f.declared]
+
+    def dtypes(kind: str) -> frozenset[torch.dtype]:
+        return frozenset(d for d in (getattr(torch, n, None) for n in names(kind)) if d is not None)
+
+    reduce_dtypes = dtypes("reduce_dtype") if any(f.kind == "reduce_dtype" for f in facts) else None
+    inexact = set()
+    for pair in names("inexact"):
+        op, _, dtype = pair.partition(":")
+        found = getattr(torch, dtype, None)
+        if found is not None:
+            inexact.add((op, found))
     return Caps(
-        native_ops=names("native_op"),
-        reduce_ops=names("reduce_op"),
-        dtypes=frozenset(getattr(torch, n) for n in names("dtype")),
+        native_ops=frozenset(names("native_op")),
+        reduce_ops=frozenset(n for n in names("reduce_op") if n != "premul_sum"),
+        dtypes=dtypes("dtype"),
         reduce_dtypes=reduce_dtypes,
+        inexact=frozenset(inexact),
     )

@@ -113,6 +113,8 @@ class Driver(abc.ABC):
     native_object_collectives: bool = Capabilities.native_object_collectives
     #: Whether ``async_op=True`` is supported.
     supports_async: bool = Capabilities.supports_async
+    #: ``(reduce op, dtype)`` pairs the library accepts but computes wrongly: planned around, never issued.
+    inexact_reductions: frozenset[tuple[str, torch.dtype]] = Capabilities.inexact
 
     _caps: Optional[Capabilities] = None
 
@@ -200,6 +202,7 @@ class Driver(abc.ABC):
                 avg_dtypes=frozenset(self.avg_dtypes),
                 native_object_collectives=bool(self.native_object_collectives),
                 supports_async=bool(self.supports_async),
+                inexact=frozenset(self.inexact_reductions),
             )
         return caps
 

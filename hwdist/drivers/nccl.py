@@ -16,17 +16,22 @@ class NcclDriver(AcceleratorDriver):
 
     name = "nccl"
     device_type = "cuda"
+    # torch 2.15's other names of NCCL engines: a group torch reports under one of them resolves here.
+    aliases = ("nccl-legacy", "nccl2", "nccl-lazy", "nccl4py")
     priority = 20
     description = "NVIDIA NCCL (CUDA GPUs; RCCL on ROCm)"
     env_vars = (
         "NCCL_*",
         "TORCH_NCCL_*",
+        "TORCH_DIST_USE_NCCL2",
         "CUDA_VISIBLE_DEVICES",
         "CUDA_LAUNCH_BLOCKING",
         "HIP_VISIBLE_DEVICES",
     )
     # torch's NCCL process group has every op (gather/scatter since torch 1.11, below hwdist's floor).
     native_ops = ALL_OPS
+    # The same on every engine of torch 2.15 (nccl2, nccl-legacy, nccl-lazy, nccl4py): no bitwise op, which
+    # ProcessGroupNCCL refuses and torchcomms once issued as SUM (``_vendor_caps.ENGINE_FACTS``).
     reduce_ops = frozenset({"sum", "product", "min", "max", "avg"})
     # NCCL has no int16, no uint16/32/64 (torch>=2.3 dtypes; carried as bytes) and no complex reductions
     # of its own (torch views complex as real).
@@ -57,12 +62,15 @@ class NcclDriver(AcceleratorDriver):
         """
         import torch.distributed as dist
 
+        from .. import _compat
+
         facts: dict[str, Any] = {
             "cuda_runtime": torch.version.cuda,
             "rocm_runtime": getattr(torch.version, "hip", None),
             "nvidia_driver": _nvidia_driver(),
         }
         if dist.is_available() and dist.is_nccl_available():
+            facts["engine"] = ENGINES.get(_compat.nccl_engine() or "")  # torch >= 2.15: what "nccl" builds
             try:
                 version = torch.cuda.nccl.version()
                 facts["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
@@ -72,6 +80,13 @@ class NcclDriver(AcceleratorDriver):
         if facts:  # a CPU-only torch: nothing to say about CUDA
             facts.update(super().details())
         return facts
+
+
+#: The process group torch 2.15 builds for "nccl" -> the engine's own backend name, as ``hwdist env`` shows it.
+ENGINES = {
+    "ProcessGroupNCCL2": "nccl2 (torchcomms; TORCH_DIST_USE_NCCL2=0 picks nccl-legacy)",
+    "ProcessGroupNCCL": "nccl-legacy (ProcessGroupNCCL; TORCH_DIST_USE_NCCL2=0)",
+}
 
 
 def _nvidia_driver() -> Optional[str]:
