@@ -82,7 +82,7 @@ class NcclDriver(AcceleratorDriver):
         return facts
 
 
-#: The process group torch 2.15 builds for "nccl" -> the engine's own backend name, as ``hwdist env`` shows it.
+#: The process group torch 2.15 builds for "nccl" -> the engine's own name, as ``hwdist env`` shows it.
 ENGINES = {
     "ProcessGroupNCCL2": "nccl2 (torchcomms; TORCH_DIST_USE_NCCL2=0 picks nccl-legacy)",
     "ProcessGroupNCCL": "nccl-legacy (ProcessGroupNCCL; TORCH_DIST_USE_NCCL2=0)",

@@ -120,7 +120,7 @@ def test_every_plan_is_correct_or_a_clear_error(name):
                 )
                 if plan.cast and not plan.view:
                     exact = LOSSLESS | (ORDER_EXACT if plan.reduce_op in ("min", "max") else set())
-                    assert (dtype, comm) in exact, f"{name}: lossy cast {dtype} -> {comm} for {plan.reduce_op}"
+                    assert (dtype, comm) in exact, f"{name}: lossy cast {dtype} -> {comm} ({plan.reduce_op})"
                 if plan.view:
                     assert dtype.is_complex and comm == (
                         torch.float32 if dtype == torch.complex64 else torch.float64

@@ -31,9 +31,9 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 @pytest.mark.parametrize("rop", ["min", "max"])
 @pytest.mark.parametrize("op", sorted(REDUCE_OPS))
-def test_xccl_never_hands_oneccl_an_integer_min_or_max(op, rop):
-    """oneCCL returns integer MIN/MAX as SUM (sglang/issues/31011, torch-xpu-ops/issues/3059): every integer dtype
-    goes through a float that holds its values, or is refused; floats pass through."""
+def test_xccl_never_hands_oneccl_an_integer_min_or_max(op: str, rop: str) -> None:
+    """oneCCL returns integer MIN/MAX as SUM (sglang/issues/31011, torch-xpu-ops/issues/3059): every
+    integer dtype goes through a float that holds its values, or is refused; floats pass through."""
     drv = hwdist.get_driver("xccl")
     for dtype in INTS:
         try:
