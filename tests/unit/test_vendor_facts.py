@@ -96,8 +96,9 @@ def fake_npu(monkeypatch):
     vendor = types.ModuleType("torch_npu")
     vendor.npu = types.SimpleNamespace(get_soc_version=lambda: state["soc"])  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, "torch_npu", vendor)
-    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_initialized=lambda: state["initialized"]),
-                        raising=False)
+    monkeypatch.setattr(
+        torch, "npu", types.SimpleNamespace(is_initialized=lambda: state["initialized"]), raising=False
+    )
     return state
 
 
@@ -181,8 +182,11 @@ def test_the_engine_names_are_torchs_own():
     from importlib import metadata
 
     eps = metadata.entry_points()
-    group = eps.select(group="torch.distributed.backends") if hasattr(eps, "select") else eps.get(
-        "torch.distributed.backends", [])
+    group = (
+        eps.select(group="torch.distributed.backends")
+        if hasattr(eps, "select")
+        else eps.get("torch.distributed.backends", [])
+    )
     names = {ep.name for ep in group if ep.name.startswith("nccl")} - {"nccl"}
     if not _compat.HAS_NCCL_ENGINES:
         assert _compat.nccl_engine() is None
