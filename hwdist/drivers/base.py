@@ -147,6 +147,11 @@ class Driver(abc.ABC):
         """Extra runtime facts for ``hwdist env`` (versions, launchers); {} if none."""
         return {}
 
+    def vendor_note(self) -> Optional[str]:
+        """A line on who really makes this driver's device when it is not who the name says (a ``cuda``
+        device that is not NVIDIA's), for ``hwdist env`` and ``detect()``; None when nothing to say."""
+        return None
+
     def synchronize(self) -> None:
         """Wait until the work queued on this process's device has finished (a no-op on the CPU)."""
         return None
