@@ -67,6 +67,8 @@ def test_min_computed_as_sum_is_caught_at_3_ranks_and_the_written_driver_correct
     assert failures == expected
     library = {(r["op"], r["dtype"], r["reduce_op"]): r["library"] for r in report["results"]}
     for op in ("all_reduce", "reduce", "reduce_scatter"):
+        if op == "reduce_scatter" and library[(op, "float32", "sum")] == "refused":
+            continue  # torch 2.1's gloo has no flat reduce_scatter: hwdist emulates it (and was caught above)
         assert library[(op, "int32", "min")] == "wrong" and library[(op, "float32", "min")] == "ok"
         assert library[(op, "int32", "max")] == "ok" and library[(op, "int64", "sum")] == "ok"
     assert sorted(map(tuple, report["corrected"]["inexact_reductions"])) == sorted(
