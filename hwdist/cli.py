@@ -135,7 +135,8 @@ def _check_measure_args(args: argparse.Namespace) -> None:
     from .testing import mpi_ranks as job
 
     if job.job_size() is not None:
-        raise UsageError("--measure starts its own local ranks: run it outside mpiexec")
+        what = "--conformance" if getattr(args, "conformance", False) else "--measure"
+        raise UsageError(f"{what} starts its own local ranks: run it outside mpiexec")
     if args.only or args.inject:
         raise UsageError("--only and --inject-failure apply to the usual checks, not to --measure")
     if args.nproc is not None and args.nproc < 2:
