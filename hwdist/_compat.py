@@ -422,3 +422,22 @@ def torch_group_count() -> int:
     """How many process groups torch has made (cheap: no list is built)."""
     world = getattr(getattr(_dist, "distributed_c10d", None), "_world", None)
     return len(getattr(world, "pg_map", None) or ())
+
+
+
+# torch 2.15: torch's NCCL backend name builds ProcessGroupNCCL2 (on torchcomms) unless
+# TORCH_DIST_USE_NCCL2=0 picks the older ProcessGroupNCCL; other names of the engines are registered beside
+# it (torch/distributed/distributed_c10d.py, _register_builtin_nccl_backend; hwdist/drivers/nccl.py lists
+# them). Can go: never while torch keeps two engines behind one name.
+HAS_NCCL_ENGINES: bool = hasattr(getattr(_dist, "distributed_c10d", None), "_register_builtin_nccl2_backend")
+
+
+def nccl_engine() -> Optional[str]:
+    """The process group class torch's NCCL backend name builds on torch >= 2.15: 'ProcessGroupNCCL2'
+    (torchcomms) or 'ProcessGroupNCCL', chosen by TORCH_DIST_USE_NCCL2 as torch reads it; None where
+    torch has one engine."""
+    import os
+
+    if not HAS_NCCL_ENGINES:
+        return None
+    return "ProcessGroupNCCL" if os.environ.get("TORCH_DIST_USE_NCCL2") == "0" else "ProcessGroupNCCL2"

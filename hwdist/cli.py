@@ -135,7 +135,8 @@ def _check_measure_args(args: argparse.Namespace) -> None:
     from .testing import mpi_ranks as job
 
     if job.job_size() is not None:
-        raise UsageError("--measure starts its own local ranks: run it outside mpiexec")
+        what = "--conformance" if getattr(args, "conformance", False) else "--measure"
+        raise UsageError(f"{what} starts its own local ranks: run it outside mpiexec")
     if args.only or args.inject:
         raise UsageError("--only and --inject-failure apply to the usual checks, not to --measure")
     if args.nproc is not None and args.nproc < 2:
@@ -168,6 +169,17 @@ def cmd_check(args: argparse.Namespace, out: TextIO, err: TextIO, argv: Sequence
                 f"{exc}; for a backend a package registers with torch when imported, add --import MODULE"
             ) from None
         raise
+    if getattr(args, "conformance", False):
+        if args.only or args.inject or getattr(args, "measure", False):
+            raise UsageError(
+                "--conformance runs its own cases: not with --only, --measure or --inject-failure"
+            )
+        if args.nproc is not None and args.nproc < 2:
+            raise UsageError(f"--conformance needs at least 2 ranks, got -n {args.nproc}")
+        _check_measure_args(args)
+        from .cli_conformance import cmd_conformance
+
+        return cmd_conformance(args, driver, out, err)
     if getattr(args, "measure", False) or getattr(args, "write_driver", None) or _generic(driver):
         _check_measure_args(args)
         from .cli_measure import cmd_measure  # the backend's own table, measured with raw torch calls
@@ -351,11 +363,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         " torch.distributed calls); the default for a backend torch knows and hwdist does not",
     )
     p_check.add_argument(
+        "--conformance",
+        action="store_true",
+        help="check the backend on edge values (ties, negatives, +/-inf, NaN, -0.0, integer extremes; 0-d,"
+        " empty, odd sizes) with raw calls and through hwdist, at 2 and 3 ranks (or -n), against an exact"
+        " local computation; print the table and its diff with the driver's declared table",
+    )
+    p_check.add_argument(
         "--write-driver",
         dest="write_driver",
         default=None,
         metavar="PATH",
-        help="measure, then write the table as a Python file with a hwdist.Driver class to register",
+        help="measure, then write the table as a Python file with a hwdist.Driver class to register; with"
+        " --conformance, the driver's table corrected by what it found",
     )
     p_check.add_argument(
         "--import",
@@ -363,8 +383,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         action="append",
         default=[],
         metavar="MODULE",
-        help="with --measure: import MODULE first, here and in every rank (a package that registers its"
-        " backend with torch when imported); repeatable",
+        help="with --measure or --conformance: import MODULE first, here and in every rank (a package that"
+        " registers its backend with torch when imported); repeatable",
     )
     # Hidden: make one check fail on purpose (tests of the failure path); see hwdist.checks.INJECT_ENV.
     p_check.add_argument("--inject-failure", dest="inject", default=None, help=argparse.SUPPRESS)

@@ -355,6 +355,8 @@ def _print_env(rep: dict[str, Any], out: TextIO) -> None:
     else:
         chosen = f"chosen by {det['source']}" if det["overridden"] else "auto-detected"
         w(f"  device {det['device_type']}, backend {det['backend']} ({chosen}: {det['reason']})\n")
+        if det.get("vendor_note"):
+            w(f"  vendor: {det['vendor_note']}\n")
     lau = rep["launcher"]
     w("\nLauncher:\n")
     if lau.get("error"):
@@ -409,6 +411,7 @@ def _print_issue(rep: dict[str, Any], out: TextIO) -> None:
         f"detected: error: {det['error']}"
         if "error" in det
         else f"detected: backend {det['backend']}, device {det['device_type']}"
+        + (f" ({det['vendor_note']})" if det.get("vendor_note") else "")
     )
     lines.append(f"launcher: {rep['launcher'].get('inferred')}")
     for name, facts in rep["runtime_details"].items():

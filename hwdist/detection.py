@@ -22,7 +22,7 @@ This module is ``hwdist.detection``; ``hwdist.detect`` is the function.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 from . import _compat, registry, settings
@@ -45,6 +45,8 @@ class Detection:
         source: 'auto', or the environment variable that chose it.
         reason: one line on why.
         device_count: devices of ``device_type`` visible.
+        vendor_note: who really makes the device when it is not who its name says (a ``cuda`` device
+            that is not NVIDIA's) and whose table hwdist plans with; None otherwise.
     """
 
     device_type: str
@@ -52,6 +54,7 @@ class Detection:
     source: str
     reason: str
     device_count: int
+    vendor_note: Optional[str] = None
 
     @property
     def overridden(self) -> bool:
@@ -64,7 +67,8 @@ class Detection:
 
 
 def detect() -> Detection:
-    """Decide the device and backend for this process.
+    """Decide the device and backend for this process; the chosen driver's ``vendor_note()`` says when
+    the device is not who its name says (a ``cuda`` device that is not NVIDIA's).
 
     Initialises no device driver: a process forked afterwards can still use the device.
 
@@ -76,6 +80,15 @@ def detect() -> Detection:
         hwdist.BackendError: ``HWDIST_BACKEND`` unknown or unavailable, or
             ``HWDIST_DEVICE`` names a device no available driver serves.
     """
+    found = _decide()
+    try:
+        note = registry.get_driver(found.backend).vendor_note()
+    except Exception:  # a broken vendor install must not break detection
+        note = None
+    return replace(found, vendor_note=note) if note else found
+
+
+def _decide() -> Detection:
     backend = settings.text(ENV_BACKEND)
     device = settings.text(ENV_DEVICE)
     if device is not None:

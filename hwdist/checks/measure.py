@@ -39,6 +39,9 @@ __all__ = [
     "measure_init",
     "measure_op",
     "derive",
+    "rank_state",
+    "meet",
+    "root_cause",
 ]
 
 #: Every dtype measured, by name.
@@ -557,3 +560,19 @@ def measure(
     m.table = derive(m)
     m.seconds = time.monotonic() - begin
     return m
+
+
+def rank_state() -> dict[str, Any]:
+    """This rank's measuring state after [`measure_init`][hwdist.checks.measure.measure_init]: rank,
+    world, comm device, the store the ranks meet on, timeout (the conformance run shares it)."""
+    return _STATE
+
+
+def meet(status: str) -> None:
+    """Wait until every rank has finished the current case (on the store, not the backend)."""
+    _meet(status)
+
+
+def root_cause(exc: BaseException) -> str:
+    """The root-cause line of a rank failure report, or its first words."""
+    return _root_cause(exc)

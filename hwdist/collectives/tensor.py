@@ -557,3 +557,118 @@ def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     out = tensor.detach().clone()
     all_reduce(out, "mean", group)
     return out
+
+
+# ---------------------------------------------------------------------------
+# torch's one-tensor spellings (torch 2.15 names ``*_single`` first and keeps ``*_into_tensor`` and
+# ``reduce_scatter_tensor`` as plain aliases, neither warning): the same calls on the functions above
+# ---------------------------------------------------------------------------
+def _into(output: Tensor, pieces: Any, name: str) -> None:
+    """Copy the gathered ``pieces`` (one per rank) into torch's single output tensor: ``ws * n`` along dim
+    0, or stacked ``(ws, *shape)``."""
+    rows = list(pieces)
+    need = sum(p.numel() for p in rows)
+    if output.numel() != need:
+        raise ValueError(
+            f"{name}: output_tensor must hold every rank's input ({need} elements: {len(rows)} x"
+            f" {rows[0].numel()}), got shape {tuple(output.shape)}"
+        )
+    with torch.no_grad():
+        output.view(-1).copy_(torch.cat([p.reshape(-1) for p in rows]))
+
+
+def _flat(output: Tensor, handle: Any, name: str, async_op: bool) -> Any:
+    if not async_op:
+        _into(output, handle, name)
+        return None
+    return CollectiveHandle(handle, lambda _: _into(output, handle.wait(), name))
+
+
+def all_gather_single(
+    output_tensor: Tensor, input_tensor: Tensor, group: Optional[Any] = None, async_op: bool = False
+) -> Any:
+    """torch's ``all_gather_single`` (``all_gather_into_tensor``): every rank's ``input_tensor`` into
+    ``output_tensor`` (``ws * n`` along dim 0, or stacked), through
+    [`all_gather`][hwdist.collectives.tensor.all_gather]'s plan."""
+    _check_tensor(output_tensor, "output_tensor", "all_gather_single")
+    got = all_gather(input_tensor, group, same_shape=True, async_op=async_op)
+    return _flat(output_tensor, got, "all_gather_single", async_op)
+
+
+def gather_single(
+    tensor: Tensor,
+    gather_tensor: Optional[Tensor] = None,
+    dst: Optional[int] = None,
+    group: Optional[Any] = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+) -> Any:
+    """torch's ``gather_single`` (``gather_into_tensor``): every rank's ``tensor`` into ``gather_tensor``
+    on ``dst`` (global rank; ``group_dst`` the rank within ``group``), through
+    [`gather`][hwdist.collectives.tensor.gather]'s plan."""
+    if dst is not None and group_dst is not None:
+        raise ValueError(f"gather_single: give dst or group_dst, not both (got {dst=}, {group_dst=})")
+    g = view(group)
+    if group_dst is not None:
+        ranks = g.ranks() if hasattr(g, "ranks") else None
+        dst = group_dst if ranks is None else ranks[group_dst]
+    root = 0 if dst is None else dst
+    if g.rank == root and not isinstance(gather_tensor, Tensor):
+        raise ValueError(
+            f"gather_single: gather_tensor must be a tensor on the destination rank {root}, got"
+            f" {type(gather_tensor).__name__}"
+        )
+    got = gather(tensor, root, group, same_shape=True, async_op=async_op)
+    if g.rank != root or gather_tensor is None:
+        return got if async_op else None
+    return _flat(gather_tensor, got, "gather_single", async_op)
+
+
+def reduce_scatter_single(
+    output: Tensor,
+    input: Tensor,
+    op: ReduceOpLike = "sum",
+    group: Optional[Any] = None,
+    async_op: bool = False,
+) -> Any:
+    """torch's ``reduce_scatter_single`` (``reduce_scatter_tensor``):
+    [`reduce_scatter`][hwdist.collectives.tensor.reduce_scatter] of ``input``'s ``ws`` pieces along
+    dim 0 into ``output``."""
+    return reduce_scatter(output, input, op, group, async_op=async_op)
+
+
+def all_to_all_single(
+    output: Tensor,
+    input: Tensor,
+    output_split_sizes: Optional[Sequence[int]] = None,
+    input_split_sizes: Optional[Sequence[int]] = None,
+    group: Optional[Any] = None,
+    async_op: bool = False,
+) -> Any:
+    """torch's ``all_to_all_single``: ``input`` split along dim 0 (equally, or by ``input_split_sizes``),
+    piece ``j`` to rank ``j``, received into ``output`` split the same way, through
+    [`all_to_all`][hwdist.collectives.tensor.all_to_all]'s plan."""
+    ws = view(group).size
+    _check_tensor(output, "output", "all_to_all_single")
+    _check_tensor(input, "input", "all_to_all_single")
+    ins = list(input.split(list(input_split_sizes)) if input_split_sizes else input.chunk(ws))
+    outs = list(output.split(list(output_split_sizes)) if output_split_sizes else output.chunk(ws))
+    return all_to_all(outs, ins, group, async_op=async_op)
+
+
+all_gather_into_tensor = all_gather_single
+"""torch's older name of [`all_gather_single`][hwdist.collectives.tensor.all_gather_single] (no warning)."""
+gather_into_tensor = gather_single
+"""torch's older name of [`gather_single`][hwdist.collectives.tensor.gather_single] (no warning)."""
+reduce_scatter_tensor = reduce_scatter_single
+"""torch's older name of [`reduce_scatter_single`][hwdist.collectives.tensor.reduce_scatter_single]."""
+
+__all__ += [
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "gather_single",
+    "gather_into_tensor",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+]

@@ -140,6 +140,8 @@ class Capabilities:
         avg_dtypes: dtypes for which the native ``'avg'`` is correct.
         native_object_collectives: whether torch's own object collectives work on the backend.
         supports_async: whether ``async_op=True`` is supported.
+        inexact: ``(reduce op, dtype)`` pairs the library accepts but computes wrongly (oneCCL's integer
+            MIN/MAX come back as SUM): the planner routes each through an exact widening or refuses it.
     """
 
     backend: str
@@ -151,6 +153,7 @@ class Capabilities:
     avg_dtypes: frozenset[torch.dtype] = FLOATING
     native_object_collectives: bool = True
     supports_async: bool = True
+    inexact: frozenset[tuple[str, torch.dtype]] = frozenset()
 
     def can_move(self, dtype: torch.dtype) -> bool:
         """Whether the library moves ``dtype`` as it is."""
@@ -173,7 +176,12 @@ class Capabilities:
             else sorted(dtype_name(d) for d in self.reduce_dtypes),
             "native_object_collectives": self.native_object_collectives,
             "supports_async": self.supports_async,
+            "inexact": sorted(f"{op}:{dtype_name(d)}" for op, d in self.inexact),
         }
+
+    def exact(self, rop: str, dtype: torch.dtype) -> bool:
+        """Whether the library's ``rop`` on ``dtype`` is not known to be wrong."""
+        return (rop, dtype) not in self.inexact
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -258,7 +266,7 @@ def _reduce_plan(caps: Capabilities, op: str, native: str, dtype: torch.dtype, r
     if (comm.is_floating_point or comm.is_complex) and rop in ("band", "bor", "bxor"):
         raise PlanError(f"{where}: bitwise ops need an integer or bool tensor")
     if not caps.can_reduce(comm):
-        comm = _widen(caps, comm, where)
+        comm = _widen(caps, comm, where, rop)
     post = Post.NONE
     if rop == "mean":
         if "avg" in caps.reduce_ops and comm in caps.avg_dtypes:
@@ -269,6 +277,8 @@ def _reduce_plan(caps: Capabilities, op: str, native: str, dtype: torch.dtype, r
                 comm = _widest_int(caps, comm, dtype)
     if rop not in caps.reduce_ops and rop != "avg":
         raise PlanError(f"{where}: reduce op not supported (supported: {', '.join(sorted(caps.reduce_ops))})")
+    if not caps.exact(rop, comm):
+        comm = _exact_route(caps, comm, rop, where)
     return Plan(op, native, dtype, comm, view=view, reduce_op=rop, post=post)
 
 
@@ -289,8 +299,39 @@ def _widest_int(caps: Capabilities, comm: torch.dtype, dtype: torch.dtype) -> to
     return comm
 
 
-def _widen(caps: Capabilities, dtype: torch.dtype, where: str) -> torch.dtype:
-    for cand in _WIDEN.get(dtype, ()):
+# Where MIN and MAX are exact: every value of the integer is a value of the float (|v| <= 2**24 in
+# float32, 2**53 in float64), and the order of exact values is the order of the integers.
+_ORDER_EXACT: Mapping[torch.dtype, tuple[torch.dtype, ...]] = {
+    torch.bool: (torch.float32, torch.float64),
+    torch.uint8: (torch.float32, torch.float64),
+    torch.int8: (torch.float32, torch.float64),
+    torch.int16: (torch.float32, torch.float64),
+    torch.int32: (torch.float64,),
+}
+
+
+def _exact_route(caps: Capabilities, comm: torch.dtype, rop: str, where: str) -> torch.dtype:
+    """A dtype ``comm`` widens to losslessly where the library's ``rop`` is right (``caps.inexact``
+    names the pairs it gets wrong): a wider integer, or for MIN/MAX a float holding every value."""
+    cands = list(_WIDEN.get(comm, ()))
+    if rop in ("min", "max"):
+        cands += _ORDER_EXACT.get(comm, ())
+    for cand in cands:
+        if caps.can_reduce(cand) and caps.exact(rop, cand):
+            return cand
+    raise PlanError(
+        f"{where}: the backend's library computes '{rop}' on {dtype_name(comm)} wrongly (declared"
+        " inexact) and no lossless route exists on it. HINT: all_gather the tensors and reduce them"
+        " locally; if `hwdist check --conformance` shows this library right, register the driver file"
+        " it writes"
+    )
+
+
+def _widen(caps: Capabilities, dtype: torch.dtype, where: str, rop: str = "sum") -> torch.dtype:
+    cands = list(_WIDEN.get(dtype, ()))
+    if rop in ("min", "max"):  # a float holding every value keeps their order: exact for MIN/MAX
+        cands += [c for c in _ORDER_EXACT.get(dtype, ()) if c not in cands]
+    for cand in cands:
         if caps.can_reduce(cand):
             return cand
     raise PlanError(

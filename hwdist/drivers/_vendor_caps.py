@@ -8,34 +8,83 @@ from, and so is every one they deliberately leave out. The drivers build their t
 
 Where vendor releases differ, a driver declares only what holds on every release read (the
 others are emulated, widened or moved as bytes, all exact), and the fact's note says what
-differs. A fact with no source is marked "from documentation only". Every table here was read, none
-was measured on its hardware by this project (``hwdist check --backend NAME --measure`` measures one).
+differs. Where a source says support depends on more than the backend (the chip, the library
+version), the fact carries a condition (``when``, a key of
+[`CONDITIONS`][hwdist.drivers._vendor_caps.CONDITIONS]) checked against what the driver probes at
+run time (``probe()``: torch_npu's SoC version, the oneCCL version); the unconditional fact is the
+conservative row used when the probe says nothing. Pairs a library accepts but computes wrongly are
+facts of kind ``inexact`` (``min:int32``): the planner routes them through an exact widening or
+refuses them. A fact with no source is marked "from documentation only". Every table here was
+read, none was measured on its hardware by this project (``hwdist check --backend NAME
+--conformance`` checks one there).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from ._vendor_sources import SOURCES, Source
 from .base import ALL_OPS
 
-__all__ = ["Source", "Fact", "Caps", "SOURCES", "FACTS", "KINDS", "table"]
+__all__ = [
+    "Source", "Fact", "Caps", "Condition", "SOURCES", "FACTS", "ENGINE_FACTS", "KINDS", "CONDITIONS",
+    "ONECCL_KNOWN_GOOD", "applying", "table",
+]
 
 #: What a fact is about: dtypes the library moves, dtypes its reductions accept, reduce ops,
-#: and the collective ops its process group implements.
-KINDS = ("dtype", "reduce_dtype", "reduce_op", "native_op")
+#: the collective ops its process group implements, and (``inexact``) ``op:dtype`` pairs it computes
+#: wrongly.
+KINDS = ("dtype", "reduce_dtype", "reduce_op", "native_op", "inexact")
+
+#: oneCCL releases known to compute integer MIN/MAX right: none so far (no report of a fixed release
+#: was found). A release joins this set when ``hwdist check --conformance`` passes on it.
+ONECCL_KNOWN_GOOD: frozenset[str] = frozenset()
+
+
+def _version(text: Any) -> tuple[int, ...]:
+    """``'2021.15.3'`` (or a tuple) -> ``(2021, 15, 3)``; () when unreadable."""
+    if isinstance(text, tuple):
+        return tuple(int(x) for x in text if isinstance(x, int))
+    parts = []
+    for piece in str(text).split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
 
 
 @dataclass(frozen=True)
-class Source:
-    """A vendor file that was read, and which release or revision of it."""
+class Condition:
+    """What a conditional fact depends on: one probed key, tested."""
 
-    where: str  # repository, or the wheel it ships in
-    path: str
-    release: str
-    what: str  # what in the file the facts come from
+    key: str  # what the driver's probe() reports: 'soc' (torch_npu SocVersion number), 'oneccl'
+    test: Callable[[Any], bool]
+    what: str  # in words, for docs/hardware.md and ``hwdist env``
+
+    def holds(self, probed: Optional[Mapping[str, Any]]) -> bool:
+        """Whether the probe answered ``key`` and the answer passes; False when unknown (conservative)."""
+        if not probed or probed.get(self.key) is None:
+            return False
+        try:
+            return bool(self.test(probed[self.key]))
+        except (TypeError, ValueError):
+            return False
+
+
+#: Condition name -> Condition. torch_npu's SocVersion numbers: Ascend950 = 260 (NpuVariables.h).
+CONDITIONS: Mapping[str, Condition] = {
+    "ascend950": Condition("soc", lambda v: int(v) >= 260, "an Ascend950-class chip (SocVersion >= 260)"),
+    "oneccl>=2021.15": Condition(
+        "oneccl", lambda v: _version(v) >= (2021, 15), "oneCCL 2021.15 or newer (XCCL_HAS_AVG)"
+    ),
+    "oneccl-known-good": Condition(
+        "oneccl", lambda v: str(v) in ONECCL_KNOWN_GOOD, "a oneCCL release in ONECCL_KNOWN_GOOD"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -47,129 +96,21 @@ class Fact:
     declared: bool
     sources: tuple[str, ...]  # keys of SOURCES; () means from documentation only
     note: str = ""
+    when: str = ""  # a key of CONDITIONS: the fact holds only where the probe says so; "" always
 
-
-_WHEEL = "torch-npu 2.14.0 wheel (PyPI)"
-# Intel Gaudi's PyTorch bridge (the habana_frameworks package) is not on PyPI: its source on GitHub was read.
-_GAUDI = "HabanaAI/gaudi-pytorch-bridge (habana_frameworks; GitHub, not on PyPI)"
-
-SOURCES: Mapping[str, Source] = {
-    "npu-types": Source(
-        _WHEEL,
-        "torch_npu/include/third_party/hccl/inc/hccl/hccl_types.h",
-        "torch-npu 2.14.0",
-        "the HcclDataType and HcclReduceOp enums",
-    ),
-    "npu-header": Source(
-        _WHEEL,
-        "torch_npu/include/torch_npu/csrc/distributed/ProcessGroupHCCL.hpp",
-        "torch-npu 2.14.0",
-        "the c10d ops ProcessGroupHCCL overrides; HCCL_BACKEND_NAME",
-    ),
-    "npu-gather": Source(
-        _WHEEL,
-        "torch_npu/distributed/distributed_c10d.py (_gather) and _init/patches/distributed_patches.py",
-        "torch-npu 2.14.0",
-        "torch.distributed.gather is replaced; by default it runs all_gather",
-    ),
-    "npu-map": Source(
-        "Ascend/pytorch",
-        "torch_npu/csrc/distributed/HCCLUtils.cpp",
-        "commit 00f1d60 (older revisions: the same map in ProcessGroupHCCL.cpp)",
-        "kScalarTypeToHcclDataType (torch dtype to HCCL dtype)",
-    ),
-    "npu-pg": Source(
-        "Ascend/pytorch",
-        "torch_npu/csrc/distributed/ProcessGroupHCCL.cpp",
-        "commit 0017cdf and older revisions",
-        "checkSupportedDataType (dtypes of all_reduce/reduce), hcclOp and unsupportedOp, gather/scatter"
-        " bodies",
-    ),
-    "hpu-utils": Source(
-        _GAUDI,
-        "backend/helpers/collective_utils.cpp",
-        "commit 0982a0f (read, not run)",
-        "hcclDataType (torch dtype to HCCL type), hcclOp (reduce ops), getCountDatatype (data moves as"
-        " float32 or bfloat16 words of the same bytes)",
-    ),
-    "hpu-pg": Source(
-        _GAUDI,
-        "python_packages/habana_frameworks/torch/distributed/hccl/process_group_hccl_base.cpp",
-        "commit 0e41ee7 (read, not run)",
-        "allreduce/reduce convert dtypes other than bfloat16 and float32 to float32 and back; gather and"
-        " scatter as send/recv loops; alltoall, alltoall_base, reduce_scatter bodies",
-    ),
-    "hpu-header": Source(
-        _GAUDI,
-        "python_packages/habana_frameworks/torch/distributed/hccl/process_group_hccl_base.hpp and"
-        " process_group_eager_hccl.hpp",
-        "commits 0fb7a5f, 0fec5b9 (read, not run)",
-        "the c10d ops ProcessGroupHcclBase and ProcessGroupEagerHCCL (barrier) override; getBackendName"
-        " 'hccl'",
-    ),
-    "hpu-register": Source(
-        _GAUDI,
-        "python_packages/habana_frameworks/torch/distributed/hccl/__init__.py",
-        "commit 5a56187 (read, not run)",
-        "Backend.register_backend('hccl', ..., devices=['hpu'], extended_api=True): the torch name and"
-        " device",
-    ),
-    "hpu-hccl-doc": Source(
-        "Intel Gaudi documentation (docs.habana.ai), documentation only",
-        "API_Reference_Guides/HCCL_APIs/C_API.html",
-        "latest (1.2x) and v1.11 pages",
-        "hcclDataType_t (float32, bfloat16, float16, int32, uint32) and hcclRedOp_t (sum, min, max;"
-        " hcclProd and hcclAvg not supported); the primitives list",
-    ),
-    "hpu-matrix-doc": Source(
-        "Intel Gaudi documentation (docs.habana.ai), documentation only",
-        "PyTorch/Reference/PyTorch_Support_Matrix.html",
-        "latest",
-        "data types on HPU: no float64, no complex",
-    ),
-    "mlu-pg": Source(
-        "Cambricon/torch_mlu",
-        "torch_mlu/csrc/framework/distributed/process_group_cncl.cpp",
-        "commit 036a1a7 and older revisions",
-        "cncl_data_type, cncl_op, getCnclReduceOp, gather/scatter bodies",
-    ),
-    "mlu-header": Source(
-        "Cambricon/torch_mlu",
-        "torch_mlu/csrc/framework/distributed/process_group_cncl.hpp",
-        "commit 036a1a7",
-        "the c10d ops ProcessGroupCNCL overrides",
-    ),
-    "musa-pg": Source(
-        "MooreThreads/torch_musa",
-        "torch_musa/csrc/distributed/ProcessGroupMCCL.cpp",
-        "commit 101c131",
-        "mcclDataType, mcclOp, gather_impl/scatter_impl",
-    ),
-    "musa-header": Source(
-        "MooreThreads/torch_musa",
-        "torch_musa/csrc/distributed/ProcessGroupMCCL.h",
-        "commit 101c131",
-        "the c10d ops ProcessGroupMCCL overrides",
-    ),
-    "xpu-pg": Source(
-        "intel/torch-xpu-ops (built into torch's XPU wheels)",
-        "src/xccl/ProcessGroupXCCL.cpp",
-        "commit 0029c2c",
-        "xcclDatatypes, xcclOps and XCCL_HAS_AVG (oneCCL >= 2021.15), the op bodies",
-    ),
-    "xpu-draft": Source(
-        "pytorch/pytorch",
-        "torch/csrc/distributed/c10d/ProcessGroupXCCL.cpp",
-        "commit 31eeee9 (pre-release draft)",
-        "xcclDatatypes, xcclOps",
-    ),
-}
 
 
 def _facts(
-    kind: str, names: str, declared: bool, sources: tuple[str, ...], note: str = ""
+    kind: str, names: str, declared: bool, sources: tuple[str, ...], note: str = "", when: str = ""
 ) -> tuple[Fact, ...]:
-    return tuple(Fact(kind, name, declared, sources, note) for name in names.split())
+    return tuple(Fact(kind, name, declared, sources, note, when) for name in names.split())
+
+
+def _pairs(ops: str, dtypes: str) -> str:
+    return " ".join(f"{op}:{d}" for op in ops.split() for d in dtypes.split())
+
+
+_XPU_INTS = "uint8 int8 int32 int64 bool"
 
 
 _BITWISE_REFUSED = 'refused by the process group ("Cannot use ReduceOp.BAND/BOR/BXOR")'
@@ -209,8 +150,30 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             "reduce_dtype",
             "float64",
             False,
-            ("npu-pg", "npu-types"),
-            "HCCL_DATA_TYPE_FP64 exists, but all_reduce/reduce refuse it",
+            ("npu-pg", "npu-types", "npu-a5"),
+            "HCCL_DATA_TYPE_FP64 exists, but all_reduce/reduce refuse it below Ascend950",
+        ),
+        *_facts(
+            "reduce_dtype",
+            "float64 uint64",
+            True,
+            ("npu-a5", "npu-soc"),
+            "checkSupportedDataType adds uint64/fp64 on Ascend950 (Atlas A5); needs the SoC probe",
+            when="ascend950",
+        ),
+        *_facts(
+            "dtype",
+            "uint64",
+            False,
+            ("npu-soc",),
+            "mapped at commit 9e73e70, not in older revisions: moved as bytes (a torch >= 2.3 dtype)",
+        ),
+        *_facts(
+            "reduce_dtype",
+            "uint64",
+            False,
+            ("npu-a5",),
+            "refused below Ascend950: hwdist has no lossless widening for uint64",
         ),
         *_facts("reduce_op", "sum product min max", True, ("npu-pg", "npu-types")),
         *_facts(
@@ -259,7 +222,8 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             False,
             ("hpu-utils", "hpu-matrix-doc"),
             "moved as 4-byte values unless int64 support is on (PT_ENABLE_INT64_SUPPORT, a runtime setting"
-            " hwdist cannot see); the HPU has no float64: hwdist moves them as bytes",
+            " hwdist cannot see); the HPU has no float64: hwdist moves them as bytes (lossless, never as"
+            " 4-byte values) and refuses their reductions (float32 holds neither exactly)",
         ),
         *_facts(
             "dtype",
@@ -275,8 +239,9 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             False,
             ("hpu-pg",),
             "all_reduce and reduce convert them to float32 and back, which loses int32 values beyond 2**24;"
-            " reduce_scatter passes them to HCCL as they are. hwdist widens float16 to float32 itself and"
-            " refuses integer reductions (no lossless route)",
+            " reduce_scatter passes them to HCCL as they are. hwdist widens float16 to float32 itself;"
+            " MIN/MAX of bool, uint8, int8 and int16 go through float32 (it holds each value, so the order is"
+            " exact); other integer reductions are refused (no lossless route)",
         ),
         *_facts("reduce_op", "sum min max", True, ("hpu-utils", "hpu-hccl-doc")),
         *_facts(
@@ -330,7 +295,8 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
             "float64",
             False,
             ("mlu-pg",),
-            "kDouble is sent as cnclFloat (32-bit) in every revision read: moved as bytes",
+            "kDouble is sent as cnclFloat (32-bit) in every revision read: hwdist never hands it float64, it"
+            " moves float64 as bytes and refuses float64 reductions (never sent as fp32)",
         ),
         *_facts("dtype", "complex64 complex128", False, ("mlu-pg",), "not in the map"),
         *_facts("reduce_op", "sum product min max", True, ("mlu-pg",)),
@@ -397,16 +363,70 @@ FACTS: Mapping[str, tuple[Fact, ...]] = {
         ),
         *_facts("reduce_op", "sum product min max", True, ("xpu-pg", "xpu-draft")),
         *_facts(
+            "inexact",
+            _pairs("min max", _XPU_INTS),
+            True,
+            ("xpu-minmax", "xpu-b60-max"),
+            "oneCCL returns integer MIN/MAX as SUM: hwdist reduces bool/uint8/int8 in float32 and int32 in"
+            " float64 (exact), and refuses int64 MIN/MAX (no lossless route), on every oneCCL release not"
+            " known good",
+        ),
+        *_facts(
+            "inexact",
+            _pairs("min max", _XPU_INTS),
+            False,
+            ("xpu-minmax",),
+            "a oneCCL release that `hwdist check --conformance` found right",
+            when="oneccl-known-good",
+        ),
+        *_facts(
             "reduce_op",
             "avg",
             False,
             ("xpu-pg", "xpu-draft"),
-            "native only with oneCCL >= 2021.15 (XCCL_HAS_AVG), otherwise issued as SUM; the draft refused"
-            " it."
-            " hwdist cannot see the oneCCL version without a device, so it sums and divides (was declared)",
+            "native only with oneCCL >= 2021.15 (XCCL_HAS_AVG), otherwise issued as SUM then divided by"
+            " torch-xpu-ops; the draft refused it: hwdist sums and divides",
+        ),
+        *_facts(
+            "reduce_op",
+            "avg",
+            False,
+            ("xpu-pg", "xpu-b60-avg"),
+            "native from oneCCL 2021.15, but it divides twice on small tensors on Arc Pro B60: still summed"
+            " and divided by hwdist",
+            when="oneccl>=2021.15",
+        ),
+        *_facts(
+            "reduce_op",
+            "premul_sum",
+            False,
+            ("xpu-premul",),
+            "oneCCL >= 2021.17 and XeLink only; hwdist never issues PREMUL_SUM (it scales, then sums)",
         ),
         *_facts("reduce_op", "band bor bxor", False, ("xpu-pg",), "not in xcclOps"),
         *_facts("native_op", " ".join(sorted(ALL_OPS)), True, ("xpu-pg",)),
+    ),
+}
+
+#: The NCCL engines of torch 2.15 (``hwdist env`` shows which one 'nccl' builds): facts about them
+#: that hwdist's NCCL table relies on. The table is the same for every engine: no bitwise op.
+ENGINE_FACTS: Mapping[str, tuple[Fact, ...]] = {
+    "nccl": (
+        *_facts(
+            "reduce_op",
+            "band bor bxor",
+            False,
+            ("nccl2-pg", "nccl2-bitwise"),
+            "ProcessGroupNCCL refuses them; torchcomms (nccl2, nccl-lazy) issued them as SUM before"
+            " its fix (torchcomms/pull/2082) and raises since: hwdist never issues them on any engine",
+        ),
+        *_facts(
+            "reduce_op",
+            "sum product min max avg",
+            True,
+            ("nccl2-pg", "nccl4py-pg"),
+            "every engine of torch 2.15 (nccl, nccl-legacy, nccl2, nccl-lazy, nccl4py) maps them",
+        ),
     ),
 }
 
@@ -419,21 +439,47 @@ class Caps:
     reduce_ops: frozenset[str]
     dtypes: frozenset[torch.dtype]
     reduce_dtypes: Optional[frozenset[torch.dtype]]
+    inexact: frozenset[tuple[str, torch.dtype]] = frozenset()
 
 
-def table(backend: str) -> Caps:
-    """The capability table of ``backend`` ('hccl', 'gaudi', 'cncl', 'mccl' or 'xccl') from its facts."""
-    facts = FACTS[backend]
+def applying(backend: str, probed: Optional[Mapping[str, Any]] = None) -> list[Fact]:
+    """The facts of ``backend`` that hold for ``probed`` (what its driver's probe reported): each entry's
+    unconditional fact, replaced by a conditional one whose condition holds."""
+    chosen: dict[tuple[str, str], Fact] = {}
+    for f in FACTS[backend]:
+        if not f.when:
+            chosen.setdefault((f.kind, f.name), f)
+    for f in FACTS[backend]:
+        if f.when and CONDITIONS[f.when].holds(probed):
+            chosen[(f.kind, f.name)] = f
+    return list(chosen.values())
 
-    def names(kind: str) -> frozenset[str]:
-        return frozenset(f.name for f in facts if f.kind == kind and f.declared)
 
-    reduce_dtypes = None
-    if any(f.kind == "reduce_dtype" for f in facts):
-        reduce_dtypes = frozenset(getattr(torch, n) for n in names("reduce_dtype"))
+def table(backend: str, probed: Optional[Mapping[str, Any]] = None) -> Caps:
+    """The capability table of ``backend`` ('hccl', 'gaudi', 'cncl', 'mccl' or 'xccl') from its facts.
+
+    ``probed``: what the driver's ``probe()`` reported (None: nothing, the conservative table). A dtype
+    this torch lacks (uint64 before torch 2.3) is left out.
+    """
+    facts = applying(backend, probed)
+
+    def names(kind: str) -> list[str]:
+        return [f.name for f in facts if f.kind == kind and f.declared]
+
+    def dtypes(kind: str) -> frozenset[torch.dtype]:
+        return frozenset(d for d in (getattr(torch, n, None) for n in names(kind)) if d is not None)
+
+    reduce_dtypes = dtypes("reduce_dtype") if any(f.kind == "reduce_dtype" for f in facts) else None
+    inexact = set()
+    for pair in names("inexact"):
+        op, _, dtype = pair.partition(":")
+        found = getattr(torch, dtype, None)
+        if found is not None:
+            inexact.add((op, found))
     return Caps(
-        native_ops=names("native_op"),
-        reduce_ops=names("reduce_op"),
-        dtypes=frozenset(getattr(torch, n) for n in names("dtype")),
+        native_ops=frozenset(names("native_op")),
+        reduce_ops=frozenset(n for n in names("reduce_op") if n != "premul_sum"),
+        dtypes=dtypes("dtype"),
         reduce_dtypes=reduce_dtypes,
+        inexact=frozenset(inexact),
     )

@@ -113,6 +113,8 @@ class Driver(abc.ABC):
     native_object_collectives: bool = Capabilities.native_object_collectives
     #: Whether ``async_op=True`` is supported.
     supports_async: bool = Capabilities.supports_async
+    #: ``(reduce op, dtype)`` pairs the library accepts but computes wrongly: planned around, never issued.
+    inexact_reductions: frozenset[tuple[str, torch.dtype]] = Capabilities.inexact
 
     _caps: Optional[Capabilities] = None
 
@@ -144,6 +146,11 @@ class Driver(abc.ABC):
     def details(self) -> dict[str, Any]:
         """Extra runtime facts for ``hwdist env`` (versions, launchers); {} if none."""
         return {}
+
+    def vendor_note(self) -> Optional[str]:
+        """A line on who really makes this driver's device when it is not who the name says (a ``cuda``
+        device that is not NVIDIA's), for ``hwdist env`` and ``detect()``; None when nothing to say."""
+        return None
 
     def synchronize(self) -> None:
         """Wait until the work queued on this process's device has finished (a no-op on the CPU)."""
@@ -200,6 +207,7 @@ class Driver(abc.ABC):
                 avg_dtypes=frozenset(self.avg_dtypes),
                 native_object_collectives=bool(self.native_object_collectives),
                 supports_async=bool(self.supports_async),
+                inexact=frozenset(self.inexact_reductions),
             )
         return caps
 

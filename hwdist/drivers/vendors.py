@@ -10,10 +10,12 @@ is imported lazily, never at ``import hwdist``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from .. import _compat
+from . import _probes
 from ._common import AcceleratorDriver
+from ._planner import Capabilities
 from ._vendor_caps import table
 
 
@@ -58,7 +60,16 @@ VENDORS: dict[str, Vendor] = {
 
 
 class VendorDriver(AcceleratorDriver):
-    """A driver whose data is its row of ``VENDORS`` and its ``_vendor_caps`` table (set per subclass)."""
+    """A driver whose data is its row of ``VENDORS`` and its ``_vendor_caps`` table (set per subclass).
+
+    The class declares the conservative table (what holds whatever the chip or library version);
+    ``probes`` name what the driver asks at run time (``probe()``), and once a probe answers, the
+    instance's table is the one its facts give for that answer (an Ascend950 reduces float64).
+    """
+
+    #: Probe name -> function returning its answer or None (see ``_probes``).
+    probes: dict[str, Callable[[], Any]] = {}
+    _probed: Optional[tuple[tuple[str, Any], ...]] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -70,6 +81,39 @@ class VendorDriver(AcceleratorDriver):
         caps = table(cls.name)
         cls.native_ops, cls.reduce_ops = caps.native_ops, caps.reduce_ops
         cls.dtypes, cls.reduce_dtypes = caps.dtypes, caps.reduce_dtypes
+        cls.inexact_reductions = caps.inexact
+
+    def probe(self) -> dict[str, Any]:
+        """What the probes answer now (only the keys that answered)."""
+        found = {}
+        for key, fn in self.probes.items():
+            value = fn()
+            if value is not None:
+                found[key] = value
+        return found
+
+    @property
+    def caps(self) -> Capabilities:
+        """The table for what the probes answered (the class's conservative table until one answers)."""
+        if self.probes and type(self).name == self.name and self._probed is None:
+            probed = self.probe()
+            if probed:
+                self._probed = tuple(sorted(probed.items()))
+                found = table(self.name, probed)
+                self.native_ops, self.reduce_ops = found.native_ops, found.reduce_ops
+                self.dtypes, self.reduce_dtypes = found.dtypes, found.reduce_dtypes
+                self.inexact_reductions = found.inexact
+                self._caps = None
+                self._plans = {}
+        return super().caps
+
+    def details(self) -> dict[str, Any]:
+        """The vendor's runtime facts, and what the probes answered (what the table was chosen by)."""
+        facts = super().details()
+        probed = self.probe()
+        if self.probes:
+            facts["probed"] = probed or "nothing yet (the conservative table applies)"
+        return facts
 
 
 class HcclDriver(VendorDriver):
@@ -81,6 +125,7 @@ class HcclDriver(VendorDriver):
     """
 
     name = "hccl"
+    probes = {"soc": _probes.npu_soc}
 
 
 class GaudiDriver(VendorDriver):
@@ -109,11 +154,13 @@ class McclDriver(VendorDriver):
 class XcclDriver(VendorDriver):
     """XCCL on Intel XPU devices (oneCCL).
 
-    No 'avg' in its reduce ops: it is native only with oneCCL >= 2021.15, which hwdist cannot see;
-    mean is sum / n.
+    No 'avg' in its reduce ops: native only with oneCCL >= 2021.15 and wrong on small tensors on Arc Pro
+    B60 even then; mean is sum / n. Integer MIN/MAX are declared inexact (oneCCL returns SUM) on every
+    oneCCL release not known good: reduced through an exact float, int64 refused.
     """
 
     name = "xccl"
+    probes = {"oneccl": _probes.oneccl_version}
 
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""

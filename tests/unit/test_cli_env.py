@@ -231,3 +231,22 @@ def test_torch_flight_recorder_and_nan_check_variables_are_listed():
     shown = environment_variables(env)
     assert set(shown) == set(env) - {"UNRELATED"}
     assert shown["TORCH_FR_BUFFER_SIZE"] == "2000"
+
+
+
+def test_torch_215_engine_switch_is_listed_and_its_engine_shown(monkeypatch):
+    """TORCH_DIST_USE_NCCL2 chooses the engine torch 2.15 builds for its NCCL name: listed with the
+    other variables, and where torch has two engines and NCCL the driver's runtime facts name the one
+    built."""
+    from hwdist import _compat
+
+    shown = environment_variables({"TORCH_DIST_USE_NCCL2": "0", "TORCH_FR_BUFFER_SIZE": "10"})
+    assert shown == {"TORCH_DIST_USE_NCCL2": "0", "TORCH_FR_BUFFER_SIZE": "10"}
+    drv = hwdist.get_driver("nccl")
+    if not (_compat.HAS_NCCL_ENGINES and torch.distributed.is_nccl_available()):
+        assert "engine" not in drv.details()  # one engine before torch 2.15, or no NCCL in this build
+        return
+    monkeypatch.setenv("TORCH_DIST_USE_NCCL2", "0")
+    assert drv.details()["engine"].startswith("nccl-legacy (ProcessGroupNCCL;")
+    monkeypatch.delenv("TORCH_DIST_USE_NCCL2")
+    assert drv.details()["engine"].startswith("nccl2 (torchcomms;")

@@ -37,7 +37,7 @@ from tests.unit.test_detect import FakeDeviceModule
 import itertools
 from itertools import groupby
 import torch.distributed as dist
-from hwdist.drivers._vendor_caps import FACTS, KINDS, SOURCES, table
+from hwdist.drivers._vendor_caps import CONDITIONS, ENGINE_FACTS, FACTS, KINDS, SOURCES, table
 from hwdist.drivers.base import ALL_OPS, REDUCE_OP_NAMES, REDUCE_OPS, Plan, PlanError, Post
 
 NPU_VERSION = "2.14.0"
@@ -482,6 +482,8 @@ DTYPE_NAMES = (
     "bool uint8 int8 int16 int32 int64 float16 bfloat16 float32 float64 complex64 complex128".split()
 )
 REDUCE_NAMES = sorted((set(REDUCE_OP_NAMES) - {"mean"}) | {"avg"})
+# Entries a backend may decide besides those: a dtype of torch >= 2.3, a reduce op hwdist never issues.
+OPTIONAL_NAMES = {"dtype": {"uint64"}, "reduce_op": {"premul_sum"}}
 
 
 @pytest.mark.parametrize("backend", sorted(FACTS))
@@ -492,6 +494,7 @@ def test_driver_table_is_exactly_its_facts(backend):
     assert drv.reduce_ops == caps.reduce_ops
     assert drv.dtypes == caps.dtypes
     assert drv.reduce_dtypes == caps.reduce_dtypes
+    assert drv.inexact_reductions == caps.inexact
 
 
 @pytest.mark.parametrize("backend", sorted(FACTS))
@@ -500,21 +503,30 @@ def test_every_entry_is_decided_once_with_a_source(backend):
     for f in facts:
         assert f.kind in KINDS, f
         assert all(k in SOURCES for k in f.sources), f"{backend} {f.name}: unknown source {f.sources}"
+        assert f.when == "" or f.when in CONDITIONS, f
         if not f.declared:
             assert f.note or f.sources, f"{backend} leaves out {f.name} without saying why"
-    seen = [(f.kind, f.name) for f in facts]
+        if f.when:  # a conditional fact refines an unconditional one (the conservative row)
+            assert any(g.kind == f.kind and g.name == f.name and not g.when for g in facts), f
+    seen = [(f.kind, f.name, f.when) for f in facts]
     assert len(seen) == len(set(seen)), f"{backend}: an entry is decided twice"
+    plain = [(k, n) for k, n, w in seen if not w]
+
+    def decided(kind: str) -> set[str]:
+        return {n for k, n in plain if k == kind} - OPTIONAL_NAMES.get(kind, set())
+
     # nothing is left undecided: every op, dtype and reduce op hwdist knows has a fact
-    assert {n for k, n in seen if k == "native_op"} == set(ALL_OPS)
-    assert {n for k, n in seen if k == "dtype"} == set(DTYPE_NAMES)
-    assert {n for k, n in seen if k == "reduce_op"} == set(REDUCE_NAMES)
-    if any(k == "reduce_dtype" for k, _ in seen):
-        declared = {f.name for f in facts if f.kind == "dtype" and f.declared}
-        assert {n for k, n in seen if k == "reduce_dtype"} == declared
+    assert decided("native_op") == set(ALL_OPS)
+    assert decided("dtype") == set(DTYPE_NAMES)
+    assert decided("reduce_op") == set(REDUCE_NAMES)
+    if any(k == "reduce_dtype" for k, _ in plain):
+        declared = {f.name for f in facts if f.kind == "dtype" and f.declared and not f.when}
+        assert decided("reduce_dtype") - OPTIONAL_NAMES["dtype"] == declared
 
 
 def test_every_source_is_cited():
-    cited = {k for facts in FACTS.values() for f in facts for k in f.sources}
+    every = [f for table_ in (FACTS, ENGINE_FACTS) for facts in table_.values() for f in facts]
+    cited = {k for f in every for k in f.sources}
     assert cited == set(SOURCES)
 
 
@@ -526,14 +538,28 @@ def render_vendor_sources() -> str:
         out += [
             f"`{backend}` ({drv.vendor_module or 'built into torch'}):",
             "",
-            "| kind | entries | declared | sources | what differs between releases |",
-            "| --- | --- | --- | --- | --- |",
+            "| kind | entries | declared | where | sources | what differs between releases |",
+            "| --- | --- | --- | --- | --- | --- |",
         ]
-        key = lambda f: (f.kind, f.declared, f.sources, f.note)  # noqa: E731
-        for (kind, declared, sources, note), group in groupby(facts, key):
+        key = lambda f: (f.kind, f.declared, f.sources, f.note, f.when)  # noqa: E731
+        for (kind, declared, sources, note, when), group in groupby(facts, key):
             names = ", ".join(f.name for f in group)
             cite = ", ".join(f"`{s}`" for s in sources) or "from documentation only"
-            out.append(f"| {kind} | {names} | {'yes' if declared else 'no'} | {cite} | {note or '-'} |")
+            where = CONDITIONS[when].what if when else "always"
+            out.append(
+                f"| {kind} | {names} | {'yes' if declared else 'no'} | {where} | {cite} | {note or '-'} |"
+            )
+        out.append("")
+    for backend, facts in ENGINE_FACTS.items():
+        out += [
+            f"`{backend}` engines of torch 2.15 (the table is the same for each):",
+            "",
+            "| kind | entries | declared | sources | note |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for f in facts:
+            cite = ", ".join(f"`{s}`" for s in f.sources)
+            out.append(f"| {f.kind} | {f.name} | {'yes' if f.declared else 'no'} | {cite} | {f.note} |")
         out.append("")
     out += ["| source | file | in | release | what was read |", "| --- | --- | --- | --- | --- |"]
     for name, s in SOURCES.items():
@@ -648,9 +674,15 @@ def test_gaudi_plans_never_reduce_through_a_lossy_cast():
     drv = hwdist.get_driver("gaudi")
     mean = drv.plan("all_reduce", torch.float16, "mean")  # widened by hwdist, as the bridge would
     assert (mean.comm_dtype, mean.reduce_op, mean.post) == (torch.float32, "sum", Post.DIVIDE)
-    for dtype in (torch.int32, torch.int8, torch.bool, torch.int64):  # the bridge reduces them in float32
-        with pytest.raises(PlanError, match="backend 'gaudi'"):
-            drv.plan("all_reduce", dtype, "max")
+    for dtype in (torch.int32, torch.int64):  # the bridge reduces them in float32, which loses values
+        for rop in ("max", "sum"):
+            with pytest.raises(PlanError, match="backend 'gaudi'"):
+                drv.plan("all_reduce", dtype, rop)
+    for dtype in (torch.int8, torch.uint8, torch.int16, torch.bool):  # every value is a float32: exact order
+        found = drv.plan("all_reduce", dtype, "max")
+        assert (found.comm_dtype, found.view, found.reduce_op) == (torch.float32, False, "max")
+        with pytest.raises(PlanError, match="backend 'gaudi'"):  # a sum of them may leave float32's range
+            drv.plan("all_reduce", dtype, "sum" if dtype != torch.bool else "bxor")
     with pytest.raises(PlanError, match="reduce op not supported"):
         drv.plan("all_reduce", torch.float32, "product")
     assert drv.plan("all_gather", torch.int64).view and drv.plan("broadcast", torch.float64).view
