@@ -11,7 +11,7 @@ communicates.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.distributed as torch_dist
@@ -63,19 +63,6 @@ def comm_device(driver: Driver, data: Tensor) -> Optional[torch.device]:
 def fixed_comm_device(driver: Driver) -> bool:
     """Whether ``driver``'s comm device is fixed (no index: ``set_device`` cannot change it), once known."""
     return driver in _FIXED_COMM_DEVICE
-
-
-# Drivers whose comm device has an index -> their ``comm_index_source()`` (None: ask ``comm_device``).
-_INDEX_SOURCE: dict[Driver, Optional[Callable[[], int]]] = {}
-
-
-def comm_index_source(driver: Driver) -> Optional[Callable[[], int]]:
-    """``driver.comm_index_source()``, asked once per driver."""
-    try:
-        return _INDEX_SOURCE[driver]
-    except KeyError:
-        fn = _INDEX_SOURCE[driver] = driver.comm_index_source()
-        return fn
 
 
 def dense_flat(t: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -142,14 +142,6 @@ class AcceleratorDriver(Driver):
     def current_device(self) -> torch.device:
         """The device this process is bound to."""
         return torch.device(self.device_type, self._module().current_device())
-
-    def comm_index_source(self) -> Optional[Callable[[], int]]:
-        """``torch.<device_type>.current_device``, unless a subclass places tensors its own way."""
-        cls = type(self)
-        if cls.comm_device is not Driver.comm_device or cls.current_device is not _accel_current_device:
-            return None
-        fn = getattr(self._module(), "current_device", None)
-        return fn if callable(fn) else None
 
     def device_id(self, local_rank: int) -> Optional[torch.device]:
         """The ``device_id`` passed to init_process_group (binds eagerly)."""

@@ -173,15 +173,6 @@ class Driver(abc.ABC):
         """The device tensors must be on to be communicated."""
         return self.current_device()
 
-    def comm_index_source(self) -> Optional[Callable[[], int]]:
-        """A cheap function returning ``comm_device().index`` while the comm device has an index, else None.
-
-        The engine keeps a pass-through call's plan per tensor device and, for a comm device with an
-        index (a GPU), asks this function on each call whether the bound device is still the tensor's.
-        None (the default): the comm device is asked on every call.
-        """
-        return None
-
     def device_id(self, local_rank: int) -> Optional[torch.device]:
         """The ``device_id`` to pass to init_process_group, if any."""
         return None

@@ -29,45 +29,29 @@ class Tuning:
         pack_max_bytes: tensors of at least this many bytes are reduced in place,
             not packed into a flat buffer (0: pack all) by ``all_reduce_params``
             and the gradient synchronisers.
-        reduce_by_gather_max_bytes: hwdist's own small flat reductions
-            (``all_reduce_dict``, the internal transport) whose gathered size
-            (bytes x ranks) is at most this go as one all_gather plus a local
-            reduction (0: always all_reduce). Public ``all_reduce`` calls always
-            issue torch's all_reduce.
         gather_by_broadcast_min_bytes: a tensor ``all_gather`` of at least this
             many bytes per rank moves as one broadcast per rank into one flat
             buffer instead of the backend's all_gather (0: never); sizes are
-            then agreed explicitly first, and no size prediction is made above it.
+            then agreed in the header round first.
     """
 
     pack_max_bytes: int = 0
-    reduce_by_gather_max_bytes: int = 0
     gather_by_broadcast_min_bytes: int = 0
 
 
 DEFAULT = Tuning()
-"""What a backend without an entry gets: pack everything, always all_reduce."""
+"""What a backend without an entry gets: pack everything, never gather by broadcasts."""
 
 # On the CPU a packing copy costs about as much as the wire, so big tensors go as they are (gloo, mpi).
-# Gloo's ring all_reduce pays 2(n-1) synchronised steps even for a few bytes and its all_gather n-1:
-# measured on 2 cores, 20 floats to 16 KiB, all_gather + local sum took 0.22-0.34x the all_reduce's time
-# at 2 ranks and 0.75-0.87x at 3; a 64 KiB all_gather per rank was erratic (up to 5x slower), so the
-# limit stays well below it.
 # Gloo's TCP allgather has a throughput cliff between 8 and 16 MiB per rank on one host (8.1 ms at 8 MiB,
 # 40.8 ms at 16 MiB, 2 ranks), where one broadcast per rank took 0.28x (2 ranks) and 0.43-0.47x (3 ranks)
 # of its time; at 8 MiB and below broadcasts lose with 3 ranks (1.13-1.31x): docs/benchmarks.md.
 TUNING: dict[str, Tuning] = {
-    "gloo": Tuning(
-        pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10, gather_by_broadcast_min_bytes=12 << 20
-    ),
+    "gloo": Tuning(pack_max_bytes=1 << 20, gather_by_broadcast_min_bytes=12 << 20),
     "mpi": Tuning(pack_max_bytes=1 << 20),
 }
 """Backend name -> its tuning (the measurements behind each entry: docs/benchmarks.md)."""
 
-
-#: Bumped by every ``set_tuning``: what keeps a choice made from the table (a ``FlatReducer``'s route)
-#: compares it to the one it was made under.
-generation = 0
 
 _FLOOR: list[int] = []  # the smallest gather_by_broadcast_min_bytes of any backend (cached)
 
@@ -97,6 +81,4 @@ def set_tuning(name: str, value: Tuning) -> Tuning:
     old = TUNING.get(name.lower(), DEFAULT)
     TUNING[name.lower()] = value
     _FLOOR.clear()
-    global generation
-    generation += 1
     return old

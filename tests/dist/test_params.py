@@ -192,7 +192,7 @@ def _dicts(r: int, ints: torch.dtype) -> dict:
             "d": torch.tensor([r * 0.25], dtype=torch.float64),
         },
         "ints": lambda: {k: torch.tensor([r + 1 + i, 3], dtype=ints) for i, k in enumerate("pq")},
-        # 20 KB a rank: above gloo's reduce_by_gather_max_bytes, so a real all_reduce there too
+        # 20 KB a rank
         "big": lambda: {"w": torch.full((5000,), r + 1.0), "v": torch.full((5000,), 2.0 * r)},
     }
 

@@ -189,31 +189,3 @@ def test_no_backend_or_device_names_outside_drivers():
                 if names.search(node.value.lower()):
                     offenders.append(f"hwdist/{rel}:{node.lineno}: {node.value!r}")
     assert not offenders, "backend/device names outside hwdist/drivers/:\n" + "\n".join(offenders)
-
-
-def test_comm_index_source_only_where_the_comm_device_is_the_bound_device():
-    """The engine keeps a GPU pass-through per tensor device and asks ``comm_index_source()`` on each call
-    whether the bound device is still the tensor's: an accelerator driver gives its device module's
-    ``current_device`` (not called here: no GPU needed), a CPU driver and a driver that places tensors
-    its own way give None (asked on every call).
-    """
-    from hwdist.drivers.nccl import NcclDriver
-
-    assert hwdist.get_driver("gloo").comm_index_source() is None
-    source = hwdist.get_driver("nccl").comm_index_source()
-    assert source is torch.cuda.current_device
-
-    class Placed(NcclDriver):  # a comm device of its own: the engine must ask it every call
-        name = "placed_test"
-
-        def comm_device(self) -> torch.device:
-            return torch.device("cuda", 0)
-
-    class Bound(NcclDriver):
-        name = "bound_test"
-
-        def current_device(self) -> torch.device:
-            return torch.device("cuda", 0)
-
-    assert Placed().comm_index_source() is None
-    assert Bound().comm_index_source() is None

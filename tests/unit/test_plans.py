@@ -308,15 +308,15 @@ def test_tuning_is_a_table_outside_the_driver(gloo, emu):
     from hwdist.drivers import tuning
     from hwdist.drivers.base import Driver
 
-    assert "pack_max_bytes" not in vars(type(gloo)) and "reduce_by_gather_max_bytes" not in vars(type(gloo))
+    assert "pack_max_bytes" not in vars(type(gloo))
     assert tuning.tuning(gloo) == tuning.Tuning(
-        pack_max_bytes=1 << 20, reduce_by_gather_max_bytes=32 << 10, gather_by_broadcast_min_bytes=12 << 20
+        pack_max_bytes=1 << 20, gather_by_broadcast_min_bytes=12 << 20
     )
     assert tuning.gather_by_broadcast_floor() == 12 << 20
     assert tuning.tuning(hwdist.get_driver("mpi")).pack_max_bytes == 1 << 20
     assert tuning.tuning(emu) == tuning.DEFAULT == tuning.Tuning()
     # the knobs are not driver interface
-    assert not hasattr(Driver, "pack_max_bytes") and not hasattr(Driver, "reduce_by_gather_max_bytes")
+    assert not hasattr(Driver, "pack_max_bytes")
     old = tuning.set_tuning("emu", tuning.Tuning(pack_max_bytes=7))
     try:
         assert tuning.tuning(emu).pack_max_bytes == 7
