@@ -24,7 +24,7 @@ import torch
 import torch.distributed as tdist
 
 import hwdist
-from hwdist import verify
+from hwdist.collectives import verify
 
 from ._common import KiB, MiB, bench_main, fmt_us, measure
 
