@@ -64,7 +64,7 @@ from . import _weights_only
 from . import serialization as _ser
 from .consensus import agree
 from .call_entry import collective
-from .engine import check
+from .engine import check, view
 from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure, RECORD_BYTES
 from ._objwire import Link, arg_error, check_root, closing_status, decode, failure_record, make_record
 from ._objwire import may_refuse, payload_record, raise_failures, serialize, world_size
@@ -416,17 +416,16 @@ def broadcast_object_list(
             raise ArgumentAssertionError(bad)
     else:
         bad = ""
-    if world_size(group) == 1:
-        return
+    if group is _compat.NON_GROUP_MEMBER or world_size(group) == 1:  # no exchange on this rank
+        src = _checked_src(src, group)
+        if group is not _compat.NON_GROUP_MEMBER:
+            return
     comm = Link(group)
     check(
         "broadcast_object_list", comm.group, lambda: (None, {"src": rank_field(src), "data_is_list": not bad})
     )
     op = OPS["broadcast_object_list"]
-    try:
-        root = check_root(comm, src, "src")
-    except LocalFailure as fail:  # no rank to receive from: this rank cannot take part
-        raise CollectiveArgumentError(f"broadcast_object_list: {fail}") from None
+    root = comm.group_rank(_checked_src(src, group))  # after the verification exchange, as broadcast
     if not bad and _native(comm.driver, map_location, serializer):
         torch_dist.broadcast_object_list(data, src=src, group=group)
         return
@@ -458,6 +457,14 @@ def broadcast_object_list(
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
         raise ArgumentAssertionError(bad)
     data[:] = decode(buf, serializer, map_location)
+
+
+def _checked_src(src: Any, group: Any) -> int:
+    """``src`` checked as ``broadcast`` checks it, in its words (a ``CollectiveArgumentError``)."""
+    try:
+        return cast(int, view(group).check_rank(src, "src", "broadcast_object_list"))
+    except (TypeError, ValueError) as exc:
+        raise CollectiveArgumentError(str(exc)) from None
 
 
 # Same keyword shape as gather_object on purpose: the public object-collective signatures match.
