@@ -521,3 +521,12 @@ def torch_group_count() -> int:
     """How many process groups torch has made (cheap: no list is built)."""
     world = getattr(getattr(_dist, "distributed_c10d", None), "_world", None)
     return len(getattr(world, "pg_map", None) or ())
+
+
+def group_destroyed(group: Any) -> bool:
+    """Whether torch no longer knows process group ``group``: destroyed (``destroy_process_group(group)``,
+    or every group at once), so no collective can run on it. Read from torch's private table of groups
+    (cheap: one dict lookup); False where torch keeps none (nothing to tell)."""
+    world = getattr(getattr(_dist, "distributed_c10d", None), "_world", None)
+    pg_map = getattr(world, "pg_map", None)
+    return pg_map is not None and group not in pg_map
