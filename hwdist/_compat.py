@@ -441,3 +441,12 @@ def nccl_engine() -> Optional[str]:
     if not HAS_NCCL_ENGINES:
         return None
     return "ProcessGroupNCCL" if os.environ.get("TORCH_DIST_USE_NCCL2") == "0" else "ProcessGroupNCCL2"
+
+
+def group_destroyed(group: Any) -> bool:
+    """Whether torch no longer knows process group ``group``: destroyed (``destroy_process_group(group)``,
+    or every group at once), so no collective can run on it. Read from torch's private table of groups
+    (cheap: one dict lookup); False where torch keeps none (nothing to tell)."""
+    world = getattr(getattr(_dist, "distributed_c10d", None), "_world", None)
+    pg_map = getattr(world, "pg_map", None)
+    return pg_map is not None and group not in pg_map

@@ -18,12 +18,22 @@ once, has no barrier (a peer that already exited cannot make it wait), and is
 bounded: a teardown that blocks (work still queued for a peer that
 is alive but stuck) ends the process after ``EXIT_BOUND_S`` seconds instead of
 hanging it. ``HWDIST_DESTROY_AT_EXIT=0`` turns it off.
+
+A process forked after the group existed (``os.fork`` in a rank) inherits the group but
+not the threads of its backend: destroying it there, by this hook or by the interpreter's
+finalisation, aborts the child (``std::system_error: Invalid argument``) or blocks it for
+good (measured with plain torch on 2.13: the child of a gloo rank never exits). In such a
+child the hook leaves the inherited groups alone: it destroys nothing, drops nothing, and
+keeps the groups (and their stores) referenced for the rest of the process, so that the
+finalisation does not free them either; the child then exits with its own status and the
+parent's group is untouched.
 """
 
 from __future__ import annotations
 
 import atexit
 import faulthandler
+import os
 import sys
 import threading
 import time
@@ -40,6 +50,9 @@ _lock = threading.Lock()
 _installed = False
 _ran = False
 _forget: Optional[Callable[[], None]] = None  # drops hwdist's own references to the groups
+# The process the hook was registered in: a process forked from it inherits the hook and the groups
+_owner = os.getpid()
+_pinned: list[object] = []  # the inherited groups and stores a forked child keeps to its end
 
 
 def installed() -> bool:
@@ -55,7 +68,7 @@ def install(forget: Optional[Callable[[], None]] = None) -> None:
             the hook calls it before destroying the group, so that the group's last reference goes
             with the destroy and not with the interpreter's finalisation.
     """
-    global _installed, _forget
+    global _installed, _forget, _owner
     if forget is not None:
         _forget = forget
     if _installed:
@@ -64,6 +77,7 @@ def install(forget: Optional[Callable[[], None]] = None) -> None:
         if _installed:
             return
         atexit.register(_at_exit)
+        _owner = os.getpid()
         _installed = True
 
 
@@ -75,6 +89,9 @@ def _at_exit() -> None:
     _ran = True
     try:
         if not settings.flag("HWDIST_DESTROY_AT_EXIT"):
+            return
+        if os.getpid() != _owner:  # a forked child: the groups are its parent's
+            _keep_inherited()
             return
         import torch.distributed as torch_dist
 
@@ -117,3 +134,22 @@ def _teardown(destroy: bool = True) -> None:
     finally:
         if armed:
             faulthandler.cancel_dump_traceback_later()
+
+
+def _keep_inherited() -> None:
+    """In a forked child: keep every group torch knows (and its store) alive to the end of the process.
+
+    The child has the groups' memory but not their backends' threads, so no destructor of theirs can
+    run there; a reference the interpreter's finalisation never drops (a leaked reference count)
+    keeps the finalisation from running them.
+    """
+    try:
+        import ctypes
+
+        groups = [g for g in (_compat.default_group(), *_compat.torch_groups()) if g is not None]
+        held = groups + [st for st in map(_compat.group_store, groups) if st is not None]
+        for obj in held:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+        _pinned.extend(held)
+    except Exception:  # at exit: never raise
+        pass

@@ -457,8 +457,8 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
     process group is destroyed through hwdist.
 
     Raises:
-        BackendError: torch's map of the group cannot be read, or the tensor's device has no backend in
-            the group (the message names the map, the device and the fix).
+        BackendError: torch's map of the group cannot be read, the tensor's device has no backend in the
+            group, or the backend's device is missing here (the message names the map, device, fix).
         RuntimeError: no process group.
 
     Examples:
@@ -506,7 +506,18 @@ def _resolve_group(group: Any, dtype: Optional[str]) -> Driver:
     dev, name = _choose(mapping, dtype, config, _describe(group), _compat.group_device_types(group))
     if recorded is not None and name in (str(recorded.torch_name).lower(), recorded.name):
         return recorded
-    return _driver_for(dev, name)
+    drv = _driver_for(dev, name)
+    # data from elsewhere (a CPU tensor, a call without one) goes to this device: refused if it is missing
+    why = None if dev == dtype else drv.unavailable_reason()
+    if why is None:
+        return drv
+    what = f"a tensor on {dtype!r}" if dtype else "a call without a tensor"
+    raise BackendError(
+        f"{_describe(group)} cannot be used here: {what} goes to its backend {name!r} on device {dev!r}"
+        f" (device-to-backend map {config!r}, torch.distributed.get_backend_config), and {why}. Fix: run"
+        f" where {dev!r} devices are visible, or create the group with a backend for a device this machine"
+        f" has (e.g. init_process_group(backend='{config},cpu:<backend>'))"
+    )
 
 
 def _recorded(group: Any) -> Optional[Driver]:

@@ -272,6 +272,11 @@ class Link:
         """Receive ``n`` bytes from group rank ``src``."""
         return self._call(transport.recv_bytes, n, self.global_rank(src))
 
+    @property
+    def verifying(self) -> bool:
+        """Whether this call is verified and its first record exchange has not run yet."""
+        return self._pending is not None
+
     def _gathered(self, record: np.ndarray) -> list[Record]:
         """Every rank's record (one all_gather), verified first when this call is."""
         pending, self._pending = self._pending, None

@@ -148,6 +148,15 @@ def _not_a_group(fn: str, group: Any) -> None:
     )
 
 
+def _destroyed(fn: str, group: Any) -> None:
+    raise ValueError(
+        f"{fn}: group was destroyed: torch.distributed no longer knows this process group ({group!r};"
+        " torch.distributed.destroy_process_group(group), destroy_process_group() or hwdist.destroy() ended"
+        " it), so no collective can run on it. Fix: pass a live group (make one with hwdist.new_group or"
+        " torch.distributed.new_group after the destroy), or None for the default group"
+    )
+
+
 def _observed(
     name: str, fn: Callable[..., Any], group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -282,6 +291,8 @@ def collective(
                 key = id(group)
                 if not isinstance(group, _GROUP_TYPES):
                     _not_a_group(op, group)
+                elif _compat.group_destroyed(group):
+                    _destroyed(op, group)
             me = _get_ident()
             holder = _in_flight.get(key)
             if holder is None:

@@ -30,11 +30,12 @@ Outside a process group every function behaves as mmengine's does.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import numpy as np
 import torch.distributed as torch_dist
 
+from .. import _compat
 from ..errors import (
     ArgumentAssertionError,
     CollectiveArgumentError,
@@ -47,7 +48,8 @@ from .verify import rank_field
 from .. import serialization as _ser
 from ..serialization import weights_only as _weights_only
 from .call_entry import collective
-from ._objwire import ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure
+from .engine import view
+from ._objwire import ARGUMENT, ASSERTED, CONFIRM, INLINE_BYTES, OK, OP_NAMES, OPS, Decoder, LocalFailure
 from ._objwire import Link, arg_error, check_root, closing_status, decode, failure_record, make_record
 from ._objwire import may_refuse, payload_record, raise_failures, serialize, world_size
 from ..serialization import Frame, MapLocation, Serializer
@@ -308,15 +310,22 @@ def broadcast_object_list(
             raise ArgumentAssertionError(bad)
     else:
         bad = ""
-    if world_size(group) == 1:
-        return
+    if group is _compat.NON_GROUP_MEMBER or world_size(group) == 1:  # no exchange on this rank
+        src = _checked_src(src, group)
+        if group is not _compat.NON_GROUP_MEMBER:
+            return
     comm = Link(group)
     comm.verify("broadcast_object_list", {"src": rank_field(src)})
     op = OPS["broadcast_object_list"]
     try:
-        root = check_root(comm, src, "src")
-    except LocalFailure as fail:  # no rank to receive from: this rank cannot take part
-        raise CollectiveArgumentError(f"broadcast_object_list: {fail}") from None
+        root = comm.group_rank(_checked_src(src, group))  # as broadcast checks it, in its words
+    except CollectiveArgumentError as exc:
+        if not comm.verifying:  # only src's record travels: this rank cannot take part
+            raise
+        # verified: every rank's record is all-gathered; this rank's failure raises on every rank
+        failed = failure_record(op, LocalFailure(ARGUMENT, str(exc)))
+        comm.receive_record(failed, 0, "broadcast_object_list", op)
+        raise
     # One broadcast of src's record (status, size and, when small, the payload itself): the same
     # collectives as torch's size-then-data broadcast, one fewer for small objects. Only src can
     # fail (it alone serializes); its failure reaches every rank in the record.
@@ -345,6 +354,14 @@ def broadcast_object_list(
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
         raise ArgumentAssertionError(bad)
     data[:] = decode(buf, serializer, map_location)
+
+
+def _checked_src(src: Any, group: Any) -> int:
+    """``src`` checked as ``broadcast`` checks it, in its words (a ``CollectiveArgumentError``)."""
+    try:
+        return cast(int, view(group).check_rank(src, "src", "broadcast_object_list"))
+    except (TypeError, ValueError) as exc:
+        raise CollectiveArgumentError(str(exc)) from None
 
 
 # Same keyword shape as gather_object on purpose: the public object-collective signatures match.

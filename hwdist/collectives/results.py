@@ -38,8 +38,8 @@ from ..errors import CollectiveArgumentError, ObjectCollectiveError
 from .. import serialization as _ser
 from ..serialization import weights_only as _weights_only
 from .call_entry import collective
-from ._objwire import ARGUMENT, CONFIRM, INLINE_BYTES, IO, OPS, SERIALIZE, Decoder, Link, LocalFailure
-from ._objwire import closing_status, decode, describe, failure_record, make_record, may_refuse, world_size
+from ._objwire import ARGUMENT, CONFIRM, INLINE_BYTES, IO, OPS, REFUSED, SERIALIZE, Decoder, Link, world_size
+from ._objwire import LocalFailure, closing_status, decode, describe, failure_record, make_record, may_refuse
 from ..serialization import Frame, MapLocation, Serializer
 
 __all__ = ["collect_results", "collect_results_cpu", "collect_results_gpu", "create_tmpdir"]
@@ -98,6 +98,8 @@ def _encode_chunks(items: list[Any], serializer: Optional[Serializer], target: i
             frame = _ser.encode(chunk, serializer)
         except Exception as exc:
             raise LocalFailure(SERIALIZE, _which_item(chunk, i, serializer, exc)) from exc
+        if _weights_only.check_own(frame, serializer) is not None:  # weights_only=True: refused on every rank
+            raise LocalFailure(REFUSED, _refused_item(chunk, i, serializer))
         frames.append(frame)
         i += len(chunk)
         per_item = max(1.0, frame.nbytes / len(chunk))
@@ -112,6 +114,15 @@ def _which_item(chunk: list[Any], start: int, serializer: Optional[Serializer], 
         except Exception as inner:
             return describe(inner, item, serializer, f"result item {start + j} (of its part)")
     return describe(exc, chunk, serializer, "its results")
+
+
+def _refused_item(chunk: list[Any], start: int, serializer: Optional[Serializer]) -> str:
+    for j, item in enumerate(chunk):
+        why = _weights_only.check_own(_ser.encode(item, serializer), serializer)
+        if why is not None:
+            kind = type(item).__qualname__
+            return f"result item {start + j} (of its part) of type '{kind}' is refused: {why}"
+    return "its results are refused"  # pragma: no cover (a refused chunk holds a refused item)
 
 
 def _part_record(op: int, frames: list[Frame]) -> np.ndarray:

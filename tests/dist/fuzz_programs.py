@@ -9,13 +9,21 @@ run on a subgroup. Every value is a small integer (exact in every dtype), made f
 Where torch supports the call (gloo, dtypes and shapes torch takes), the same call through raw
 ``torch.distributed`` must give the same result.
 
+With ``edges=True`` about a third of the steps are edge shapes drawn from a second stream of the
+same seed (the other steps are those of ``edges=False``): object payloads around the 1 KiB record
+and large enough to grow a group's records (``gather_object`` and ``all_gather_object`` of bytes), and
+``all_reduce_dict`` with a NaN key under ``max``/``min`` in dicts of one key to a large tensor, each
+key compared with ``hwdist.all_reduce`` of it alone and, on gloo, with raw torch's.
+
 ``run_program`` returns the mismatches (empty when the program ran right); the tests are
-``test_fuzz`` and ``test_fuzz_long`` in tests/dist/test_tensor_collectives.py.
+``test_fuzz``, ``test_fuzz_long`` and ``test_fuzz_edges`` in tests/dist/test_tensor_collectives.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -39,6 +47,12 @@ KINDS = ["dense", "dense", "dense", "one", "empty", "scalar", "strided", "transp
 SAME_SHAPE = {"all_reduce", "reduce", "broadcast", "scatter", "reduce_scatter", "all_reduce_dict"}
 #: dtypes the emulated accelerator cannot reduce (no lossless widening)
 EMU_NO_REDUCE = {torch.int64}
+#: edge shapes (``edges=True``): object payloads in bytes around the 1 KiB record (960 bytes inline) and
+#: past gather_object's 384 KiB record cap, and all_reduce_dict's NaN keys in dicts of each size
+EDGE_OPS = ["gather_object", "all_gather_object_bytes", "all_reduce_dict_nan"]
+EDGE_BYTES = [100, 900, 960, 1000, 1100, 3000, 5000, 40_000]
+GROWING_BYTES = 500_000  # all_gather_object only: grows the group's records past gather_object's cap
+DICT_SIZES = ["one key", "two keys", "64 keys", "large tensor"]
 
 
 @dataclass
@@ -81,8 +95,38 @@ def _rops(dtype: torch.dtype) -> list[str]:
     return ["sum", "max", "min", "mean"]
 
 
-def generate(seed: int, ws: int, backend: str, steps: int) -> list[Step]:
-    """The program of ``seed`` for ``ws`` ranks on ``backend``: ``steps`` calls in runs of one op."""
+def _edge_step(rng: random.Random, groups: list[Optional[tuple[int, ...]]], ws: int) -> Step:
+    """One edge step (its index is set by the caller)."""
+    op = rng.choice(EDGE_OPS)
+    group = rng.choice(groups)
+    members = list(group) if group is not None else list(range(ws))
+    root = rng.choice(members)  # gather_object's dst; all_reduce_dict_nan: the rank holding the NaN
+    if op == "all_reduce_dict_nan":
+        dtype = rng.choice([torch.float32, torch.float64])
+        return Step(0, op, dtype, rng.choice(DICT_SIZES), rng.choice(["max", "min"]), group, root)
+    step = Step(0, op, torch.uint8, "dense", "sum", group, root)
+    sizes = EDGE_BYTES + ([GROWING_BYTES] if op == "all_gather_object_bytes" else [])
+    step.sizes = {r: rng.choice(sizes) for r in members}
+    return step
+
+
+def generate(seed: int, ws: int, backend: str, steps: int, edges: bool = False) -> list[Step]:
+    """The program of ``seed`` for ``ws`` ranks on ``backend``: ``steps`` calls in runs of one op
+    (``edges``: with edge steps from a second stream of the seed between them)."""
+    program = _generate(seed, ws, backend, steps)
+    if not edges:
+        return program
+    rng = random.Random(f"edges/{seed}/{ws}/{backend}")
+    groups: list[Optional[tuple[int, ...]]] = [None, None, None] + ([(0, 1), (1, 2)] if ws >= 3 else [])
+    out: list[Step] = []
+    for step in program:
+        if rng.random() < 0.35:
+            out.append(_edge_step(rng, groups, ws))
+        out.append(step)
+    return [dataclasses.replace(step, index=i) for i, step in enumerate(out[:steps])]
+
+
+def _generate(seed: int, ws: int, backend: str, steps: int) -> list[Step]:
     rng = random.Random(f"{seed}/{ws}/{backend}")
     groups: list[Optional[tuple[int, ...]]] = [None, None, None]
     if ws >= 3:
@@ -214,11 +258,64 @@ _TORCH_GLOO = {torch.float32, torch.float64, torch.int32, torch.int64, torch.uin
 _TORCH_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
+def _payload(step: Step, seed: int, rank: int) -> bytes:
+    return values(torch.uint8, step.sizes[rank], seed, step.index, rank).numpy().tobytes()
+
+
+def _nan_dict(step: Step, rank: int) -> dict[str, torch.Tensor]:
+    dt = step.dtype
+    data = {"a": torch.tensor(math.nan if rank == step.root else 0.5, dtype=dt)}
+    if step.kind == "two keys":
+        data["b"] = torch.tensor(float(rank), dtype=dt)
+    elif step.kind == "64 keys":
+        data.update({f"k{i:02d}": torch.tensor(float(rank + i), dtype=dt) for i in range(63)})
+    elif step.kind == "large tensor":
+        data["big"] = torch.arange(4096, dtype=dt) + rank
+    return data
+
+
+def _same_nan(got: torch.Tensor, want: torch.Tensor) -> bool:
+    both = torch.equal(got.isnan(), want.isnan())
+    return got.dtype == want.dtype and both and torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+
+
+def _edge(step: Step, seed: int, rank: int, members: list[int], g: Any, backend: str) -> list[str]:
+    """An edge step (``EDGE_OPS``); the mismatches."""
+    bad: list[str] = []
+    if step.op == "all_reduce_dict_nan":
+        d = _nan_dict(step, rank)
+        alone = d["a"].clone()
+        hwdist.all_reduce_dict(d, step.rop, g)
+        own = alone.clone()
+        hwdist.all_reduce(own, step.rop, g)
+        if not _same_nan(d["a"], own):
+            bad.append(f"all_reduce_dict gave {d['a'].item()} for key 'a', hwdist.all_reduce {own.item()}")
+        if backend == "gloo":
+            raw = alone.clone()
+            torch_dist.all_reduce(raw, getattr(torch_dist.ReduceOp, _TORCH_OPS[step.rop]), group=g)
+            if not _same_nan(own, raw):
+                bad.append(f"hwdist.all_reduce gave {own.item()}, raw torch {raw.item()}")
+    else:
+        want = [_payload(step, seed, q) for q in members]
+        if step.op == "gather_object":
+            got = hwdist.gather_object(_payload(step, seed, rank), step.root, g)
+            ok = got == want if rank == step.root else got is None
+        else:
+            got = hwdist.all_gather_object(_payload(step, seed, rank), g)
+            ok = got == want
+        if not ok:
+            lens = [len(x) if isinstance(x, bytes) else repr(x)[:20] for x in got] if got else got
+            bad.append(f"got payloads of {lens} bytes")
+    return [f"{step.describe()}: {what}"[:400] for what in bad]
+
+
 def _step(step: Step, seed: int, rank: int, ws: int, backend: str) -> list[str]:
     members = list(step.group) if step.group is not None else list(range(ws))
     if rank not in members:
         return []
     g = _group(step.group)
+    if step.op in EDGE_OPS:
+        return _edge(step, seed, rank, members, g, backend)
     op, dt = step.op, step.dtype
     x = _input(step, seed, rank)
     inputs = {q: _input(step, seed, q) for q in members}
@@ -308,10 +405,10 @@ def _step(step: Step, seed: int, rank: int, ws: int, backend: str) -> list[str]:
     return bad
 
 
-def run_program(seed: int, steps: int) -> list[str]:
+def run_program(seed: int, steps: int, edges: bool = False) -> list[str]:
     """Run program ``seed`` on this rank; the mismatches (stops at the first step that raises)."""
     rank, ws, backend = hwdist.get_rank(), hwdist.get_world_size(), hwdist.get_backend()
-    program = generate(seed, ws, backend, steps)
+    program = generate(seed, ws, backend, steps, edges)
     for ranks in sorted({s.group for s in program if s.group is not None}):
         _group(ranks)  # every rank creates the groups, in one order
     bad: list[str] = []

@@ -21,6 +21,9 @@ numbers and, on gloo where torch supports the call, compares with raw
 ``torch.distributed``. The fast lane runs a few short programs; the ``slow``
 lane many long ones. A failure prints a one-line command that replays its seed:
 ``HWDIST_FUZZ_SEED=<seed> HWDIST_FUZZ_STEPS=<steps> python3 -m pytest -q '<test id>'``.
+``test_fuzz_edges`` mixes in the edge shapes (object payloads around the record, NaN keys in
+``all_reduce_dict``; see fuzz_programs.py), on pools of its own: a broken call there must not leave a
+broken group to the tests after it.
 """
 
 from __future__ import annotations
@@ -501,3 +504,32 @@ def test_fuzz(dist, request, combo):
 @pytest.mark.parametrize("combo", COMBOS, ids=IDS)
 def test_fuzz_long(dist, request, combo):
     _run(dist, request, combo, _seeds(list(range(100, 112))), 250)
+
+
+EDGE_DEFECTS = (
+    "edge shapes the fuzz runs into: all_reduce_dict with a NaN key under max/min differs from"
+    " hwdist.all_reduce and raw torch for small dicts, and gather_object fails where the destination's"
+    " payload is the largest and larger than its record"
+)
+
+
+# on gloo the default seeds hit the NaN keys (at 2 ranks the gather too); on the emulated accelerator
+# the dict's routes and all_reduce agree on NaN, and these seeds draw no failing gather
+_EDGE_XFAIL = pytest.mark.xfail(strict=True, reason=EDGE_DEFECTS)
+EDGE_COMBOS = [
+    pytest.param(combo, id=name, marks=[_EDGE_XFAIL] if combo[1] == "gloo" else [])
+    for combo, name in zip(COMBOS, IDS)
+]
+
+
+@pytest.mark.parametrize("combo", EDGE_COMBOS)
+def test_fuzz_edges(request, combo):
+    ws, backend = combo
+    steps = int(os.environ.get("HWDIST_FUZZ_STEPS", 80))
+    with RankPool(ws, backend, pg_timeout=20) as pool:
+        for seed in _seeds([1, 2, 3]):
+            results = pool.run(run_program, seed, steps, True)
+            bad = [f"rank {r}: {line}" for r, res in enumerate(results) for line in res]
+            replay = (f"HWDIST_FUZZ_SEED={seed} HWDIST_FUZZ_STEPS={steps} "
+                      f"python3 -m pytest -q '{request.node.nodeid}' --runxfail")
+            assert not bad, "\n".join(bad[:20] + [f"replay: {replay}"])
