@@ -143,8 +143,12 @@ def verification(enabled: bool = True, *, call_sites: Optional[bool] = None) -> 
 
 
 def _hook(op: str, group: Any, sample: Any, fields: dict[str, Any]) -> None:
-    """The engine's hook while the mode is on: check the call described by a tensor collective."""
-    if not torch_dist.is_initialized():
+    """The engine's hook while the mode is on: check the call described by a tensor collective.
+
+    A rank outside the group (torch's ``GroupMember.NON_GROUP_MEMBER``) has no one to compare with: the
+    call's own checks decide what it does there.
+    """
+    if not torch_dist.is_initialized() or group is _compat.NON_GROUP_MEMBER:
         return
     device = sample.device if isinstance(sample, torch.Tensor) else None
     check_call(op, group, registry.resolve(group, device), **fields)

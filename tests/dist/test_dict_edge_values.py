@@ -11,8 +11,7 @@
   less than the other), equal on every rank but inserted in another order: each key must get its own
   sum with ``verify=False``, and ``verify=True`` must not report equal dicts as different.
 
-Cases that fail on the current code are marked ``xfail(strict=True)`` with what goes wrong, so that a
-fix shows as XPASS. The NaN shapes run in the fuzz too (``fuzz_programs.py``, ``edges=True``).
+The NaN shapes run in the fuzz too (``fuzz_programs.py``, ``edges=True``).
 """
 
 from __future__ import annotations
@@ -27,18 +26,6 @@ import torch.distributed as torch_dist
 import hwdist
 from hwdist.testing.pytest_plugin import one_backend
 
-NAN_ROUTES = (
-    "all_reduce_dict's two reduction routes treat NaN differently: with max/min a one-element dict gives"
-    " NaN where a large dict, hwdist.all_reduce and raw torch give the other rank's number"
-)
-PARTIAL_ORDER = (
-    "keys that sorted() orders only partially (frozenset({1}), frozenset({2})) inserted in another"
-    " order on each rank: with verify=False the values are paired with the wrong keys"
-)
-PARTIAL_ORDER_VERIFY = (
-    "keys that sorted() orders only partially, inserted in another order: verify=True reports equal"
-    " dicts as different without naming a difference"
-)
 
 
 def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -88,14 +75,8 @@ def _nan(size: str, op: str, nan_rank: int, dtype: str = "float32", defect: Opti
 
 
 SIZES = ("one key", "two keys", "64 keys", "one large tensor")
-#: (size, op, rank holding the NaN, dtype) that give the wrong result on the current code
-NAN_FAILS = {
-    ("one key", "max", 1, "float32"), ("one key", "min", 1, "float32"), ("one key", "max", 1, "float64"),
-    ("two keys", "max", 1, "float32"), ("two keys", "min", 1, "float32"),
-    ("64 keys", "max", 1, "float32"), ("64 keys", "min", 1, "float32"),
-}  # fmt: skip
 NAN_TABLE = [
-    _nan(size, op, nan_rank, dtype, NAN_ROUTES if (size, op, nan_rank, dtype) in NAN_FAILS else None)
+    _nan(size, op, nan_rank, dtype)
     for size in SIZES
     for op in ("max", "min")
     for nan_rank in (0, 1)
@@ -141,10 +122,10 @@ def _keys(name: str, verify: bool, defect: Optional[str] = None):
 
 
 KEYS_TABLE = [
-    _keys("two frozensets", False, PARTIAL_ORDER),
-    _keys("two frozensets", True, PARTIAL_ORDER_VERIFY),
-    _keys("three frozensets", False, PARTIAL_ORDER),
-    _keys("three frozensets", True, PARTIAL_ORDER_VERIFY),
+    _keys("two frozensets", False),
+    _keys("two frozensets", True),
+    _keys("three frozensets", False),
+    _keys("three frozensets", True),
     _keys("frozensets and a str", False),
     _keys("frozensets and a str", True),
     _keys("tuples of one type", False),

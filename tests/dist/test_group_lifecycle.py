@@ -294,13 +294,6 @@ def _rank_reinit_smaller(store: str, store2: str) -> dict:
         hwdist.destroy()
 
 
-REINIT_DEFECT = (
-    "a reducer cached for the default group outlives the group torch destroyed: after a 2-rank re-init"
-    " every all_reduce_dict raises 'ProcessGroupGloo::allgather: invalid tensor size'"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=REINIT_DEFECT)
 def test_all_reduce_dict_after_torch_destroys_the_group_and_fewer_ranks_init_again(ranks, tmp_path):
     results = ranks(_rank_reinit_smaller, str(tmp_path / "s1"), str(tmp_path / "s2"), world=3)
     for res in results:  # sums over ranks 0, 1, 2
