@@ -324,7 +324,12 @@ def broadcast_object_list(
             raise
         # verified: every rank's record is all-gathered; this rank's failure raises on every rank
         failed = failure_record(op, LocalFailure(ARGUMENT, str(exc)))
-        comm.receive_record(failed, 0, "broadcast_object_list", op)
+        try:
+            comm.receive_record(failed, 0, "broadcast_object_list", op)
+        except ObjectCollectiveError as every:
+            if set(every.failures.values()) == {str(exc)}:  # the same bad src everywhere: broadcast's error
+                raise exc from None
+            raise
         raise
     # One broadcast of src's record (status, size and, when small, the payload itself): the same
     # collectives as torch's size-then-data broadcast, one fewer for small objects. Only src can
