@@ -237,9 +237,11 @@ def group_store(group: Any) -> Optional[Any]:
 # Whether torch.compile / torch.export is tracing now (dynamo reads it as True then): public from torch 2.3.
 # Verification's header round is skipped while tracing (its bytes would be traced, not exchanged). Before
 # 2.3 nothing is traced through hwdist's collectives here. Drop the fallback when torch>=2.3 is the floor.
-is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (
-    lambda: False
-)
+_IS_COMPILING: Optional[Callable[[], bool]] = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+#: Whether this torch tells hwdist that torch.compile is tracing (torch >= 2.3); before it, verify=False
+#: (or verification off) around compiled code is the user's to set (docs/collectives.md).
+HAS_IS_COMPILING: bool = _IS_COMPILING is not None
+is_compiling: Callable[[], bool] = _IS_COMPILING or (lambda: False)
 
 STORE_HAS_CHECK: bool = DIST_AVAILABLE and hasattr(_dist.PrefixStore, "check")
 
