@@ -83,7 +83,8 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("HWDIST_HANG_TIMEOUT", "number", "300", "hang watchdog: seconds before a report (0: off)"),
         Setting(
-            "HWDIST_HANG_ACTION", "choice", "report", "hang watchdog, after the report: report, raise, abort",
+            "HWDIST_HANG_ACTION", "choice", "raise",
+            "hang watchdog, after the report: raise (HangDetected, or exit when blocked), abort, report",
             ("report", "raise", "abort"),
         ),
     )

@@ -40,6 +40,8 @@ from ..errors import HwdistError
 from . import files as _files
 from . import recorder as _rec
 from . import report as _report
+from . import torch_fr as _fr
+from . import torch_hooks as _hooks
 
 __all__ = ["Watchdog", "EPISODE", "RECORD", "HANG_EXIT_CODE", "HangDetected", "warn"]
 
@@ -58,13 +60,22 @@ _LIB_DIRS = tuple(
 )
 
 
+#: Seconds from a rank's report to its exit when its main thread cannot take ``HangDetected`` (blocked in a
+#: backend or another C call that the group's abort does not release): every rank of the job has then
+#: exited within 10 s of its report (the rest of the 10 s: the interpreter's own exit).
+EXIT_WITHIN = 8.0
+_raised = threading.Event()  # set when HangDetected is made in the main thread (it is being raised there)
+
+
 class HangDetected(HwdistError, RuntimeError):
-    """Raised in the main thread of every rank by the ``raise`` action; the message is the diagnosis."""
+    """Raised in every rank's main thread by the ``raise`` action (the default); the message is the diagnosis."""
 
     last_message = "a collective did not complete before HWDIST_HANG_TIMEOUT (see the report on stderr)"
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*(args or (HangDetected.last_message,)))
+        if threading.current_thread() is threading.main_thread():
+            _raised.set()
 
 
 _warned: set[str] = set()
@@ -107,6 +118,9 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
         rank, ws = torch_dist.get_rank(), torch_dist.get_world_size()
     stack, where = main_stack()
     entries = recorder.entries()
+    main = threading.main_thread().ident
+    torch_entries, seen = _fr.read(last)
+    seen = sorted(set(seen) | set(_hooks.attached_groups()))
     return {
         "rank": rank,
         "world_size": ws,
@@ -115,8 +129,13 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
         "time": time.time(),
         "reason": reason,
         "where": where,
+        "torch": torch.__version__.split("+")[0],
         "stack": stack,
-        "entries": [_rec.entry_dict(e) for e in entries[-last:]],
+        "entries": [_rec.entry_dict(e) for e in entries[-last:]] + torch_entries,
+        #: the groups whose torch.distributed calls (DDP's, FSDP's) this rank sees: torch's recorder or hooks
+        "torch_seen": seen,
+        #: whether the main thread is inside a hwdist collective now
+        "in_hwdist": any(e[_rec.STATE] == _rec.ISSUED and e[_rec.THREAD] == main for e in entries),
     }
 
 
@@ -195,6 +214,7 @@ class Watchdog:
         self.gather = min(30.0, max(3.0, timeout))
         self.handled = 0  # last episode this rank answered
         self.reported: set[int] = set()  # id() of entries that already opened an episode
+        self.torch_reported: set[tuple[str, int]] = set()  # (group, seq) of torch-recorded ones
         self.stop = threading.Event()
         self.wake = threading.Event()  # set by a failed call: step now, not at the next tick
         self.idle = threading.Event()  # no report in progress and none queued
@@ -277,7 +297,8 @@ class Watchdog:
             return None
         return _compat.group_store(None)
 
-    def _overdue(self) -> Optional[list[Any]]:
+    def _overdue(self) -> Any:
+        """The oldest overdue hwdist call (an entry), else torch-recorded call (a dict), else None."""
         now = time.time()
         for e in self.recorder.entries():
             if id(e) in self.reported:
@@ -285,7 +306,15 @@ class Watchdog:
             state = e[_rec.STATE]
             if state == _rec.ISSUED and now - e[_rec.START] > self.timeout:
                 return e
+        if _fr.available():
+            return _fr.overdue(self.timeout, now, self.torch_reported)
         return None
+
+    def _mark(self, overdue: Any) -> None:
+        if isinstance(overdue, dict):
+            self.torch_reported.add((overdue["group"], overdue["seq"]))
+        else:
+            self.reported.add(id(overdue))
 
     def _step(self, failed: Optional[list[Any]] = None) -> None:
         store = self._store()
@@ -298,7 +327,7 @@ class Watchdog:
             current = int(store.add(EPISODE, 0))
         except Exception as exc:
             if overdue is not None:
-                self.reported.add(id(overdue))
+                self._mark(overdue)
                 warn("store", f"the store is unreachable ({exc!r}); the report shows this rank only")
                 self._episode(None, 0, overdue)
             return
@@ -307,7 +336,7 @@ class Watchdog:
             return
         if overdue is None:
             return
-        self.reported.add(id(overdue))
+        self._mark(overdue)
         try:  # the key exists: add(EPISODE, 0) above made it
             got = store.compare_set(EPISODE, str(self.handled), str(self.handled + 1))
             episode = int(got.decode() if isinstance(got, bytes) else got)
@@ -317,11 +346,14 @@ class Watchdog:
 
     # ------------------------------------------------------------------ one episode
 
-    def _episode(self, store: Any, episode: int, overdue: Optional[list[Any]]) -> None:
+    def _episode(self, store: Any, episode: int, overdue: Any) -> None:
         self.handled = max(self.handled, episode)
         for e in self.recorder.pending():
             self.reported.add(id(e))  # what is in flight now is covered by this report
         mine = record(self.recorder, "hang")
+        for d in mine["entries"]:
+            if d["group"].startswith(_fr.PREFIX) and d["state"] == "issued":
+                self.torch_reported.add((d["group"], d["seq"]))
         me, ws = mine["rank"], mine["world_size"]
         records: dict[int, Optional[dict[str, Any]]] = {r: None for r in range(ws)}
         records[me] = mine
@@ -335,10 +367,11 @@ class Watchdog:
             print(text, file=sys.stderr, flush=True)
         except Exception:
             pass
+        reported = time.time()
         self._dump()
         if store is not None and self.action != "report":
             self._all_done(store, episode, me, ws, records)
-        self._act(overdue)
+        self._act(overdue, reported)
 
     def _exchange(
         self, store: Any, episode: int, mine: dict[str, Any], records: dict[int, Any], wait: float
@@ -375,11 +408,11 @@ class Watchdog:
         except Exception:
             pass
 
-    def _headline(self, overdue: Optional[list[Any]], me: int, ws: int, episode: int) -> str:
+    def _headline(self, overdue: Any, me: int, ws: int, episode: int) -> str:
         head = f"rank {me} of {ws}, episode {episode}"
         if overdue is None:
             return head + ": another rank reported a collective that did not complete"
-        d = _rec.entry_dict(overdue)
+        d = overdue if isinstance(overdue, dict) else _rec.entry_dict(overdue)
         group = "the default group" if d["group"] == "default" else d["group"]
         if d["state"] == "failed":
             return head + f": {d['op']} #{d['seq']} on {group} ({d['site']}) failed in the backend"
@@ -397,25 +430,30 @@ class Watchdog:
             where = _settings.text("HWDIST_FLIGHT_DIR") or "the default directory"
             warn("dump", f"could not write the flight record to {where!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
 
-    def _act(self, overdue: Optional[list[Any]]) -> None:
+    def _act(self, overdue: Any, reported: float) -> None:
         if self.action == "abort":
             _exit("abort")
-        if self.action == "report" or (overdue is not None and overdue[_rec.STATE] == _rec.FAILED):
+        failed = isinstance(overdue, list) and overdue[_rec.STATE] == _rec.FAILED
+        if self.action == "report" or failed:
             return  # a failed call raises anyway
         # raise: an exception in the main thread, delivered when it next runs Python code (unless its
         # blocked call already failed and raised this episode's HangDetected itself: on_failure)
         if not self._claim_delivery():
             return
+        _raised.clear()
         main = threading.main_thread().ident
         if main is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(HangDetected))
-        pending = [e for e in self.recorder.pending() if e[_rec.THREAD] == main]
-        if pending:  # the main thread is blocked in a collective: release it, or end the process
-            _abort_groups()
-            released = self.stop.wait(min(10.0, self.gather))
-            if released or not any(e[_rec.STATE] == _rec.ISSUED for e in pending):
-                return
-            _exit("raise (the main thread stayed blocked in the backend)")
+        # A main thread running Python raises within milliseconds. One blocked in a collective (hwdist's,
+        # or torch's own: DDP's backward, which the recorder may not see) or in another C call does not:
+        # abort the group (a backend whose abort cancels the call makes it raise), and end the process
+        # when the thread is still blocked EXIT_WITHIN seconds after the report.
+        if _raised.wait(min(1.0, self.timeout)):
+            return
+        _abort_groups()
+        if _raised.wait(max(0.0, reported + EXIT_WITHIN - time.time())):
+            return
+        _exit("raise (the main thread stayed blocked in the backend)")
 
 
 #: Words of a backend error that means a lost peer (gloo: "Connection closed by peer", NCCL: "remote process
