@@ -43,7 +43,7 @@ def _blind(record: dict[str, Any], label: str) -> bool:
 
     Records that predate the ``torch_seen`` field say nothing either way: not blind.
     """
-    if "torch_seen" not in record or record.get("in_hwdist"):
+    if label.startswith(TORCH_PREFIX) or "torch_seen" not in record or record.get("in_hwdist"):
         return False
     return label not in (record.get("torch_seen") or [])
 

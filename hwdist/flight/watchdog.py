@@ -68,7 +68,7 @@ _raised = threading.Event()  # set when HangDetected is made in the main thread 
 
 
 class HangDetected(HwdistError, RuntimeError):
-    """Raised in every rank's main thread by the ``raise`` action (the default); the message is the diagnosis."""
+    """Raised in every rank's main thread by the ``raise`` action (default); the message is the diagnosis."""
 
     last_message = "a collective did not complete before HWDIST_HANG_TIMEOUT (see the report on stderr)"
 
