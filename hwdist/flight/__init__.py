@@ -43,6 +43,7 @@ _torch_calls: list[Optional[bool]] = [None]  # enable(torch_calls=...); None: HW
 def _on_first_call() -> None:
     """Start the watchdog and the SIGUSR1 dump (once per process, from the first recorded collective)."""
     global _watchdog
+    _settings.check_unknown()
     try:
         timeout = _wd.read_timeout()
         if timeout is not None and _watchdog is None:
