@@ -68,8 +68,8 @@ def _on_group(group: Any, is_default: bool) -> None:
         _recorder._first_call()  # the watchdog and the SIGUSR1 dump, as the first hwdist call would
     elif is_default:
         _attach_torch()
-    elif _recorder.on_new_group is not None:
-        _attach_group(group)
+    # another group: torch has not recorded its ranks yet (new_group does after this); the hooks attach it
+    # at the next collective on an attached group, and torch's own recorder sees it from its first call
 
 
 def group_started(group: Any = None) -> None:
