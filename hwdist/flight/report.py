@@ -39,12 +39,15 @@ def _torch_pending(record: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 
 def _blind(record: dict[str, Any], label: str) -> bool:
-    """Whether torch's own collectives on group ``label`` are invisible in the rank's record.
+    """Whether torch's own collectives on group ``label`` are invisible in the rank's record and may hold it.
 
-    Records that predate the ``torch_seen`` field say nothing either way: not blind.
+    Not blind: a rank inside a hwdist call, one whose main thread is not in torch's code (it runs the
+    user's code: it cannot be waiting in a torch collective), and records that predate these fields.
     """
     if label.startswith(TORCH_PREFIX) or "torch_seen" not in record or record.get("in_hwdist"):
         return False
+    if not record.get("in_torch", True):
+        return False  # its main thread runs the user's code or a C call of its own, not a torch collective
     return label not in (record.get("torch_seen") or [])
 
 

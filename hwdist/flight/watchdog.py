@@ -50,6 +50,7 @@ RECORD = "hwdist/flight/record"
 #: Exit status of a rank ended by the ``abort`` action (or by ``raise`` when its main thread cannot be woken).
 HANG_EXIT_CODE = 75
 _HWDIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _LIB_DIRS = tuple(
     p + os.sep
     for p in {
@@ -119,6 +120,7 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
     stack, where = main_stack()
     entries = recorder.entries()
     main = threading.main_thread().ident
+    frame = sys._current_frames().get(main or 0)
     torch_entries, seen = _fr.read(last)
     seen = sorted(set(seen) | set(_hooks.attached_groups()))
     return {
@@ -136,6 +138,8 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
         "torch_seen": seen,
         #: whether the main thread is inside a hwdist collective now
         "in_hwdist": any(e[_rec.STATE] == _rec.ISSUED and e[_rec.THREAD] == main for e in entries),
+        #: whether the main thread's innermost frame is torch's (where a collective of its own can wait)
+        "in_torch": frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_TORCH_DIR),
     }
 
 
@@ -273,9 +277,23 @@ class Watchdog:
         ):
             return HangDetected()
         self.idle.clear()
+        self._wait_at_exit_first()
         self.failed.append(entry)
         self.wake.set()
         return None
+
+    def _wait_at_exit_first(self) -> None:
+        """Make the at-exit wait for this report run before any other exit handler.
+
+        The watchdog starts with the process group, before ``init_dist`` installs the handler that
+        destroys the group at exit; exit handlers run last-registered first, so without this the group
+        (and its store, which the report needs) would be gone before the report is gathered.
+        """
+        try:
+            atexit.unregister(self.wait_idle)
+            atexit.register(self.wait_idle)
+        except Exception:
+            pass
 
     def _claim_delivery(self) -> bool:
         """Whether the caller delivers this episode's HangDetected (True once per episode)."""
@@ -323,6 +341,7 @@ class Watchdog:
         overdue = failed or self._overdue()
         if overdue is not None:
             self.idle.clear()
+            self._wait_at_exit_first()
         try:
             current = int(store.add(EPISODE, 0))
         except Exception as exc:
