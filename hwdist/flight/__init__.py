@@ -174,7 +174,9 @@ def dump_flight_record(path: Optional[str] = None) -> Optional[str]:
     warning and None.
 
     Args:
-        path: a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file; default
+        path: a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file name: with
+            several ranks each writes ``<stem>-rank<R>.jsonl`` beside it (``a/run7-rank1.jsonl``), and a
+            file that exists is left as it is (the record goes to ``<name>.1.jsonl``); default
             ``HWDIST_FLIGHT_DIR`` (always a directory), or the private ``<tmp>/hwdist-flight-<uid>``
             (mode 0700). Files are mode 0600, written to a new file and renamed into place.
 

@@ -146,8 +146,10 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
 def dump(recorder: _rec.Recorder, path: Optional[str], reason: str) -> str:
     """Write this rank's record as JSON lines (a header, then one line per entry); returns the file.
 
-    ``path`` is a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file; None means
-    ``HWDIST_FLIGHT_DIR``, always a directory, or the private default (hwdist.flight.files).
+    ``path`` is a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file name (with
+    several ranks, ``<stem>-rank<R>.jsonl`` beside it; an existing file is never overwritten: the record
+    goes to ``<name>.1.jsonl``, ...); None means ``HWDIST_FLIGHT_DIR``, always a directory, or the
+    private default (hwdist.flight.files).
     """
     rec = record(recorder, reason, last=recorder.size)
     name = f"flight-rank{rec['rank']}.jsonl"
@@ -163,13 +165,28 @@ def dump(recorder: _rec.Recorder, path: Optional[str], reason: str) -> str:
         os.makedirs(path, mode=0o700, exist_ok=True)
         target = os.path.join(path, name)
     else:
-        target = path
-        if rec["world_size"] > 1:
-            warn(f"dump-file:{path}", f"every rank writes the flight record to the same file {path!r}; pass a"
-                 " directory to get one flight-rank<R>.jsonl per rank")
+        # a file name: one file per rank (run7-rank1.jsonl) when there are several, never over an existing one
+        stem = path[: -len(".jsonl")]
+        target = _unused(f"{stem}-rank{rec['rank']}.jsonl" if rec["world_size"] > 1 else path)
+        folder = os.path.dirname(target)
+        if folder:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
     entries = rec.pop("entries")
     _files.write_lines(target, [json.dumps(rec)] + [json.dumps(e) for e in entries])
     return target
+
+
+def _unused(path: str) -> str:
+    """``path``, or where it exists already ``<stem>.1.jsonl``, ``<stem>.2.jsonl``, ... (the first free)."""
+    if not os.path.lexists(path):
+        return path
+    stem = path[: -len(".jsonl")]
+    n = 1
+    while os.path.lexists(f"{stem}.{n}.jsonl"):
+        n += 1
+    new = f"{stem}.{n}.jsonl"
+    warn(f"dump-exists:{path}", f"{path!r} exists and is left as it is; the flight record goes to {new!r}")
+    return new
 
 
 def flight_dir() -> Optional[str]:
