@@ -119,13 +119,30 @@ def _assert_ended_by_the_report(job: Job) -> None:
         assert "HangDetected" in job.logs[r] or f"exiting with status {HANG_EXIT_CODE}" in job.logs[r], job
 
 
+def _fsdp2() -> str:
+    from torch.distributed import fsdp
+
+    return "" if hasattr(fsdp, "fully_shard") else f"torch {torch.__version__} has no FSDP2 (fully_shard)"
+
+
 @needs_torch_fr
-def test_a_ddp_loop_that_never_calls_hwdist_is_watched_and_ended(tmp_path):
-    """Nothing but the import and a short timeout: torch's recorder names the rank that skipped backward."""
-    job = _run("skip_backward", tmp_path)
+@pytest.mark.parametrize(
+    "scenario,op",
+    [
+        ("skip_backward", "all_reduce"),
+        ("uneven", "all_reduce"),
+        pytest.param(
+            "fsdp_skip_forward", "all_gather",
+            marks=pytest.mark.skipif(bool(_fsdp2()), reason=_fsdp2() or "-"),
+        ),
+    ],
+)
+def test_a_loop_that_never_calls_hwdist_is_watched_and_ended(scenario, op, tmp_path):
+    """Nothing but the import and a short timeout: torch's recorder names the rank that is missing."""
+    job = _run(scenario, tmp_path)
     for r in range(2):
         diag = job.diagnosis(r)
-        assert re.search(r"rank 1 never called all_reduce #\d+ \(torch\); it is in idle\(\)", diag), job
+        assert re.search(rf"rank 1 never called {op}\w* #\d+ \(torch\); it is in idle\(\)", diag), job
     assert "has not completed after 3 s" in job.logs[0], job
     _assert_ended_by_the_report(job)
 
