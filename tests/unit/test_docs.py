@@ -330,3 +330,24 @@ def test_the_table_check_counts_cells_like_markdown():
     assert _table_cells("| `a | b` | c |") == 2
     assert _table_cells(r"| a \| b | c |") == 2
     assert _table_cells("| a | b | c |") == 3
+
+
+def test_the_index_links_every_page():
+    index = (ROOT / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w-]+\.md)(?:#[\w-]+)?\)", index))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages - linked == set(), f"docs/index.md does not link {sorted(pages - linked)}"
+
+
+#: Pages written for users: what to do and what happens. Test names and history belong in the tests or in
+#: docs/architecture.md; advice never names a private function.
+USER_PAGES = ["debugging-hangs.md", "testing.md", "index.md", "getting-started.md"]
+
+
+@pytest.mark.parametrize("page", USER_PAGES)
+def test_user_pages_advise_no_private_api_and_cite_no_test(page):
+    text = (ROOT / "docs" / page).read_text()
+    private = re.findall(r"`hwdist(?:\.\w+)*\._\w+[^`]*`", text)
+    assert not private, f"{page} advises private API: {private}"
+    cited = re.findall(r"tests/\w+/test_\w+\.py|\btest_\w+\[|`test_\w+`", text)
+    assert not cited, f"{page} cites tests: {cited}"
