@@ -8,7 +8,7 @@
   raise, the default, abort or report). Started with the default process group
   (``init_dist``, or torch's ``init_process_group`` after ``import hwdist``) or by
   the first hwdist collective, never by ``import`` itself.
-* [`torch_fr`][hwdist.flight.torch_fr]: torch's own flight recorder, read where torch has one,
+* ``torch_fr``: torch's own flight recorder, read where torch has one,
   so DDP's and FSDP's collectives are in the report without any setting.
 * [`report`][hwdist.flight.report]: the report and its one-line diagnosis, also used
   offline by ``hwdist trace DIR``.
