@@ -43,6 +43,9 @@ def main(argv: list[str]) -> int:
     env.update(
         PYTHONPATH=str(ROOT), HANG_LOGS=str(tmp / "logs"), HWDIST_FLIGHT_DIR=str(tmp / "flight"),
         GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"), OMP_NUM_THREADS="1", HANG_SLEEP="100000",
+        # the programs' own limits out of the way: torch's default process-group timeout for gloo, and a
+        # rank that finished its loop waits as long as the run may take
+        HANG_PG_TIMEOUT="1800", HANG_IDLE=str(args.limit),
     )
     if args.timeout:
         env["HWDIST_HANG_TIMEOUT"] = args.timeout
