@@ -341,7 +341,7 @@ def test_the_index_links_every_page():
 
 #: Pages written for users: what to do and what happens. Test names and history belong in the tests or in
 #: docs/architecture.md; advice never names a private function.
-USER_PAGES = ["debugging-hangs.md", "testing.md", "index.md", "getting-started.md"]
+USER_PAGES = ["debugging-hangs.md", "testing.md", "index.md", "getting-started.md", "reliability.md"]
 
 
 @pytest.mark.parametrize("page", USER_PAGES)
