@@ -8,7 +8,7 @@
 #   - saves a 1280 px wide screenshot, OUT_DIR/<page>.png (scrolled to #anchor when given), to look at;
 #   - checks that no table on the page is wider than the content column at 1280 px, so no column
 #     is cut off, and that no word in a table cell is broken across two lines ("tes t"; a line may
-#     end at a space, a hyphen or a slash)
+#     end at a space, a hyphen or a slash, and long code also after "_", "." or ",": docs/js)
 #     (a copy of the page with a small measuring script, read back with --dump-dom).
 # Also checks every page of the site for overflowing tables. Exits non-zero on any overflow.
 # Installs Debian's chromium when no chromium is found (needs root and the network).
@@ -49,7 +49,7 @@ probe='<script>window.addEventListener("load",function(){var c=document.querySel
 var edge=c.getBoundingClientRect().right,bad=[];document.querySelectorAll(".rst-content table").forEach(function(t,i){
 var r=t.getBoundingClientRect();if(r.right>edge+1||t.scrollWidth>t.clientWidth+1){bad.push("table "+(i+1)+" ("+Math.round(r.right)+" px > "+Math.round(edge)+" px)")}});
 var broken=[];document.querySelectorAll(".rst-content table td, .rst-content table th").forEach(function(cell){
-var w=document.createTreeWalker(cell,NodeFilter.SHOW_TEXT),n,m,re=/[^\s\/-]+/g;while((n=w.nextNode())){re.lastIndex=0;
+var w=document.createTreeWalker(cell,NodeFilter.SHOW_TEXT),n,m,re=/[^\s\/_.,-]+/g;while((n=w.nextNode())){re.lastIndex=0;
 while((m=re.exec(n.data))){var g=document.createRange();g.setStart(n,m.index);g.setEnd(n,m.index+m[0].length);
 var tops={};Array.prototype.forEach.call(g.getClientRects(),function(q){if(q.width>0){tops[Math.round(q.top)]=1}});
 if(Object.keys(tops).length>1){broken.push(m[0])}}}});
