@@ -485,11 +485,36 @@ class Watchdog:
         # abort the group (a backend whose abort cancels the call makes it raise), and end the process
         # when the thread is still blocked EXIT_WITHIN seconds after the report.
         if _raised.wait(min(1.0, self.timeout)):
+            _watch_exit(reported)
             return
         _abort_groups()
         if _raised.wait(max(0.0, reported + EXIT_WITHIN - time.time())):
+            _watch_exit(reported)
             return
         _exit("raise (the main thread stayed blocked in the backend)")
+
+
+def _watch_exit(reported: float) -> None:
+    """After ``HangDetected`` was raised: bound the interpreter's exit, never a program that handles it.
+
+    Uncaught, the exception ends the main thread and the interpreter runs its exit handlers (torch's
+    and hwdist's teardown of the process group), which on a loaded host or with a stuck peer can take
+    seconds. A thread (so that the report's own at-exit wait is not held up) ends the process with
+    status 1, as the uncaught exception would have, when it is still exiting ``EXIT_WITHIN`` seconds
+    after the report. A main thread still alive then caught the exception and goes on: left alone.
+    """
+
+    def watch() -> None:
+        main = threading.main_thread()
+        deadline = reported + EXIT_WITHIN
+        while time.time() < deadline and main.is_alive():
+            time.sleep(0.05)
+        if main.is_alive():
+            return
+        time.sleep(max(0.0, deadline - time.time()))
+        _exit("raise (HangDetected ended the main thread; its exit handlers still ran)", code=1)
+
+    threading.Thread(target=watch, name="hwdist-hang-exit", daemon=True).start()
 
 
 #: Words of a backend error that means a lost peer (gloo: "Connection closed by peer", NCCL: "remote process
@@ -522,11 +547,11 @@ def _abort_groups() -> None:
         pass
 
 
-def _exit(why: str) -> None:
+def _exit(why: str, code: int = HANG_EXIT_CODE) -> None:
     try:
-        print(f"hwdist hang doctor: HWDIST_HANG_ACTION={why}: exiting with status {HANG_EXIT_CODE}",
+        print(f"hwdist hang doctor: HWDIST_HANG_ACTION={why}: exiting with status {code}",
               file=sys.stderr, flush=True)
         sys.stdout.flush()
     except Exception:
         pass
-    os._exit(HANG_EXIT_CODE)
+    os._exit(code)
