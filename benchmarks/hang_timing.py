@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
         for r in range(2)
     ]
     logs = [tmp / "logs" / f"rank{r}.err" for r in range(2)]
-    reported, exits = None, {}
+    reported: "float | None" = None
+    exits: dict[int, float] = {}
     stop = time.time() + args.limit
     while len(exits) < 2 and time.time() < stop:
         now = time.time()
