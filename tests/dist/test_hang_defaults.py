@@ -174,3 +174,32 @@ def test_where_torch_collectives_are_invisible_the_report_says_so(tmp_path):
             f" (DDP's, FSDP's) are not visible on this rank (torch {torch.__version__.split('+')[0]})"
         ) in diag, job
     _assert_ended_by_the_report(job)
+
+
+def _torch_makes_the_default_group(store: str) -> dict:
+    import torch.distributed as tdist
+
+    from hwdist import flight
+    from hwdist.flight import torch_hooks
+
+    before = flight.watchdog_running()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    tdist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        attached = torch_hooks.attached_groups()
+        return {"before": before, "after": flight.watchdog_running(), "attached": attached}
+    finally:
+        tdist.destroy_process_group()
+
+
+def test_the_watchdog_starts_with_a_default_group_torch_makes(tmp_path):
+    """hwdist imported first, then torch's own init_process_group, and no hwdist call at all."""
+    from hwdist.testing import run_distributed
+
+    results = run_distributed(
+        _torch_makes_the_default_group, 2, None, str(tmp_path / "store"), env={"HWDIST_FLIGHT_TORCH": "1"}
+    )
+    for res in results:
+        assert res["before"] is False and res["after"] is True, res
+        # DDP's first collective is recorded through the hooks where torch has them (2.14+)
+        assert res["attached"] == (["default"] if _compat.PG_HAS_HOOKS else []), res
