@@ -88,12 +88,17 @@ def test_wide_tables_wrap_instead_of_running_off_the_page(site):
     config = (ROOT / "mkdocs.yml").read_text()
     assert re.search(r"^extra_css:(\n\s+(#.*|- .*))*\n\s+- css/tables\.css", config, re.M), config
     css = (ROOT / "docs" / "css" / "tables.css").read_text()
-    for rule in ("white-space: normal", "overflow-wrap: anywhere", "display: table", "width: 100%"):
+    for rule in ("white-space: normal", "overflow-wrap: break-word", "display: table", "width: 100%"):
         assert rule in css, f"docs/css/tables.css lost {rule!r}"
+    # "anywhere" lets the browser shrink a column below its longest word and break words mid-way
+    # ("tes t"); long names break between their parts instead (docs/js/table-breaks.js)
+    assert "overflow-wrap: anywhere" not in css and "word-break: break-all" not in css
     with_tables = [p for p in out.glob("*.html") if "<table" in p.read_text()]
     assert len(with_tables) > 5
     missing = [p.name for p in with_tables if 'href="css/tables.css"' not in p.read_text()]
     assert missing == [], f"pages with tables that do not load css/tables.css: {missing}"
+    unbroken = [p.name for p in with_tables if "js/table-breaks.js" not in p.read_text()]
+    assert unbroken == [], f"pages with tables that do not load js/table-breaks.js: {unbroken}"
 
 
 def _reference_html(site) -> str:
