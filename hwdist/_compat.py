@@ -583,11 +583,14 @@ def watch_group_creation(callback: Callable[[Any, bool], None]) -> bool:
 # input_dtypes, time_created_ns (wall clock), retired (the work completed), thread_id; measured on 2.15 CPU
 # gloo: 0.6 ms for a short ring. torch's own trace tools read the same. Probed by name; None before 2.15.
 # Drop the probe when torch>=2.15 is the floor.
-_FR_DUMP_JSON: Optional[Callable[..., Any]] = (
-    getattr(getattr(torch._C, "_distributed_c10d", None), "_dump_fr_trace_json", None)
-    if DIST_AVAILABLE
-    else None
-)
+_FR_DUMP_JSON: Optional[Callable[..., Any]] = None
+if DIST_AVAILABLE:
+    try:
+        from torch._C import _distributed_c10d as _c10d_c
+
+        _FR_DUMP_JSON = getattr(_c10d_c, "_dump_fr_trace_json", None)
+    except ImportError:
+        pass
 #: Whether torch's own flight recorder can be read (measured: 2.13 and 2.15 CPU gloo record; 2.1 has none).
 TORCH_FR: bool = _FR_DUMP_JSON is not None
 #: 2.15 takes the backend whose ring to dump; 2.13 takes (includeCollectives, onlyActive) and dumps gloo's.

@@ -30,9 +30,9 @@ THIRD_PARTY_ALLOWED = {
     "torch.autograd.Variable._execution_engine": (
         "queue_callback at the end of a backward pass (what torch's own DDP uses; no public API)"
     ),
-    "torch._C": (
-        "_compat reads torch's own flight recorder (_distributed_c10d._dump_fr_trace_json, what torch's"
-        " trace tools read; no public API), probed by name"
+    "torch._C._distributed_c10d": (
+        "_compat reads torch's own flight recorder (_dump_fr_trace_json, what torch's trace tools read;"
+        " no public API), probed by name"
     ),
 }
 
