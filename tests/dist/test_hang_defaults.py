@@ -145,6 +145,16 @@ def test_a_loop_that_never_calls_hwdist_is_watched_and_ended(scenario, op, tmp_p
         assert re.search(rf"rank 1 never called {op}\w* #\d+ \(torch\); it is in idle\(\)", diag), job
     assert "has not completed after 3 s" in job.logs[0], job
     _assert_ended_by_the_report(job)
+    # offline, from the dumps: torch's entries are in them, and the same diagnosis comes out
+    out = subprocess.run(
+        [sys.executable, "-m", "hwdist", "trace", str(tmp_path / "flight")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0 and f"diagnosis: {job.diagnosis(0)}" in out.stdout, out.stdout + out.stderr
 
 
 @needs_torch_fr
