@@ -7,7 +7,9 @@
 # then for each page:
 #   - saves a 1280 px wide screenshot, OUT_DIR/<page>.png (scrolled to #anchor when given), to look at;
 #   - checks that no table on the page is wider than the content column at 1280 px, so no column
-#     is cut off (a copy of the page with a small measuring script, read back with --dump-dom).
+#     is cut off, and that no word in a table cell is broken across two lines ("tes t"; a line may
+#     end at a space, a hyphen or a slash, and long code also after "_", "." or ",": docs/js)
+#     (a copy of the page with a small measuring script, read back with --dump-dom).
 # Also checks every page of the site for overflowing tables. Exits non-zero on any overflow.
 # Installs Debian's chromium when no chromium is found (needs root and the network).
 set -euo pipefail
@@ -46,6 +48,12 @@ chrome() {
 probe='<script>window.addEventListener("load",function(){var c=document.querySelector(".wy-nav-content")||document.body;
 var edge=c.getBoundingClientRect().right,bad=[];document.querySelectorAll(".rst-content table").forEach(function(t,i){
 var r=t.getBoundingClientRect();if(r.right>edge+1||t.scrollWidth>t.clientWidth+1){bad.push("table "+(i+1)+" ("+Math.round(r.right)+" px > "+Math.round(edge)+" px)")}});
+var broken=[];document.querySelectorAll(".rst-content table td, .rst-content table th").forEach(function(cell){
+var w=document.createTreeWalker(cell,NodeFilter.SHOW_TEXT),n,m,re=/[^\s\/_.,-]+/g;while((n=w.nextNode())){re.lastIndex=0;
+while((m=re.exec(n.data))){var g=document.createRange();g.setStart(n,m.index);g.setEnd(n,m.index+m[0].length);
+var tops={};Array.prototype.forEach.call(g.getClientRects(),function(q){if(q.width>0){tops[Math.round(q.top)]=1}});
+if(Object.keys(tops).length>1){broken.push(m[0])}}}});
+if(broken.length){bad.push("words broken across lines: "+broken.slice(0,8).join(" "))}
 var p=document.createElement("pre");p.id="tablecheck";p.textContent=bad.length?"OVERFLOW "+bad.join(", "):"OK";document.body.appendChild(p)});</script>'
 
 # Opened with an #anchor, the screenshot starts at that heading: what stands before it is hidden.

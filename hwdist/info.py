@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
@@ -82,9 +83,36 @@ def get_backend(group: Optional[Any] = None) -> Optional[str]:
     return registry.group_backend_name(group)
 
 
+_launch_warned: list[bool] = [False]
+
+
+def warn_if_launched(stacklevel: int = 3) -> None:
+    """Warn once per process when a launcher's variables say several ranks but no process group exists.
+
+    Under torchrun (or any launcher that sets ``RANK`` and ``WORLD_SIZE``) a script that forgot
+    ``init_dist`` runs every rank as "rank 0 of 1": ``is_main_process()`` is True everywhere and every
+    collective is a no-op. Called on the not-distributed path of the rank queries and collectives.
+    """
+    if _launch_warned[0]:
+        return
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    if not (world.isdigit() and int(world) > 1 and os.environ.get("RANK", "").strip()):
+        return
+    _launch_warned[0] = True
+    warnings.warn(
+        f"RANK={os.environ['RANK'].strip()} and WORLD_SIZE={world} are set (a launcher started this process)"
+        " but no process group is initialised: every hwdist call acts as rank 0 of 1 on every rank"
+        " (is_main_process() is True everywhere, collectives do nothing). HINT: call"
+        " hwdist.init_dist('pytorch') (or torch.distributed.init_process_group) first",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
+
+
 def get_world_size(group: Optional[Any] = None) -> int:
     """Number of ranks in ``group`` (default group if None); 1 when not distributed."""
     if not is_distributed():
+        warn_if_launched()
         return 1
     return torch_dist.get_world_size(group)
 
@@ -92,6 +120,7 @@ def get_world_size(group: Optional[Any] = None) -> int:
 def get_rank(group: Optional[Any] = None) -> int:
     """This process's rank in ``group`` (default group if None); 0 when not distributed."""
     if not is_distributed():
+        warn_if_launched()
         return 0
     return torch_dist.get_rank(group)
 

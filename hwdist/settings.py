@@ -84,12 +84,58 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("HWDIST_HANG_TIMEOUT", "number", "300", "hang watchdog: seconds before a report (0: off)"),
         Setting(
-            "HWDIST_HANG_ACTION", "choice", "report", "hang watchdog, after the report: report, raise, abort",
+            "HWDIST_HANG_ACTION", "choice", "raise",
+            "hang watchdog, after the report: raise (HangDetected, or exit when blocked), abort, report",
             ("report", "raise", "abort"),
         ),
     )
 }
 """Every ``HWDIST_*`` variable hwdist reads, by name."""
+
+#: Variables hwdist's own tools and test suite set for their child processes (not user settings).
+TOOL_VARIABLES = frozenset({
+    "HWDIST_MPI_SUITE", "HWDIST_MPI_SUITE_BACKEND", "HWDIST_CLI_UNDER_MPIEXEC", "HWDIST_BENCH_MPI_CHILD",
+    "HWDIST_TEST_RANK", "HWDIST_TEST_NOISE", "HWDIST_TEST_SLOW_RANKS", "HWDIST_RUN_HARDWARE",
+    "HWDIST_GPU_DIST", "HWDIST_VENDOR_CACHE", "HWDIST_DIR",
+})
+#: Prefixes of the variables of hwdist's own tools (the version matrix, the fuzzer, the benchmarks).
+TOOL_PREFIXES = ("HWDIST_VERSIONS", "HWDIST_MATRIX", "HWDIST_FUZZ_", "HWDIST_BENCH_")
+_checked: list[bool] = [False]
+
+
+def unknown_variables(environ: Optional[Any] = None) -> list[tuple[str, Optional[str]]]:
+    """The ``HWDIST_*`` variables set that hwdist does not read, each with the closest known name or None."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    out = []
+    for name in sorted(env):
+        if not name.startswith("HWDIST_") or name in SETTINGS or name in TOOL_VARIABLES:
+            continue
+        if name.startswith(TOOL_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, list(SETTINGS), n=1, cutoff=0.6)
+        out.append((name, close[0] if close else None))
+    return out
+
+
+def check_unknown() -> None:
+    """Warn once per process about each ``HWDIST_*`` variable hwdist does not know (a typo is silent).
+
+    Called when the flight recorder starts (the first collective, or a process group being made), not at
+    import: a warning of ``import hwdist`` would land in whatever the importer was doing.
+    """
+    if _checked[0]:
+        return
+    _checked[0] = True
+    for name, close in unknown_variables():
+        hint = f"did you mean {close!r}? " if close else ""
+        warnings.warn(
+            f"environment variable {name} is not one hwdist reads; {hint}`hwdist env` lists them all",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
 
 _TRUE = ("true", "yes", "on")
 _FALSE = ("", "false", "no", "off")

@@ -5,7 +5,11 @@
 * [`watchdog`][hwdist.flight.watchdog]: a daemon thread that, when a collective has
   not completed after ``HWDIST_HANG_TIMEOUT`` seconds, gathers every rank's
   record through the store and prints one report (``HWDIST_HANG_ACTION``:
-  report, raise or abort). Started by the first collective, never by ``import``.
+  raise, the default, abort or report). Started with the default process group
+  (``init_dist``, or torch's ``init_process_group`` after ``import hwdist``) or by
+  the first hwdist collective, never by ``import`` itself.
+* ``torch_fr``: torch's own flight recorder, read where torch has one,
+  so DDP's and FSDP's collectives are in the report without any setting.
 * [`report`][hwdist.flight.report]: the report and its one-line diagnosis, also used
   offline by ``hwdist trace DIR``.
 
@@ -21,6 +25,7 @@ import sys
 import threading
 from typing import Any, Optional
 
+from .. import _compat
 from .. import settings as _settings
 from ..collectives import call_entry
 from . import recorder as _rec
@@ -38,6 +43,7 @@ _torch_calls: list[Optional[bool]] = [None]  # enable(torch_calls=...); None: HW
 def _on_first_call() -> None:
     """Start the watchdog and the SIGUSR1 dump (once per process, from the first recorded collective)."""
     global _watchdog
+    _settings.check_unknown()
     try:
         timeout = _wd.read_timeout()
         if timeout is not None and _watchdog is None:
@@ -48,6 +54,30 @@ def _on_first_call() -> None:
     except Exception as exc:  # never into the user's collective
         _wd.warn("start", f"could not start the watchdog ({exc!r})")
     _attach_torch()
+
+
+def _on_group(group: Any, is_default: bool) -> None:
+    """torch made a process group: start the watchdog with the default group, record torch's calls on it."""
+    if not enabled():
+        return
+    import torch.distributed as torch_dist
+
+    if not torch_dist.is_initialized():
+        return
+    if _recorder.on_first_call is not None:
+        _recorder._first_call()  # the watchdog and the SIGUSR1 dump, as the first hwdist call would
+    elif is_default:
+        _attach_torch()
+    # another group: torch has not recorded its ranks yet (new_group does after this); the hooks attach it
+    # at the next collective on an attached group, and torch's own recorder sees it from its first call
+
+
+def group_started(group: Any = None) -> None:
+    """Start what goes with a process group (the watchdog, torch's calls on it); ``init_backend`` calls it."""
+    try:
+        _on_group(group if group is not None else _compat.default_group(), group is None)
+    except Exception as exc:  # never into the caller
+        _wd.warn("start", f"could not start the watchdog ({exc!r})")
 
 
 def _attach_group(group: Any) -> None:
@@ -61,6 +91,15 @@ def _attach_torch() -> None:
     """Record torch.distributed's own calls too, through torch's hooks (torch >= 2.14; torch_hooks.py)."""
     try:
         wanted = _torch_calls[0] if _torch_calls[0] is not None else _settings.flag("HWDIST_FLIGHT_TORCH")
+        if wanted and not _hooks.available():
+            import torch
+
+            seen = "its own flight recorder is read instead" if _compat.TORCH_FR else "they are not recorded"
+            _wd.warn(
+                "torch-hooks-missing",
+                f"HWDIST_FLIGHT_TORCH=1 asks for torch.distributed's own calls, but torch {torch.__version__}"
+                f" has no per-group collective hooks (torch >= 2.14); {seen}",
+            )
         if wanted and _hooks.available():
             _recorder.on_new_group = _attach_group
             _hooks.attach_all(_recorder)
@@ -135,7 +174,9 @@ def dump_flight_record(path: Optional[str] = None) -> Optional[str]:
     warning and None.
 
     Args:
-        path: a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file; default
+        path: a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file name: with
+            several ranks each writes ``<stem>-rank<R>.jsonl`` beside it (``a/run7-rank1.jsonl``), and a
+            file that exists is left as it is (the record goes to ``<name>.1.jsonl``); default
             ``HWDIST_FLIGHT_DIR`` (always a directory), or the private ``<tmp>/hwdist-flight-<uid>``
             (mode 0700). Files are mode 0600, written to a new file and renamed into place.
 
@@ -232,3 +273,5 @@ def _install_signal(watchdog_on: bool) -> None:
 
 if _settings.flag("HWDIST_FLIGHT_RECORDER"):
     enable(True)
+    # start with every group torch makes from now on (the one change import makes outside hwdist: _compat)
+    _compat.watch_group_creation(_on_group)

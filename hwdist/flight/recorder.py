@@ -132,6 +132,7 @@ class Recorder:
         self._append = self.ring.append
         self.world_info: Optional[GroupInfo] = None  # the default group's info (group=None), cached
         self._world_ref: Any = None
+        self._launch_checked = False  # whether a call without a process group looked for a launcher
         self.on_first_call: Any = None  # called once, on the first recorded call (starts the watchdog)
         self.on_new_group: Any = None  # called with a group the recorder sees for the first time
         #: called with the entry of a call that raised (the watchdog's report); may return the exception
@@ -175,6 +176,11 @@ class Recorder:
 
     def _world(self) -> Optional[GroupInfo]:
         info = _group_info(None)
+        if info is None and not self._launch_checked:  # a collective with no process group: a launcher's?
+            self._launch_checked = True
+            from .. import info as _info
+
+            _info.warn_if_launched(stacklevel=5)
         if info is not None:  # a process group exists: start the watchdog (never for a non-distributed run)
             self._first_call()
             st = _state.of(None)

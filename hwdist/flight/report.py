@@ -26,6 +26,54 @@ def _where(record: dict[str, Any]) -> str:
     return f"in {where}" if where else "somewhere outside any collective"
 
 
+TORCH_PREFIX = "torch:"  # the labels of entries read from torch's own flight recorder (torch_fr.py)
+
+
+def _torch_pending(record: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The oldest torch-recorded collective still in flight on the rank (DDP's, FSDP's), or None."""
+    pending = [
+        e for e in record.get("entries") or []
+        if e.get("state") == "issued" and str(e.get("group", "")).startswith(TORCH_PREFIX)
+    ]
+    return min(pending, key=lambda e: float(e.get("start") or 0)) if pending else None
+
+
+def _blind(record: dict[str, Any], label: str) -> bool:
+    """Whether torch's own collectives on group ``label`` are invisible in the rank's record and may hold it.
+
+    Not blind: a rank inside a hwdist call, one whose main thread is not in torch's code (it runs the
+    user's code: it cannot be waiting in a torch collective), and records that predate these fields.
+    """
+    if label.startswith(TORCH_PREFIX) or "torch_seen" not in record or record.get("in_hwdist"):
+        return False
+    if not record.get("in_torch", True):
+        return False  # its main thread runs the user's code or a C call of its own, not a torch collective
+    return label not in (record.get("torch_seen") or [])
+
+
+def _not_called(r: int, rec: dict[str, Any], ref: dict[str, Any], s: int, label: str) -> str:
+    """Why rank ``r`` has not reached ``ref`` #``s``, without blaming it for what the record cannot show."""
+    where = rec.get("where") or "?"
+    tp = _torch_pending(rec)
+    if tp is not None and not rec.get("in_hwdist"):
+        return (
+            f"rank {r} has not called {ref['op']} #{s} ({ref['site']}): it waits in torch's {tp['op']}"
+            f" #{tp['seq']} on the {_gname(tp['group'][len(TORCH_PREFIX):])} (a collective issued outside"
+            f" hwdist: DDP, FSDP or torch.distributed), main thread in {where}; the ranks issue their"
+            " collectives in different orders"
+        )
+    if _blind(rec, label):
+        return (
+            f"rank {r} has not called {ref['op']} #{s} ({ref['site']}); its main thread is in {where},"
+            f" outside any hwdist call, and torch.distributed's own collectives (DDP's, FSDP's) are not"
+            f" visible on this rank (torch {rec.get('torch', '?')}): it may be waiting in one of them"
+            " (its stack is below). To see them: torch's own flight recorder (TORCH_FR_BUFFER_SIZE not 0;"
+            " the CPU backend records itself on torch 2.13, every backend on torch >= 2.15), or"
+            " HWDIST_FLIGHT_TORCH=1 on torch >= 2.14"
+        )
+    return f"rank {r} never called {ref['op']} #{s} ({ref['site']}); it is {_where(rec)}"
+
+
 def _ranks(ranks: list[int]) -> str:
     """``rank 3``, ``ranks 0, 2`` or, for runs of four or more, ``ranks 0, 4-99``."""
     spans: list[str] = []
@@ -120,7 +168,13 @@ def diagnose(records: Records, world_size: int, offline: bool = False) -> str:
     parts: list[str] = []
     by_group = _by_group(records)
     silent = [r for r in range(world_size) if records.get(r) is None]
-    for label, ranks in sorted(by_group.items()):
+    hwdist_pending = False
+    # hwdist's groups first (they have the call sites); the groups read from torch's recorder (their calls
+    # include hwdist's own) only when no hwdist call is in flight: a DDP or FSDP hang
+    order = sorted(by_group.items(), key=lambda kv: (kv[0].startswith(TORCH_PREFIX), kv[0]))
+    for label, ranks in order:
+        if label.startswith(TORCH_PREFIX) and hwdist_pending:
+            continue
         members = _members(label, records, world_size)
         pending = {
             r: min((e for e in per.values() if e["state"] == "issued"), key=lambda e: int(e["seq"]))
@@ -136,6 +190,8 @@ def diagnose(records: Records, world_size: int, offline: bool = False) -> str:
                         f" {str(last.get('error', '?'))[:160]}"
                     )
             continue
+        if not label.startswith(TORCH_PREFIX):
+            hwdist_pending = True
         s = min(int(e["seq"]) for e in pending.values())
         waiters = sorted(r for r, e in pending.items() if int(e["seq"]) == s)
         clusters: dict[tuple[str, str], list[int]] = {}
@@ -167,7 +223,7 @@ def diagnose(records: Records, world_size: int, offline: bool = False) -> str:
             e: Optional[dict[str, Any]] = ranks.get(r, {}).get(s)
             top = max(ranks.get(r, {}) or [0])
             if e is None and top < s:
-                parts.append(f"rank {r} never called {ref['op']} #{s} ({ref['site']}); it is {_where(rec)}")
+                parts.append(_not_called(r, rec, ref, s, label))
             elif e is None:
                 continue
             elif e["op"] != ref["op"]:
@@ -192,7 +248,15 @@ def diagnose(records: Records, world_size: int, offline: bool = False) -> str:
 
 
 def _last(rec: dict[str, Any], state: str) -> str:
-    for e in reversed(rec.get("entries") or []):
+    entries = rec.get("entries") or []
+    own = [e for e in entries if not str(e.get("group", "")).startswith(TORCH_PREFIX)]
+    torch_ = [e for e in entries if str(e.get("group", "")).startswith(TORCH_PREFIX)]
+    found = _last_of(rec, own, state)
+    return found if found != "-" else _last_of(rec, torch_, state)
+
+
+def _last_of(rec: dict[str, Any], entries: list[dict[str, Any]], state: str) -> str:
+    for e in reversed(entries):
         if e["state"] == state or (state == "completed" and e["state"] == "failed"):
             text = f"{e['op']} #{e['seq']} ({e['site']})"
             if e["group"] != "default":

@@ -40,6 +40,8 @@ from ..errors import HwdistError
 from . import files as _files
 from . import recorder as _rec
 from . import report as _report
+from . import torch_fr as _fr
+from . import torch_hooks as _hooks
 
 __all__ = ["Watchdog", "EPISODE", "RECORD", "HANG_EXIT_CODE", "HangDetected", "warn"]
 
@@ -48,6 +50,7 @@ RECORD = "hwdist/flight/record"
 #: Exit status of a rank ended by the ``abort`` action (or by ``raise`` when its main thread cannot be woken).
 HANG_EXIT_CODE = 75
 _HWDIST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _LIB_DIRS = tuple(
     p + os.sep
     for p in {
@@ -58,13 +61,22 @@ _LIB_DIRS = tuple(
 )
 
 
+#: Seconds from a rank's report to its exit when its main thread cannot take ``HangDetected`` (blocked in a
+#: backend or another C call that the group's abort does not release): every rank of the job has then
+#: exited within 10 s of its report (the rest of the 10 s: the interpreter's own exit).
+EXIT_WITHIN = 8.0
+_raised = threading.Event()  # set when HangDetected is made in the main thread (it is being raised there)
+
+
 class HangDetected(HwdistError, RuntimeError):
-    """Raised in the main thread of every rank by the ``raise`` action; the message is the diagnosis."""
+    """Raised in every rank's main thread by the ``raise`` action (default); the message is the diagnosis."""
 
     last_message = "a collective did not complete before HWDIST_HANG_TIMEOUT (see the report on stderr)"
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*(args or (HangDetected.last_message,)))
+        if threading.current_thread() is threading.main_thread():
+            _raised.set()
 
 
 _warned: set[str] = set()
@@ -107,6 +119,10 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
         rank, ws = torch_dist.get_rank(), torch_dist.get_world_size()
     stack, where = main_stack()
     entries = recorder.entries()
+    main = threading.main_thread().ident
+    frame = sys._current_frames().get(main or 0)
+    torch_entries, seen = _fr.read(last)
+    seen = sorted(set(seen) | set(_hooks.attached_groups()))
     return {
         "rank": rank,
         "world_size": ws,
@@ -115,16 +131,25 @@ def record(recorder: _rec.Recorder, reason: str, last: int = 64) -> dict[str, An
         "time": time.time(),
         "reason": reason,
         "where": where,
+        "torch": torch.__version__.split("+")[0],
         "stack": stack,
-        "entries": [_rec.entry_dict(e) for e in entries[-last:]],
+        "entries": [_rec.entry_dict(e) for e in entries[-last:]] + torch_entries,
+        #: the groups whose torch.distributed calls (DDP's, FSDP's) this rank sees: torch's recorder or hooks
+        "torch_seen": seen,
+        #: whether the main thread is inside a hwdist collective now
+        "in_hwdist": any(e[_rec.STATE] == _rec.ISSUED and e[_rec.THREAD] == main for e in entries),
+        #: whether the main thread's innermost frame is torch's (where a collective of its own can wait)
+        "in_torch": frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_TORCH_DIR),
     }
 
 
 def dump(recorder: _rec.Recorder, path: Optional[str], reason: str) -> str:
     """Write this rank's record as JSON lines (a header, then one line per entry); returns the file.
 
-    ``path`` is a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file; None means
-    ``HWDIST_FLIGHT_DIR``, always a directory, or the private default (hwdist.flight.files).
+    ``path`` is a directory (the file is ``flight-rank<R>.jsonl`` in it) or a ``.jsonl`` file name (with
+    several ranks, ``<stem>-rank<R>.jsonl`` beside it; an existing file is never overwritten: the record
+    goes to ``<name>.1.jsonl``, ...); None means ``HWDIST_FLIGHT_DIR``, always a directory, or the
+    private default (hwdist.flight.files).
     """
     rec = record(recorder, reason, last=recorder.size)
     name = f"flight-rank{rec['rank']}.jsonl"
@@ -140,13 +165,28 @@ def dump(recorder: _rec.Recorder, path: Optional[str], reason: str) -> str:
         os.makedirs(path, mode=0o700, exist_ok=True)
         target = os.path.join(path, name)
     else:
-        target = path
-        if rec["world_size"] > 1:
-            warn(f"dump-file:{path}", f"every rank writes the flight record to the same file {path!r}; pass a"
-                 " directory to get one flight-rank<R>.jsonl per rank")
+        # a file name: one file per rank (run7-rank1.jsonl) when there are several, never over an existing one
+        stem = path[: -len(".jsonl")]
+        target = _unused(f"{stem}-rank{rec['rank']}.jsonl" if rec["world_size"] > 1 else path)
+        folder = os.path.dirname(target)
+        if folder:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
     entries = rec.pop("entries")
     _files.write_lines(target, [json.dumps(rec)] + [json.dumps(e) for e in entries])
     return target
+
+
+def _unused(path: str) -> str:
+    """``path``, or where it exists already ``<stem>.1.jsonl``, ``<stem>.2.jsonl``, ... (the first free)."""
+    if not os.path.lexists(path):
+        return path
+    stem = path[: -len(".jsonl")]
+    n = 1
+    while os.path.lexists(f"{stem}.{n}.jsonl"):
+        n += 1
+    new = f"{stem}.{n}.jsonl"
+    warn(f"dump-exists:{path}", f"{path!r} exists and is left as it is; the flight record goes to {new!r}")
+    return new
 
 
 def flight_dir() -> Optional[str]:
@@ -195,6 +235,7 @@ class Watchdog:
         self.gather = min(30.0, max(3.0, timeout))
         self.handled = 0  # last episode this rank answered
         self.reported: set[int] = set()  # id() of entries that already opened an episode
+        self.torch_reported: set[tuple[str, int]] = set()  # (group, seq) of torch-recorded ones
         self.stop = threading.Event()
         self.wake = threading.Event()  # set by a failed call: step now, not at the next tick
         self.idle = threading.Event()  # no report in progress and none queued
@@ -253,9 +294,23 @@ class Watchdog:
         ):
             return HangDetected()
         self.idle.clear()
+        self._wait_at_exit_first()
         self.failed.append(entry)
         self.wake.set()
         return None
+
+    def _wait_at_exit_first(self) -> None:
+        """Make the at-exit wait for this report run before any other exit handler.
+
+        The watchdog starts with the process group, before ``init_dist`` installs the handler that
+        destroys the group at exit; exit handlers run last-registered first, so without this the group
+        (and its store, which the report needs) would be gone before the report is gathered.
+        """
+        try:
+            atexit.unregister(self.wait_idle)
+            atexit.register(self.wait_idle)
+        except Exception:
+            pass
 
     def _claim_delivery(self) -> bool:
         """Whether the caller delivers this episode's HangDetected (True once per episode)."""
@@ -277,7 +332,8 @@ class Watchdog:
             return None
         return _compat.group_store(None)
 
-    def _overdue(self) -> Optional[list[Any]]:
+    def _overdue(self) -> Any:
+        """The oldest overdue hwdist call (an entry), else torch-recorded call (a dict), else None."""
         now = time.time()
         for e in self.recorder.entries():
             if id(e) in self.reported:
@@ -285,7 +341,15 @@ class Watchdog:
             state = e[_rec.STATE]
             if state == _rec.ISSUED and now - e[_rec.START] > self.timeout:
                 return e
+        if _fr.available():
+            return _fr.overdue(self.timeout, now, self.torch_reported)
         return None
+
+    def _mark(self, overdue: Any) -> None:
+        if isinstance(overdue, dict):
+            self.torch_reported.add((overdue["group"], overdue["seq"]))
+        else:
+            self.reported.add(id(overdue))
 
     def _step(self, failed: Optional[list[Any]] = None) -> None:
         store = self._store()
@@ -294,11 +358,12 @@ class Watchdog:
         overdue = failed or self._overdue()
         if overdue is not None:
             self.idle.clear()
+            self._wait_at_exit_first()
         try:
             current = int(store.add(EPISODE, 0))
         except Exception as exc:
             if overdue is not None:
-                self.reported.add(id(overdue))
+                self._mark(overdue)
                 warn("store", f"the store is unreachable ({exc!r}); the report shows this rank only")
                 self._episode(None, 0, overdue)
             return
@@ -307,7 +372,7 @@ class Watchdog:
             return
         if overdue is None:
             return
-        self.reported.add(id(overdue))
+        self._mark(overdue)
         try:  # the key exists: add(EPISODE, 0) above made it
             got = store.compare_set(EPISODE, str(self.handled), str(self.handled + 1))
             episode = int(got.decode() if isinstance(got, bytes) else got)
@@ -317,11 +382,14 @@ class Watchdog:
 
     # ------------------------------------------------------------------ one episode
 
-    def _episode(self, store: Any, episode: int, overdue: Optional[list[Any]]) -> None:
+    def _episode(self, store: Any, episode: int, overdue: Any) -> None:
         self.handled = max(self.handled, episode)
         for e in self.recorder.pending():
             self.reported.add(id(e))  # what is in flight now is covered by this report
         mine = record(self.recorder, "hang")
+        for d in mine["entries"]:
+            if d["group"].startswith(_fr.PREFIX) and d["state"] == "issued":
+                self.torch_reported.add((d["group"], d["seq"]))
         me, ws = mine["rank"], mine["world_size"]
         records: dict[int, Optional[dict[str, Any]]] = {r: None for r in range(ws)}
         records[me] = mine
@@ -335,10 +403,11 @@ class Watchdog:
             print(text, file=sys.stderr, flush=True)
         except Exception:
             pass
+        reported = time.time()
         self._dump()
         if store is not None and self.action != "report":
             self._all_done(store, episode, me, ws, records)
-        self._act(overdue)
+        self._act(overdue, reported)
 
     def _exchange(
         self, store: Any, episode: int, mine: dict[str, Any], records: dict[int, Any], wait: float
@@ -375,11 +444,11 @@ class Watchdog:
         except Exception:
             pass
 
-    def _headline(self, overdue: Optional[list[Any]], me: int, ws: int, episode: int) -> str:
+    def _headline(self, overdue: Any, me: int, ws: int, episode: int) -> str:
         head = f"rank {me} of {ws}, episode {episode}"
         if overdue is None:
             return head + ": another rank reported a collective that did not complete"
-        d = _rec.entry_dict(overdue)
+        d = overdue if isinstance(overdue, dict) else _rec.entry_dict(overdue)
         group = "the default group" if d["group"] == "default" else d["group"]
         if d["state"] == "failed":
             return head + f": {d['op']} #{d['seq']} on {group} ({d['site']}) failed in the backend"
@@ -397,25 +466,55 @@ class Watchdog:
             where = _settings.text("HWDIST_FLIGHT_DIR") or "the default directory"
             warn("dump", f"could not write the flight record to {where!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
 
-    def _act(self, overdue: Optional[list[Any]]) -> None:
+    def _act(self, overdue: Any, reported: float) -> None:
         if self.action == "abort":
             _exit("abort")
-        if self.action == "report" or (overdue is not None and overdue[_rec.STATE] == _rec.FAILED):
+        failed = isinstance(overdue, list) and overdue[_rec.STATE] == _rec.FAILED
+        if self.action == "report" or failed:
             return  # a failed call raises anyway
         # raise: an exception in the main thread, delivered when it next runs Python code (unless its
         # blocked call already failed and raised this episode's HangDetected itself: on_failure)
         if not self._claim_delivery():
             return
+        _raised.clear()
         main = threading.main_thread().ident
         if main is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main), ctypes.py_object(HangDetected))
-        pending = [e for e in self.recorder.pending() if e[_rec.THREAD] == main]
-        if pending:  # the main thread is blocked in a collective: release it, or end the process
-            _abort_groups()
-            released = self.stop.wait(min(10.0, self.gather))
-            if released or not any(e[_rec.STATE] == _rec.ISSUED for e in pending):
-                return
-            _exit("raise (the main thread stayed blocked in the backend)")
+        # A main thread running Python raises within milliseconds. One blocked in a collective (hwdist's,
+        # or torch's own: DDP's backward, which the recorder may not see) or in another C call does not:
+        # abort the group (a backend whose abort cancels the call makes it raise), and end the process
+        # when the thread is still blocked EXIT_WITHIN seconds after the report.
+        if _raised.wait(min(1.0, self.timeout)):
+            _watch_exit(reported)
+            return
+        _abort_groups()
+        if _raised.wait(max(0.0, reported + EXIT_WITHIN - time.time())):
+            _watch_exit(reported)
+            return
+        _exit("raise (the main thread stayed blocked in the backend)")
+
+
+def _watch_exit(reported: float) -> None:
+    """After ``HangDetected`` was raised: bound the interpreter's exit, never a program that handles it.
+
+    Uncaught, the exception ends the main thread and the interpreter runs its exit handlers (torch's
+    and hwdist's teardown of the process group), which on a loaded host or with a stuck peer can take
+    seconds. A thread (so that the report's own at-exit wait is not held up) ends the process with
+    status 1, as the uncaught exception would have, when it is still exiting ``EXIT_WITHIN`` seconds
+    after the report. A main thread still alive then caught the exception and goes on: left alone.
+    """
+
+    def watch() -> None:
+        main = threading.main_thread()
+        deadline = reported + EXIT_WITHIN
+        while time.time() < deadline and main.is_alive():
+            time.sleep(0.05)
+        if main.is_alive():
+            return
+        time.sleep(max(0.0, deadline - time.time()))
+        _exit("raise (HangDetected ended the main thread; its exit handlers still ran)", code=1)
+
+    threading.Thread(target=watch, name="hwdist-hang-exit", daemon=True).start()
 
 
 #: Words of a backend error that means a lost peer (gloo: "Connection closed by peer", NCCL: "remote process
@@ -448,11 +547,11 @@ def _abort_groups() -> None:
         pass
 
 
-def _exit(why: str) -> None:
+def _exit(why: str, code: int = HANG_EXIT_CODE) -> None:
     try:
-        print(f"hwdist hang doctor: HWDIST_HANG_ACTION={why}: exiting with status {HANG_EXIT_CODE}",
+        print(f"hwdist hang doctor: HWDIST_HANG_ACTION={why}: exiting with status {code}",
               file=sys.stderr, flush=True)
         sys.stdout.flush()
     except Exception:
         pass
-    os._exit(HANG_EXIT_CODE)
+    os._exit(code)

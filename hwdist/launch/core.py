@@ -104,6 +104,9 @@ def init_backend(
     torch_dist.init_process_group(backend=driver.torch_name, rank=rank, world_size=world_size, **kwargs)
     registry.record_group(_compat.default_group(), driver)
     _exit.install(registry.forget_groups)
+    from .. import flight  # the watchdog starts with the group (idempotent: torch's creation was watched)
+
+    flight.group_started()
     return driver
 
 

@@ -1,12 +1,16 @@
 """One rank of a DDP/FSDP hang (tests/dist/test_torch_hooks.py starts one process per rank).
 
-Usage: ``python ddp_hang_programs.py SCENARIO STORE_FILE`` with ``RANK``/``WORLD_SIZE`` set. The
-training loop uses torch only (DDP, FSDP2); hwdist is imported and its recorder switched on after
-``init_process_group``, as a user would. The last rank misbehaves:
+Usage: ``python ddp_hang_programs.py SCENARIO STORE_FILE`` with ``RANK``/``WORLD_SIZE`` set. hwdist is
+imported before ``init_process_group``; with ``HANG_TORCH_CALLS=1`` its hook path is switched on after
+it, as a user would (``hwdist.flight.enable(torch_calls=True)``); without it nothing is set. The last rank
+misbehaves:
 
-* ``skip_backward``: it skips ``loss.backward()`` on step 1;
-* ``uneven``: its data ends one step early (the classic uneven-input hang);
-* ``fsdp_skip_forward``: an FSDP2 model; it skips the forward (and backward) of step 1.
+* ``skip_backward``: it skips ``loss.backward()`` on step 1 (the loop uses torch only);
+* ``uneven``: its data ends one step early (the classic uneven-input hang; torch only);
+* ``fsdp_skip_forward``: an FSDP2 model; it skips the forward (and backward) of step 1 (torch only);
+* ``skip_step_metrics``: a DDP loop that averages its metrics with ``hwdist.all_reduce_dict`` on a
+  group of its own; the last rank skips the forward and backward of step 2 (an empty batch) and goes
+  on to the metrics, so it waits in hwdist's call while the others wait in DDP's backward.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import hwdist
 
 def idle() -> None:
     """Where a rank that finished waits: the watchdog of the others reports meanwhile."""
-    end = time.monotonic() + 60
+    end = time.monotonic() + float(os.environ.get("HANG_IDLE", "60"))
     while time.monotonic() < end:
         time.sleep(0.05)  # SITE-idle
 
@@ -74,7 +78,26 @@ def fsdp_skip_forward(rank: int, last: int) -> None:
         opt.zero_grad()
 
 
-SCENARIOS = {"skip_backward": skip_backward, "uneven": uneven, "fsdp_skip_forward": fsdp_skip_forward}
+def skip_step_metrics(rank: int, last: int) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    metrics_group = hwdist.new_group(list(range(last + 1)))
+    for step in range(4):
+        loss = torch.zeros(())
+        if not (rank == last and step == 2):  # this rank's batch is empty at step 2
+            loss = model(torch.ones(4, 8) * (rank + step)).sum()
+            loss.backward()  # SITE-metrics-backward
+            opt.step()
+            opt.zero_grad()
+        hwdist.all_reduce_dict({"loss": loss.detach()}, group=metrics_group)  # SITE-metrics
+
+
+SCENARIOS = {
+    "skip_backward": skip_backward,
+    "uneven": uneven,
+    "fsdp_skip_forward": fsdp_skip_forward,
+    "skip_step_metrics": skip_step_metrics,
+}
 
 
 def main() -> None:
@@ -85,7 +108,8 @@ def main() -> None:
         fd = os.open(os.path.join(logs, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 2)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    hwdist.flight.enable(torch_calls=True)  # record torch's own collectives from here on
+    if os.environ.get("HANG_TORCH_CALLS") == "1":
+        hwdist.flight.enable(torch_calls=True)  # record torch's own collectives from here on
     if os.environ.get("HANG_DEBUG"):
         import threading
 
@@ -99,8 +123,12 @@ def main() -> None:
 
         threading.Thread(target=show, daemon=True).start()
     print(f"rank {rank}: started at {time.time()}", file=sys.stderr, flush=True)
-    SCENARIOS[name](rank, world - 1)
-    idle()
+    try:
+        SCENARIOS[name](rank, world - 1)
+        idle()
+    except BaseException as exc:
+        print(f"rank {rank}: RAISED {type(exc).__name__} at {time.time()}", file=sys.stderr, flush=True)
+        raise
     sys.exit(0)
 
 

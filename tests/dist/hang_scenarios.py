@@ -125,8 +125,9 @@ def main() -> None:
         from hwdist.launch.core import init_backend
 
         rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        timeout = float(os.environ.get("HANG_PG_TIMEOUT", "120"))  # the process group's own timeout
         init_backend(
-            backend, rank=rank, world_size=ws, local_rank=rank, init_method=f"file://{store}", timeout=120
+            backend, rank=rank, world_size=ws, local_rank=rank, init_method=f"file://{store}", timeout=timeout
         )
     rank, ws = hwdist.get_rank(), hwdist.get_world_size()
     late = os.environ.get("HANG_LATE_ACT")  # "RANK:SECONDS": that rank's watchdog acts late

@@ -345,7 +345,8 @@ def test_report_action_changes_nothing(tmp_path):
     assert [p.name for p in dumps] == ["flight-rank0.jsonl", "flight-rank1.jsonl"]
     header, *entries = [json.loads(line) for line in dumps[0].read_text().splitlines()]
     assert header["rank"] == 0 and header["reason"] == "hang"
-    assert [e["seq"] for e in entries] == [1, 2, 3] and entries[-1]["state"] == "issued"
+    mine = [e for e in entries if e["group"] == "default"]  # hwdist's; torch's own record is "torch:default"
+    assert [e["seq"] for e in mine] == [1, 2, 3] and mine[-1]["state"] == "issued"
 
 
 def test_sigusr1_dumps_while_blocked_in_a_collective(tmp_path):
@@ -497,3 +498,33 @@ def test_verification_and_the_recorder_number_calls_alike(dist, ws, backend):
         assert res["msg"] is not None and res["state"] == "failed", res
         assert "collective mismatch in 'all_reduce' (call #3 on this group)" in res["msg"], res
         assert res["seqs"] == [1, 2, 3], res
+
+
+def _dump_to_a_file_name(folder: str) -> dict:
+    import torch
+
+    import hwdist
+
+    hwdist.all_reduce(torch.ones(2))
+    first = hwdist.dump_flight_record(os.path.join(folder, "a", "run7.jsonl"))
+    hwdist.barrier()
+    again = hwdist.dump_flight_record(os.path.join(folder, "a", "run7.jsonl"))  # the first files exist now
+    return {"first": first, "again": again, "rank": hwdist.get_rank()}
+
+
+@pytest.mark.parametrize("ws", [1, 2])
+def test_a_jsonl_dump_path_gives_one_file_per_rank_and_never_overwrites(dist, ws, tmp_path):
+    (tmp_path / "a").mkdir()
+    existing = tmp_path / "a" / "run7.jsonl"
+    existing.write_text("the user's own file\n")
+    results = dist(_dump_to_a_file_name, ws, "gloo", str(tmp_path))
+    for res in results:
+        r = res["rank"]
+        name = "run7.1.jsonl" if ws == 1 else f"run7-rank{r}.jsonl"
+        again = "run7.2.jsonl" if ws == 1 else f"run7-rank{r}.1.jsonl"
+        assert res["first"] == str(tmp_path / "a" / name), res
+        assert res["again"] == str(tmp_path / "a" / again), res
+        for path in (res["first"], res["again"]):
+            header = json.loads(Path(path).read_text().splitlines()[0])
+            assert header["rank"] == r and header["world_size"] == ws, header
+    assert existing.read_text() == "the user's own file\n"

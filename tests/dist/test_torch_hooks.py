@@ -143,6 +143,7 @@ def _run(scenario: str, tmp_path: Path, ws: int = 2) -> dict:
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         HWDIST_HANG_TIMEOUT="3",
         HWDIST_HANG_ACTION="abort",
+        HANG_TORCH_CALLS="1",
         HWDIST_FLIGHT_DIR=str(tmp_path / "flight"),
         HANG_LOGS=str(logs),
         GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"),

@@ -88,12 +88,17 @@ def test_wide_tables_wrap_instead_of_running_off_the_page(site):
     config = (ROOT / "mkdocs.yml").read_text()
     assert re.search(r"^extra_css:(\n\s+(#.*|- .*))*\n\s+- css/tables\.css", config, re.M), config
     css = (ROOT / "docs" / "css" / "tables.css").read_text()
-    for rule in ("white-space: normal", "overflow-wrap: anywhere", "display: table", "width: 100%"):
+    for rule in ("white-space: normal", "overflow-wrap: break-word", "display: table", "width: 100%"):
         assert rule in css, f"docs/css/tables.css lost {rule!r}"
+    # "anywhere" lets the browser shrink a column below its longest word and break words mid-way
+    # ("tes t"); long names break between their parts instead (docs/js/table-breaks.js)
+    assert "overflow-wrap: anywhere" not in css and "word-break: break-all" not in css
     with_tables = [p for p in out.glob("*.html") if "<table" in p.read_text()]
     assert len(with_tables) > 5
     missing = [p.name for p in with_tables if 'href="css/tables.css"' not in p.read_text()]
     assert missing == [], f"pages with tables that do not load css/tables.css: {missing}"
+    unbroken = [p.name for p in with_tables if "js/table-breaks.js" not in p.read_text()]
+    assert unbroken == [], f"pages with tables that do not load js/table-breaks.js: {unbroken}"
 
 
 def _reference_html(site) -> str:
@@ -333,3 +338,24 @@ def test_the_table_check_counts_cells_like_markdown():
     assert _table_cells("| `a | b` | c |") == 2
     assert _table_cells(r"| a \| b | c |") == 2
     assert _table_cells("| a | b | c |") == 3
+
+
+def test_the_index_links_every_page():
+    index = (ROOT / "docs" / "index.md").read_text()
+    linked = set(re.findall(r"\]\(([\w-]+\.md)(?:#[\w-]+)?\)", index))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert pages - linked == set(), f"docs/index.md does not link {sorted(pages - linked)}"
+
+
+#: Pages written for users: what to do and what happens. Test names and history belong in the tests or in
+#: docs/architecture.md; advice never names a private function.
+USER_PAGES = ["debugging-hangs.md", "testing.md", "index.md", "getting-started.md", "reliability.md"]
+
+
+@pytest.mark.parametrize("page", USER_PAGES)
+def test_user_pages_advise_no_private_api_and_cite_no_test(page):
+    text = (ROOT / "docs" / page).read_text()
+    private = re.findall(r"`hwdist(?:\.\w+)*\._\w+[^`]*`", text)
+    assert not private, f"{page} advises private API: {private}"
+    cited = re.findall(r"tests/\w+/test_\w+\.py|\btest_\w+\[|`test_\w+`", text)
+    assert not cited, f"{page} cites tests: {cited}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import hwdist
-from hwdist import flight
+from hwdist import _compat, flight
 from hwdist.cli import main as cli_main
 from hwdist.flight import recorder, report, watchdog
 import stat
@@ -417,3 +417,14 @@ def test_a_flight_dir_ending_in_jsonl_is_a_directory_with_a_warning(private_tmp,
         path = hwdist.dump_flight_record()
     assert path == str(private_tmp / "run.jsonl" / "flight-rank0.jsonl")
     assert _mode(private_tmp / "run.jsonl") == 0o700
+
+
+@pytest.mark.skipif(_compat.PG_HAS_HOOKS, reason="this torch has per-group hooks: nothing to warn about")
+def test_asking_for_torch_calls_on_a_torch_without_hooks_warns_once(monkeypatch):
+    monkeypatch.setattr(watchdog, "_warned", set())
+    want = r"HWDIST_FLIGHT_TORCH=1 .* no per-group collective hooks"
+    with pytest.warns(RuntimeWarning, match=want) as caught:
+        was = flight.enable(torch_calls=True)
+        flight.enable(torch_calls=True)
+    flight.enable(was, torch_calls=False)
+    assert len([w for w in caught if "HWDIST_FLIGHT_TORCH" in str(w.message)]) == 1

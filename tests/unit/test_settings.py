@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import hwdist
 from hwdist import settings
 from hwdist.cli import main as cli_main
 from hwdist.flight import recorder
@@ -121,3 +122,51 @@ def test_bench_refuses_an_injection_into_an_op_it_does_not_run(value, monkeypatc
     assert code == 2, err
     assert f"must name one of the ops this run benchmarks (all_reduce), got {value!r}" in err
     assert err.count("HWDIST_BENCH_INJECT") == 1, err
+
+
+def test_an_unknown_variable_is_named_with_the_closest_known_one(monkeypatch):
+    monkeypatch.setenv("HWDIST_HANG_TIMOUT", "5")
+    monkeypatch.setenv("HWDIST_ZZZ_NOTHING_LIKE_IT", "1")
+    monkeypatch.setenv("HWDIST_MPI_SUITE", "1")  # set by hwdist's own test tools: not a user setting
+    found = dict(settings.unknown_variables())
+    assert found["HWDIST_HANG_TIMOUT"] == "HWDIST_HANG_TIMEOUT"
+    assert found["HWDIST_ZZZ_NOTHING_LIKE_IT"] is None
+    assert "HWDIST_MPI_SUITE" not in found and "HWDIST_HANG_TIMEOUT" not in found
+    monkeypatch.setattr(settings, "_checked", [False])
+    with pytest.warns(RuntimeWarning) as caught:
+        settings.check_unknown()
+        settings.check_unknown()  # once per process
+    texts = [str(w.message) for w in caught]
+    assert len(texts) == 2, texts
+    assert (
+        "environment variable HWDIST_HANG_TIMOUT is not one hwdist reads; did you mean 'HWDIST_HANG_TIMEOUT'?"
+    ) in texts[0]
+
+
+def test_every_variable_hwdist_code_reads_is_declared_or_a_tool_variable():
+    import re
+
+    root = Path(hwdist.__file__).parent
+    pattern = re.compile(r"\bHWDIST_[A-Z0-9_]*[A-Z0-9]\b")
+    names = {m for p in root.rglob("*.py") for m in pattern.findall(p.read_text())}
+    unknown = dict(settings.unknown_variables({n: "1" for n in names}))
+    assert not unknown, f"read by hwdist but not declared in settings.SETTINGS: {sorted(unknown)}"
+
+
+def test_a_launcher_without_a_process_group_warns_once(monkeypatch):
+    from hwdist import info
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(info, "_launch_warned", [False])
+    with pytest.warns(RuntimeWarning, match=r"RANK=1 and WORLD_SIZE=2 are set .* no process group") as caught:
+        assert hwdist.get_rank() == 0 and hwdist.is_main_process()
+        assert hwdist.get_world_size() == 1
+    assert len([w for w in caught if "WORLD_SIZE" in str(w.message)]) == 1
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(info, "_launch_warned", [False])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hwdist.get_rank() == 0  # one rank: nothing to warn about
