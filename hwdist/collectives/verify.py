@@ -228,12 +228,33 @@ def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
         CollectiveMismatch: on every rank, listing each rank's differing values.
     """
     st = stamp(op, group, fields)
-    if st is None or torch_dist.get_world_size(group) == 1:
+    if st is None or torch_dist.get_world_size(group) == 1 or not _carries_headers(driver):
         return
     rows = protocol.exchange_rows(call_header(op, st), group, driver)
     if protocol.rows_agree(rows):  # the common case: no header is decoded
         return
     raise_if_mismatch(op, protocol.parse_rows(rows), st, group, driver)
+
+
+_HEADERLESS: dict[Any, bool] = {}  # driver -> whether it can carry the header round's bytes
+
+
+def _carries_headers(driver: Any) -> bool:
+    """Whether ``driver`` moves bytes for an all_gather (some integer dtype as it is). A backend that moves
+    none (a float-only library) cannot carry the header round: its tensor collectives go unverified, with
+    one warning per backend, rather than failing."""
+    known = _HEADERLESS.get(driver)
+    if known is None:
+        known = _HEADERLESS[driver] = transport.carries(driver, "all_gather")
+        if not known:
+            warnings.warn(
+                f"hwdist: backend '{driver.name}' moves no integer dtype, so its collectives cannot be"
+                " verified across ranks (the header round travels as bytes); they run unverified."
+                " HINT: add one integer dtype (e.g. torch.int32) to the driver's dtypes",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    return known
 
 
 class Stamp(NamedTuple):
