@@ -27,7 +27,7 @@ decorator does two things, and nothing else:
    other ranks already acted raises [`HangDetected`][hwdist.flight.watchdog.HangDetected] too.
 3. **The verification hook.** A collective decorated with a ``describe``
    function hands the hook in the hook slot ([`set_hook`][hwdist.collectives.call_entry.set_hook],
-   filled by ``hwdist.verify`` while the mode is on) each call's
+   filled by ``collectives.verify`` while verification is on) each call's
    ``(group, sample tensor, fields)`` before its own argument checks run.
 
 The decorator builds one wrapper per public function, once at import: the

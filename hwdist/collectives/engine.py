@@ -23,7 +23,7 @@ the comm device) issues torch's function on the caller's tensor directly.
 
 Verification mode is a hook: a public collective's entry
 (``@collective(..., describe=...)``, hwdist/collectives/call_entry.py) hands the
-call's description to it, while a hook is set (``hwdist.verify`` sets it when
+call's description to it, while a hook is set (``collectives.verify`` sets it when
 the mode is on), before the argument checks run.
 """
 

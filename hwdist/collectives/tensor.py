@@ -12,7 +12,7 @@ and device) and, with ``async_op=True``, always returns a
 process group every function has mmengine's single-process result
 (``all_gather`` returns ``[data]``, ``all_reduce`` does nothing, ...).
 
-In verification mode ([`hwdist.verify`][hwdist.collectives.verify]) every collective except
+With verification on ([`verify`][hwdist.collectives.verify], the default) every collective except
 send/recv first checks that every rank makes the same call.
 
 No function here looks at a backend name. ``src``/``dst`` are global ranks, as

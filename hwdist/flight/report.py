@@ -272,7 +272,7 @@ def _last_of(rec: dict[str, Any], entries: list[dict[str, Any]], state: str) -> 
 
 
 def render(
-    records: Records, world_size: int, headline: str = "", stacks: int = 12, offline: bool = False
+    records: Records, world_size: int, headline: str = "", stacks: int = 24, offline: bool = False
 ) -> str:
     """The full report: headline, diagnosis, one row per rank, the per-group table and the stacks.
 

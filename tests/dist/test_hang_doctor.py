@@ -101,8 +101,11 @@ def _run(scenario: str, backend: str, ws: int, action: str, tmp_path: Path, **en
         HANG_LOGS=str(logs),
         GLOO_SOCKET_IFNAME=full.get("GLOO_SOCKET_IFNAME", "lo"),
         OMP_NUM_THREADS="1",
-        **env,
     )
+    # the doctor is what these scenarios look at: verification would catch their mismatched calls before
+    # they hang (test_verification_raises_before_the_hang)
+    full["HWDIST_VERIFY"] = "0"
+    full.update(env)
     full.pop(ENV_SUITE, None)
     args = [sys.executable, str(SCRIPT), scenario, backend, str(tmp_path / "store")]
     if backend == "mpi":
@@ -245,6 +248,18 @@ def test_different_collectives(backend, ws, tmp_path):
     for r in range(ws):
         assert want in run.diagnosis(r), run
     _assert_aborted(run)
+    _assert_fast(run)
+
+
+@pytest.mark.parametrize("scenario", ["different", "barrier"])
+def test_verification_raises_before_the_hang(scenario, tmp_path):
+    """With verification on (the default) a collective that meets another on some rank raises
+    CollectiveMismatch on every rank in the header round: no hang, no report."""
+    run = _run(scenario, "gloo", 2, "abort", tmp_path, HWDIST_VERIFY="1")
+    for r in range(2):
+        assert "RAISED CollectiveMismatch" in run.logs[r], run
+        assert "op: rank 0: all_reduce; rank 1: " in run.logs[r], run
+        assert "hang doctor: rank" not in run.logs[r], run
     _assert_fast(run)
 
 
@@ -473,7 +488,8 @@ def _numbered_mismatch_rank() -> dict:
     import torch.distributed as tdist
 
     import hwdist
-    from hwdist import flight, verify
+    from hwdist import flight
+    from hwdist.collectives import verify
 
     with verify.verification():
         sub = tdist.new_group(list(range(hwdist.get_world_size())))  # a group both count from its start
