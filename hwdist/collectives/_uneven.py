@@ -339,7 +339,7 @@ class AllToAll(Strategy):
         listed = c.plan.native_op == "all_to_all"  # torch's list form
         flat = listed or "all_to_all" in c.driver.caps.flat_ops  # all_to_all_single
         ins, outs = c.extra
-        st = verify.stamp(_OP, c.group, verify.TensorFields.all_to_all(outs, ins, check=True)[2])
+        st = verify.stamp(_OP, c.group, verify.TensorFields.all_to_all(outs, ins, check=True)[2] or {})
         if c.view.size == 1:  # nothing to agree on
             c.state = (in_sizes, out_sizes)
             return EQUAL if listed and in_sizes == out_sizes else SPLIT if flat else EMULATED_ONE

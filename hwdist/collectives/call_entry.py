@@ -234,7 +234,7 @@ def _with_flag(flag: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs:
         setattr(_local, flag, before)
 
 
-def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, dict[str, Any]]]) -> F:
+def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, Optional[dict[str, Any]]]]) -> F:
     """``fn`` preceded by the hook, handed ``describe(*args, **kwargs)`` (the path while the mode is on)."""
 
     def hooked(*args: Any, **kwargs: Any) -> Any:
@@ -254,7 +254,7 @@ def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, dict[str, An
 def collective(
     group_index: int,
     name: Optional[str] = None,
-    describe: Optional[Callable[..., tuple[Any, Any, dict[str, Any]]]] = None,
+    describe: Optional[Callable[..., tuple[Any, Any, Optional[dict[str, Any]]]]] = None,
 ) -> Callable[[F], F]:
     """Decorate a public collective whose ``group`` is positional ``group_index`` (or keyword ``group``).
 

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Optional
 
@@ -291,3 +292,20 @@ def default_size() -> int:
         "HWDIST_FLIGHT_SIZE", 0, 1 << 24, integer=True, what="entries the flight recorder keeps per process"
     )
     return max(16, int(value) or 2048)
+
+
+#: The keys ``warn`` has warned for (once per process).
+WARNED: set[str] = set()
+
+
+def warn(key: str, message: str) -> None:
+    """One RuntimeWarning per ``key`` per process, also on stderr (a thread's warnings may be lost)."""
+    if key in WARNED:
+        return
+    WARNED.add(key)
+    text = f"hwdist hang doctor: {message}"
+    try:
+        print(text, file=sys.stderr, flush=True)
+        warnings.warn(text, RuntimeWarning, stacklevel=2)
+    except Exception:
+        pass

@@ -163,9 +163,7 @@ class GroupHooks:
         """Turn this group's hooks off and say so once; the user's collective goes on."""
         self.on = False
         self.pending.clear()
-        from . import watchdog as _wd
-
-        _wd.warn(
+        _rec.warn(
             f"torch-hook:{self.info.label}",
             f"recording {self.info.label}'s collectives through torch's hooks failed ({exc!r}); the"
             " recorder stopped recording that group's torch.distributed calls (hwdist's own calls are"

@@ -29,7 +29,6 @@ import sysconfig
 import threading
 import time
 import traceback
-import warnings
 from typing import Any, Optional
 
 import torch
@@ -79,20 +78,9 @@ class HangDetected(HwdistError, RuntimeError):
             _raised.set()
 
 
-_warned: set[str] = set()
 
 
-def warn(key: str, message: str) -> None:
-    """One RuntimeWarning per ``key`` per process, also on stderr (a thread's warnings may be lost)."""
-    if key in _warned:
-        return
-    _warned.add(key)
-    text = f"hwdist hang doctor: {message}"
-    try:
-        print(text, file=sys.stderr, flush=True)
-        warnings.warn(text, RuntimeWarning, stacklevel=2)
-    except Exception:
-        pass
+warn, _warned = _rec.warn, _rec.WARNED  # one RuntimeWarning per key per process (callers use watchdog.warn)
 
 
 def main_stack() -> tuple[list[str], str]:

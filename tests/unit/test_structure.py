@@ -162,7 +162,7 @@ def test_pending_list_is_current() -> None:
     [
         ("from .collectives.tensor import _helper\n", ["import _helper from collectives.tensor"]),
         ("from .collectives import tensor as _t\n_t._divide(1, 2)\n", ["access collectives.tensor._divide"]),
-        ("from . import verify\nverify._enabled\n", ["access verify._enabled"]),
+        ("from .collectives import verify\nverify._enabled\n", ["access collectives.verify._enabled"]),
         ("from .collectives import engine\n_engine.view(None)\n", []),  # a private module, public name
         ("from ._compat import DIST_AVAILABLE\n", []),
         ("import torch\ntorch._C\n", ["access torch._C (third-party private)"]),
