@@ -3,7 +3,7 @@
 **Records.** Every object collective starts with one exchange of one record
 per rank (an all_gather; ``broadcast_object_list`` and ``scatter_object_list``
 broadcast ``src``'s, or all-gather it with the others' while verification is
-on). A record is the one header of [`protocol`][hwdist.collectives.protocol]
+on). A record is the one header of ``collectives.protocol``
 (1 KiB, fixed): status, payload size, chunk count, root, opcode, token, the
 verified call's fingerprint and, up to ``INLINE_BYTES`` (832), the payload
 itself. An object that fits is done in that one collective; a larger one then

@@ -2,7 +2,7 @@
 
 **Gathers.** Without ``same_shape=True`` every rank may hold another shape, so the ranks must
 agree on the sizes: [`Gather`][hwdist.collectives._uneven.Gather] runs the one
-header round ([`protocol`][hwdist.collectives.protocol]: each rank's byte size,
+header round (``collectives.protocol``: each rank's byte size,
 dtype and shape; with verification on, the call's fingerprint in the same
 header), then moves exactly the padded data by the plan's native op: two
 collectives. Every rank sees every header, so every rank reaches the same
@@ -22,7 +22,7 @@ that form, else one flat buffer each way with split sizes
 ``'all_to_all'`` in its ``flat_ops`` and not in its ``native_ops``).
 
 With verification on (the default), and on a backend without all_to_all, the
-call first runs the one header round ([`protocol`][hwdist.collectives.protocol]):
+call first runs the one header round (``collectives.protocol``):
 every rank's dtype and split table (inline), and the verified call's
 fingerprint, checked on every rank; then the data: the same torch call as
 above, or without all_to_all one all_gather of every rank's pieces

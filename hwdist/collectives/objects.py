@@ -1,7 +1,7 @@
 """Object collectives with mmengine.dist's names, on any backend.
 
 Serialize once (`serialization`), then one *record* per rank (`_objwire`:
-the one 1 KiB header of [`protocol`][hwdist.collectives.protocol]) holding the
+the one 1 KiB header of ``collectives.protocol``) holding the
 rank's status, the payload's size, the collective's opcode and root, the
 verified call's fingerprint and, up to ``INLINE_BYTES`` (832), the payload
 itself, in one all_gather (``broadcast_object_list`` without verification: one

@@ -8,7 +8,7 @@ as in [`hwdist.collectives.tensor`][hwdist.collectives.tensor].
 ``all_reduce_dict`` keeps its layouts (``DictLayout``: which values travel in
 which flat buffer, usually one) per group. While verification is on (the
 default) a call starts with the one header round
-([`protocol`][hwdist.collectives.protocol]): every rank's fingerprint of the
+(``collectives.protocol``): every rank's fingerprint of the
 call (op, keys, shapes, dtypes) and, where a rank's arguments were bad, its
 message; every rank raises together before any value moves.
 """

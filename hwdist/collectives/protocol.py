@@ -3,7 +3,7 @@
 Every exchange in which the ranks of a group must agree (a collective's
 verification, the sizes of an uneven gather or ``all_to_all``, an object
 collective's records, ``collect_results``, ``all_reduce_dict``'s layout, a rank's
-failure) is one all_gather of one fixed-size [`Header`][hwdist.collectives.protocol.Header]
+failure) is one all_gather of one fixed-size ``Header``
 per rank, then the data where there is any. Every rank sees every header, so
 every rank reaches the same verdict: go on, or raise the same error.
 
@@ -30,7 +30,7 @@ Nothing is predicted: the header size never changes, a payload that fits the
 inline room travels inside it (one collective in all), a larger one moves
 afterwards at its exact size.
 
-**The agreement primitive.** [`agree`][hwdist.collectives.protocol.agree] is the
+**The agreement primitive.** ``agree`` is the
 header round for a collective's arguments: every rank raises the same error
 together, or none does. A collective that checked its arguments on each rank
 alone would let one rank raise while the others wait forever in the collective
@@ -38,7 +38,7 @@ it skipped. Each rank's header carries whether its arguments were invalid (and
 its message, inline), a few integers every rank must hold the same
 (fingerprints of shapes, dtypes, keys, configuration) and a flag whose maximum
 the caller wants; the rank whose input was bad raises its own exception, the
-others an error naming it. [`check_same_dicts`][hwdist.collectives.protocol.check_same_dicts]
+others an error naming it. ``check_same_dicts``
 is that agreement for a dict of tensors (``average_metrics``).
 """
 
@@ -138,7 +138,7 @@ def digest(text: str) -> int:
 class Header:
     """One rank's header (see the module's table for the words).
 
-    ``rank`` is the sender's group rank, set by [`parse_rows`][hwdist.collectives.protocol.parse_rows];
+    ``rank`` is the sender's group rank, set by ``parse_rows``;
     ``framed`` is False for a row without the magic (that rank is in another kind of exchange).
     """
 
@@ -297,7 +297,7 @@ _FAILED = 1
 
 @dataclass(frozen=True)
 class Agreement:
-    """What every rank learned from one [`agree`][hwdist.collectives.protocol.agree] call.
+    """What every rank learned from one ``agree`` call.
 
     Attributes:
         flag: the maximum of ``flag`` over the ranks.
@@ -336,7 +336,7 @@ def agree(
             keep an older form (the same message on every rank).
 
     Returns:
-        An [`Agreement`][hwdist.collectives.protocol.Agreement]; deciding what a difference in
+        An ``Agreement``; deciding what a difference in
         ``words`` means is the caller's job.
 
     Raises:
@@ -373,7 +373,7 @@ def _raise(
     failures: dict[int, tuple[str, str]],
     raise_as: Optional[Raiser],
 ) -> NoReturn:
-    """The error path of [`agree`][hwdist.collectives.protocol.agree]: every rank raises, naming the
+    """The error path of ``agree``: every rank raises, naming the
     ranks that gave a problem (``failures``: rank -> (exception type name, message))."""
     if raise_as is not None:
         raise raise_as(problem, failures)

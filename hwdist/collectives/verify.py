@@ -4,7 +4,7 @@ On by default (``HWDIST_VERIFY=0`` turns it off for the process,
 [`set_verification`][hwdist.collectives.verify.set_verification] /
 [`verification`][hwdist.collectives.verify.verification] in code, ``verify=False``
 for one call): every hwdist collective first runs the one header round
-([`protocol`][hwdist.collectives.protocol]) carrying a fingerprint of the call:
+(``collectives.protocol``) carrying a fingerprint of the call:
 op name, the group's call number, dtypes, shapes (where the op needs them
 equal), reduce op, root, dict keys, object-collective role. The header also
 carries the call's description, so when the ranks disagree every rank raises
