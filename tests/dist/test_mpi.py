@@ -337,7 +337,8 @@ print(f"rank {rank} left all_reduce with {t.tolist()}", flush=True)
     "mode, timeout, message",
     [
         ("raise", 60, "hwdist: aborting the MPI job from rank 1: rank 1 raised ValueError: boom on rank 1"),
-        ("exit", 60, "rank 1 exited while rank {r} waits for it in MPI Allreduce"),
+        # (the header round of verification, an Allgather, is what the others wait in first)
+        ("exit", 60, "rank 1 exited while rank {r} waits for it in MPI Allgather"),
         (
             "stall",
             3,
