@@ -543,8 +543,8 @@ def _compiled_rank() -> dict:
 
 @pytest.mark.skipif(
     not __import__("hwdist")._compat.HAS_IS_COMPILING,
-    reason="torch < 2.3: dynamo fails building its guards over hwdist's call wrapper (InternalTorchDynamoError:"
-    " name 'torch' is not defined, measured on 2.1.2); compiled hwdist calls need torch >= 2.3",
+    reason="torch < 2.3: dynamo fails building its guards over hwdist's call wrapper"
+    " (InternalTorchDynamoError: name 'torch' is not defined, measured on 2.1.2)",
 )
 @pytest.mark.parametrize("world_size", [2])
 def test_kept_pass_through_under_torch_compile(dist, world_size):
