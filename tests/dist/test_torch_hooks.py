@@ -85,8 +85,15 @@ def _ring_sees_torch_calls() -> dict:
         hwdist.flight.enable(torch_calls=False)
 
 
+def _ring_sees_torch_calls_unverified() -> dict:
+    # verification off: its header round is a torch collective of its own inside hwdist's call, which the
+    # group's numbering counts too (the ring's sequence numbers then skip it)
+    with hwdist.verification(False):
+        return _ring_sees_torch_calls()
+
+
 def test_torch_calls_enter_the_ring_once_with_their_call_site(dist):
-    for res in dist(_ring_sees_torch_calls, 2, "gloo"):
+    for res in dist(_ring_sees_torch_calls_unverified, 2, "gloo"):
         raw, hw, sub = res["lines"]
         want = [
             ("default", "all_reduce", "float32[4]", f"dist/{THIS}:{raw}", "completed"),
