@@ -67,11 +67,6 @@ _REAL_OF_COMPLEX = {
 }
 
 
-def describe_dtype(t: Any) -> str:
-    """``float32@cpu`` for a tensor (what an uneven gather's ranks must share), the type name otherwise."""
-    return verify.describe_dtype(t)
-
-
 def _raise_if_dtypes_differ(fn: str, headers: Sequence[Header]) -> None:
     """The dtypes differ: the same TypeError, naming each rank's dtype, on every rank."""
     if len({h.dtype for h in headers}) > 1:
@@ -159,7 +154,7 @@ class Gather(Strategy):
                 self._same_shape(c, buf)
             return
         head = Header.of_tensor(data, nbytes)
-        fields: dict[str, Any] = {"data": describe_dtype(data), "same_shape": False}
+        fields: dict[str, Any] = {"data": verify.describe_dtype(data), "same_shape": False}
         if c.root is not None:
             fields["dst"] = c.root
         st = verify.stamp(self.op, c.group, fields)

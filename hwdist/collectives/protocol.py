@@ -59,7 +59,7 @@ from . import transport
 
 __all__ = [
     "HEADER_BYTES", "INLINE_BYTES", "MAGIC", "OK", "INLINE_CUT", "DESCRIBED", "OPS", "OP_NAMES", "Header",
-    "encode", "decode", "parse_rows", "exchange", "broadcast", "dtype_code", "dtype_name", "digest",
+    "encode", "decode", "parse_rows", "exchange", "dtype_code", "dtype_name", "digest",
     "op_code", "op_name", "stamp", "set_inline_length", "INLINE_AT", "exchange_rows", "rows_agree",
     "Agreement", "agree", "Raiser", "check_same_dicts", "dict_fingerprint", "max_over_ranks",
 ]  # fmt: skip
@@ -268,15 +268,7 @@ def exchange(h: Header, group: Any, driver: Any, wait: Any = None) -> list[Heade
         driver: the group's driver.
         wait: waits for the issued work (``transport.Waiter``; None: issued blocking).
     """
-    return parse_rows(transport.gather_rows(encode(h), group, driver, wait))
-
-
-def broadcast(h: Optional[Header], src: int, group: Any, driver: Any, wait: Any = None) -> Header:
-    """Global rank ``src``'s header on every rank (``h``: the header on ``src``, None elsewhere)."""
-    row = transport.broadcast_sized(
-        encode(h) if h is not None else None, HEADER_BYTES, src, group, driver, wait
-    )
-    return decode(np.asarray(row))
+    return parse_rows(exchange_rows(h, group, driver, wait))
 
 
 def listing(headers: Sequence[Header], show: Any) -> str:
