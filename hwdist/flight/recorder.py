@@ -124,6 +124,11 @@ def describe(summary: Any) -> str:
     return text
 
 
+def _dead() -> None:
+    """A weak reference that never had a referent."""
+    return None
+
+
 class Recorder:
     """The ring buffer and the observer methods (``begin``/``end``) the collective entry calls."""
 
@@ -132,7 +137,7 @@ class Recorder:
         self.ring: collections.deque[list[Any]] = collections.deque(maxlen=self.size)
         self._append = self.ring.append
         self.world_info: Optional[GroupInfo] = None  # the default group's info (group=None), cached
-        self._world_ref: Any = None
+        self._world_pg: Any = _dead  # a weak reference to the default group the cached info belongs to
         self._launch_checked = False  # whether a call without a process group looked for a launcher
         self.on_first_call: Any = None  # called once, on the first recorded call (starts the watchdog)
         self.on_new_group: Any = None  # called with a group the recorder sees for the first time
@@ -145,8 +150,9 @@ class Recorder:
         try:
             if group is None:  # the common case: the default group's info, dropped with its group state
                 info = self.world_info
-                if info is None:
-                    info = self._world()
+                pg = self._world_pg()
+                if info is None or pg is None or pg is not _compat.default_group():
+                    info = self._world()  # first call, or torch destroyed and made the default group anew
             else:
                 info = _state.of(group).flight
                 if info is None:
@@ -184,15 +190,11 @@ class Recorder:
             _info.warn_if_launched(stacklevel=5)
         if info is not None:  # a process group exists: start the watchdog (never for a non-distributed run)
             self._first_call()
-            st = _state.of(None)
-            # hwdist.destroy() drops the group state: the callback then forgets the cached info
-            self._world_ref = weakref.ref(st, self._forget_world)
+            # keyed by torch's group object: a default group destroyed and made anew (by hwdist or by
+            # torch directly) is a new group with a counter of its own, whichever way a caller names it
+            self._world_pg = weakref.ref(_compat.default_group())
             self.world_info = info
         return info
-
-    def _forget_world(self, ref: Any) -> None:
-        if ref is self._world_ref:
-            self.world_info = None
 
     def end(self, token: Any, error: Optional[BaseException]) -> Optional[BaseException]:
         """Complete the entry (the observer protocol); for a failed call, what ``on_failure`` returns."""

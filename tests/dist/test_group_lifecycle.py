@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -301,3 +302,33 @@ def test_all_reduce_dict_after_torch_destroys_the_group_and_fewer_ranks_init_aga
     for res in results[:2]:  # sums over ranks 0, 1
         assert res["second"] == [{"loss": 1.0 + 2 * step, "n": [1, 2]} for step in range(3)], res
         assert res["all_reduce"] == [3.0, 3.0]
+
+
+def _rank_numbers_after_reinit(store: str, store2: str) -> dict:
+    """Calls on the default group, torch destroys it while the old group object is still referenced, a new
+    one is made: the flight recorder numbers the new group's calls from 1, however a caller names it."""
+    from hwdist import flight
+
+    _init(store)
+    t = torch.ones(2)
+    for _ in range(3):
+        hwdist.all_reduce(t)
+    old = dist.GroupMember.WORLD  # kept alive (a user's attribute, a cache) across the new init
+    dist.destroy_process_group()  # torch's own destroy, not hwdist's
+    _init(store2)
+    try:
+        since = time.time()
+        hwdist.all_reduce(t)
+        hwdist.all_reduce(t, group=dist.GroupMember.WORLD)  # the default group passed explicitly
+        hwdist.all_reduce(t)
+        entries = [e for e in flight.snapshot() if e["start"] >= since]
+        return {"seqs": [e["seq"] for e in entries], "groups": [e["group"] for e in entries],
+                "old_alive": old is not None}  # fmt: skip
+    finally:
+        hwdist.destroy()
+
+
+def test_the_recorder_numbers_a_remade_default_group_from_one_whichever_way_it_is_named(ranks, tmp_path):
+    for res in ranks(_rank_numbers_after_reinit, str(tmp_path / "s1"), str(tmp_path / "s2")):
+        assert res["groups"] == ["default"] * 3, res
+        assert res["seqs"] == [1, 2, 3], res
