@@ -187,8 +187,8 @@ def gather_object(
     does not fit its record moves in one padded gather to ``dst`` while they
     total under 2 MiB (an all_gather where the backend has no gather), else
     point to point at its exact size; ``dst`` deserializes one rank's payload
-    at a time. Records carry payloads up to 384 KiB, not more: beyond that a
-    record exchange (an all_gather) would move every payload to every rank.
+    at a time. A payload that fits a record's inline bytes (832) is done
+    in the record exchange itself: one collective.
 
     Args:
         data: this rank's object.
@@ -279,8 +279,10 @@ def broadcast_object_list(
     Outside a process group does nothing (mmengine). On other ranks the list
     is replaced in place by ``src``'s objects (its length follows ``src``).
 
-    One broadcast of ``src``'s slot (payload in it up to the predicted
-    size, else one more broadcast of the rest). If ``src`` cannot serialize
+    One broadcast of ``src``'s record (its payload inline when it fits in
+    832 bytes, else one more broadcast of the payload at its exact size;
+    with verification on, the records are all-gathered so that every rank
+    checks every rank's call). If ``src`` cannot serialize
     its list, or ``data`` is not a list there, every rank raises the same
     error naming ``src``. A non-list ``data`` on another rank raises
     [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] on that rank

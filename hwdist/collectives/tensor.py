@@ -175,17 +175,15 @@ def all_gather(
     """Gather ``data`` from every rank into a list, on every rank.
 
     Shapes may differ across ranks (any ndim). The ranks agree on the sizes
-    by prediction: every rank sends a small header (shape, dtype) with its
-    data padded to the size the group's earlier calls predict, so in the
-    steady state (equal or repeating shapes) the call needs no separate shape
-    exchange; a rank over the prediction makes every rank send the rest, and
-    without a prediction (the first call, sizes that keep changing,
-    ``async_op=True``, very large tensors) the headers go first. Pass
-    ``same_shape=True`` to skip the agreement when every rank is known to
-    pass the same shape (as in mmengine). Every rank raises the same
-    TypeError when the dtypes differ. Dtypes the backend cannot move travel
-    as a byte view (``Tensor.view``), exactly. Where the driver's tuning says
-    the backend's all_gather is slow for large tensors, they move as one
+    in the one header round (each rank's byte size, dtype and shape; with
+    verification on, the call's fingerprint in the same header), then the
+    data moves at exactly the largest rank's size: two collectives, nothing
+    predicted from earlier calls. Pass ``same_shape=True`` to skip the
+    header round when every rank is known to pass the same shape (as in
+    mmengine). Every rank raises the same TypeError when the dtypes differ.
+    Dtypes the backend cannot move travel as a byte view (``Tensor.view``),
+    exactly. Where the driver's tuning says the backend's all_gather is slow
+    for large tensors, they move as one
     broadcast per rank instead (``same_shape=True`` too). Costs and routes:
     docs/collectives.md.
 
@@ -262,9 +260,8 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
     """Flatten ``tensor`` and pad it with zeros to the largest element count of any rank.
 
     The building block of uneven gathers (vis4d's helper, any ndim and
-    dtype). Costs one small all_gather of every rank's size header (the
-    size agreement's explicit exchange: there is no data to predict for);
-    every rank raises the same TypeError when the dtypes differ.
+    dtype). Costs one header round (every rank's size, one small
+    all_gather); every rank raises the same TypeError when the dtypes differ.
 
     Returns:
         ``(numels, padded)``: every rank's ``tensor.numel()`` in rank order,
