@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from . import _mpi_watchdog
-from .mpi import MPI_REDUCE_DTYPES
+from ._mpi_facts import MPI_REDUCE_DTYPES
 
 __all__ = [
     "MpiWork",

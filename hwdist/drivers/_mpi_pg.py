@@ -2,7 +2,7 @@
 
 Stock PyPI torch is built without MPI, so ``backend='mpi'`` cannot reach
 torch's own ``ProcessGroupMPI``. This module provides the replacement that the
-MPI driver registers with torch under [`hwdist.drivers.mpi.PY_MPI_BACKEND`][hwdist.drivers.mpi.PY_MPI_BACKEND]
+MPI driver registers with torch under [`PY_MPI_BACKEND`][hwdist.drivers._mpi_facts.PY_MPI_BACKEND]
 (the name ``'mpi'`` is reserved by torch).
 
 Design:
@@ -56,7 +56,7 @@ from ._mpi_ops import nbytes as _nbytes
 from ._mpi_ops import pack as _pack
 from ._mpi_ops import reduce_dtype as _reduce_dtype
 from ._mpi_ops import unpack as _unpack
-from .mpi import PY_MPI_BACKEND
+from ._mpi_facts import PY_MPI_BACKEND
 
 __all__ = ["MpiProcessGroup", "MpiWork", "create_mpi_process_group", "MPI_BACKEND_NAME"]
 

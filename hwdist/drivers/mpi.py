@@ -7,13 +7,10 @@ from typing import Any, Optional
 
 import torch
 
-from .. import _compat
 from ._common import vendor_missing
+from ._mpi_facts import MPI_REDUCE_DTYPES as MPI_REDUCE_DTYPES
+from ._mpi_facts import PY_MPI_BACKEND as PY_MPI_BACKEND
 from .base import ALL_OPS, Driver
-
-#: Name the mpi4py process group is registered under with torch (torch
-#: reserves the name 'mpi' for its own, possibly absent, MPI backend).
-PY_MPI_BACKEND = "hwdist_mpi"
 
 
 # torch's ProcessGroupMPI maps these dtypes to MPI types and lacks reduce_scatter.
@@ -21,23 +18,6 @@ _NATIVE_DTYPES = frozenset(
     {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32, torch.float64}
 )
 _NATIVE_OPS = ALL_OPS - {"reduce_scatter"}
-# Dtype sets are written out per library on purpose (drivers are data; see nccl.py's own list).
-# Dtypes MPI reduces as they are (numpy knows them; bool through MPI's logical ops).
-MPI_REDUCE_DTYPES = frozenset(
-    {
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-        torch.int8,
-        torch.uint8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    }
-    | set(_compat.WIDE_UNSIGNED_DTYPES)
-)
 # What the mpi4py process group reduces: float16 too (natively or through float32).
 _PY_REDUCE_DTYPES = MPI_REDUCE_DTYPES | {torch.float16}
 

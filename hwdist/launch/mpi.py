@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from ..launch_env import MPI_LOCAL_RANK_VARS, MPI_LOCAL_SIZE_VARS, MPI_RANK_VARS, MPI_SIZE_VARS
-from .resolvers import (
+from .base import (
     Launcher,
     LaunchInfo,
     LauncherError,

@@ -1,11 +1,11 @@
 """Launcher resolvers: what a launcher told this process, read from its environment.
 
-A [`Launcher`][hwdist.launch.resolvers.Launcher] knows how to recognise its environment (``detect``) and
-how to turn it into a [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] (``resolve``): global rank, world
+A [`Launcher`][hwdist.launch.base.Launcher] knows how to recognise its environment (``detect``) and
+how to turn it into a [`LaunchInfo`][hwdist.launch.base.LaunchInfo] (``resolve``): global rank, world
 size, local rank, node and rendezvous address. Resolvers are pure: they read
 a mapping (``os.environ`` by default) and never write it; ``init_dist``
 exports the result with
-[`LaunchInfo.exports`][hwdist.launch.resolvers.LaunchInfo.exports], which
+[`LaunchInfo.exports`][hwdist.launch.base.LaunchInfo.exports], which
 never overwrites a variable the user already set.
 
 Launchers are registered like backends: the built-in ones (``pytorch``,
@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, TypeVar, Union, overload
+from typing import Any, Callable, Optional, TypeVar, Union, overload
 
 from .._plugins import load_plugins, register_or_decorate
 
@@ -46,172 +45,12 @@ LAUNCHER_ENTRY_POINT_GROUP = "hwdist.launchers"
 
 from ..errors import LauncherError  # noqa: E402
 
-
-@dataclass(frozen=True)
-class LaunchInfo:
-    """Where this process sits in the job, as a launcher describes it.
-
-    Attributes:
-        launcher: launcher name ('pytorch', 'slurm', 'mpi', ...).
-        rank: global rank. world_size: number of ranks.
-        local_rank: rank on this node (the device is bound by it).
-        local_world_size: ranks on this node, if known.
-        node_rank: index of this node, if the launcher says; in what ``init_dist`` returns, always
-            set (from the hosts, in rank order, when the launcher does not say, as under mpiexec).
-        master_addr: rendezvous host, if known. master_port: its port, if known.
-        backend: the backend chosen (filled in by ``init_dist``).
-        extra: further variables to export (a custom launcher's own).
-    """
-
-    launcher: str
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: Optional[int] = None
-    node_rank: Optional[int] = None
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    backend: Optional[str] = None
-    extra: Mapping[str, str] = field(default_factory=dict, hash=False)
-
-    def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise LauncherError(f"{self.launcher}: world size must be >= 1, got {self.world_size}")
-        if not 0 <= self.rank < self.world_size:
-            raise LauncherError(
-                f"{self.launcher}: rank {self.rank} is outside world size {self.world_size}"
-            )
-        if self.local_rank < 0:
-            raise LauncherError(f"{self.launcher}: local rank must be >= 0, got {self.local_rank}")
-        if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise LauncherError(
-                f"{self.launcher}: the rendezvous port (MASTER_PORT) must be in 1..65535,"
-                f" got {self.master_port}"
-            )
-        if self.local_world_size is not None and not 0 <= self.local_rank < self.local_world_size:
-            raise LauncherError(
-                f"{self.launcher}: local rank {self.local_rank} is outside local world size"
-                f" {self.local_world_size}"
-            )
-
-    def exports(self) -> dict[str, str]:
-        """The torch environment variables this launch implies (``RANK``, ``MASTER_ADDR``, ...)."""
-        out = {
-            "RANK": str(self.rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_RANK": str(self.local_rank),
-        }
-        if self.local_world_size is not None:
-            out["LOCAL_WORLD_SIZE"] = str(self.local_world_size)
-        if self.node_rank is not None:
-            out["GROUP_RANK"] = str(self.node_rank)
-        if self.master_addr is not None:
-            out["MASTER_ADDR"] = self.master_addr
-        if self.master_port is not None:
-            out["MASTER_PORT"] = str(self.master_port)
-        out.update(self.extra)
-        return out
-
-
-def env_int(env: Mapping[str, str], *names: str, what: str = "") -> Optional[int]:
-    """The first of ``names`` set in ``env``, as an int (None if none is set).
-
-    Raises:
-        LauncherError: the variable is set but is not an integer.
-    """
-    for name in names:
-        raw = env.get(name)
-        if raw is None or not raw.strip():
-            continue
-        try:
-            return int(raw.strip())
-        except ValueError:
-            raise LauncherError(
-                f"environment variable {name} must be an integer{' (' + what + ')' if what else ''},"
-                f" got {raw!r}"
-            ) from None
-    return None
-
-
-def require_int(env: Mapping[str, str], launcher: str, *names: str) -> int:
-    """Like [`env_int`][hwdist.launch.resolvers.env_int] but raises a clear error naming the variables when
-    unset."""
-    value = env_int(env, *names)
-    if value is None:
-        raise LauncherError(
-            f"launcher {launcher!r}: none of {', '.join(names)} is set; is this process started by"
-            f" the {launcher} launcher?"
-        )
-    return value
-
-
-def check_consistent(env: Mapping[str, str], launcher: str, name: str, value: int, source: str) -> None:
-    """Raise if the user set torch variable ``name`` to something other than ``value``."""
-    user = env_int(env, name)
-    if user is not None and user != value:
-        raise LauncherError(
-            f"launcher {launcher!r}: {name}={user} is set in the environment but {source} says"
-            f" {value}; unset {name}, or use launcher='pytorch' to take {name} as given"
-        )
-
-
 # The launcher variable table lives in hwdist.launch_env (data every part reads); re-exported here.
 from ..launch_env import LAUNCHER_VARIABLES, LOCAL_RANK_VARS, LOCAL_SIZE_VARS, LauncherVariables  # noqa: E402
-
-
-
-class Launcher:
-    """Base class for launcher resolvers; subclass and set ``name`` and ``priority``."""
-
-    #: Name users pass to ``init_dist(launcher=...)``.
-    name: ClassVar[str] = ""
-    #: ``infer_launcher`` order: higher is tried first.
-    priority: ClassVar[int] = 0
-    #: One line for docs and errors.
-    description: ClassVar[str] = ""
-    #: Whether ``init_dist`` creates a process group for this launcher.
-    distributed: ClassVar[bool] = True
-
-    def detect(self, env: Mapping[str, str]) -> bool:
-        """Whether ``env`` looks like this launcher started the process."""
-        return False
-
-    def resolve(self, env: Mapping[str, str]) -> LaunchInfo:
-        """The [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo] for ``env`` (pure: reads, never writes)."""
-        raise NotImplementedError
-
-    def rendezvous(self, info: LaunchInfo, timeout: Any) -> Optional[Any]:
-        """A torch Store for ranks without ``MASTER_ADDR``/``MASTER_PORT``, or None for ``env://``."""
-        return None
-
-    def launch_info(
-        self,
-        env: Mapping[str, str],
-        rank: int,
-        world_size: int,
-        local_rank: int,
-        local_world_size: Optional[int] = None,
-        node_rank: Optional[int] = None,
-        master_addr: Optional[str] = None,
-        master_port: Optional[int] = None,
-    ) -> LaunchInfo:
-        """This launcher's [`LaunchInfo`][hwdist.launch.resolvers.LaunchInfo]: what ``resolve`` returns.
-
-        ``master_addr``/``master_port`` left None are read from ``env``'s ``MASTER_ADDR``/``MASTER_PORT``.
-        """
-        return LaunchInfo(
-            launcher=self.name,
-            rank=rank,
-            world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_rank=node_rank,
-            master_addr=(env.get("MASTER_ADDR") or None) if master_addr is None else master_addr,
-            master_port=env_int(env, "MASTER_PORT") if master_port is None else master_port,
-        )
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
+from .base import Launcher, LaunchInfo, check_consistent, env_int, require_int  # noqa: E402,F401
+from .mpi import MpiLauncher  # noqa: E402
+from .slurm import SlurmLauncher  # noqa: E402
+from .torchrun import TorchrunLauncher  # noqa: E402
 
 
 _lock = threading.RLock()
@@ -255,7 +94,7 @@ def register_launcher(name: str, launcher: Any = None, *, override: bool = False
 
     Args:
         name: the name users pass to ``init_dist(launcher=...)``.
-        launcher: a [`Launcher`][hwdist.launch.resolvers.Launcher] instance or subclass
+        launcher: a [`Launcher`][hwdist.launch.base.Launcher] instance or subclass
             (omit for decorator use).
         override: replace an existing registration instead of raising.
 
@@ -329,10 +168,6 @@ def get_launcher(name: str) -> Launcher:
 
 def _mmengine_rules() -> list[tuple[str, str]]:
     """mmengine's ``infer_launcher`` rules, in its order: the first variable set names the launcher."""
-    from .mpi import MpiLauncher
-    from .slurm import SlurmLauncher
-    from .torchrun import TorchrunLauncher
-
     return [
         ("WORLD_SIZE", TorchrunLauncher.name),
         ("SLURM_NTASKS", SlurmLauncher.name),

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from .resolvers import Launcher, LaunchInfo, LauncherError, check_consistent, env_int, require_int
+from .base import Launcher, LaunchInfo, LauncherError, check_consistent, env_int, require_int
 
 __all__ = ["SlurmLauncher", "expand_hostlist", "expand_tasks_per_node", "port_from_job_id"]
 

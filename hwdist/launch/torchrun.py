@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .resolvers import Launcher, LaunchInfo, env_int, require_int
+from .base import Launcher, LaunchInfo, env_int, require_int
 
 __all__ = ["TorchrunLauncher"]
 

@@ -100,7 +100,9 @@ def _worker(
     stack_file = open(stack_path, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
-        import hwdist.testing  # noqa: F401  (registers the emulated accelerator)
+        from .emulated import register_emulated
+
+        register_emulated()  # what importing hwdist.testing does: the emulated accelerator, registered
 
         if backend is not None:
             from hwdist.launch.core import init_backend

@@ -173,30 +173,10 @@ def _report(graph: dict[str, dict[str, set[tuple[str, str]]]], comps: list[list[
     return problems
 
 
-#: Cycles between modules known today outside serialization, each with the import that closes it; the
-#: test fails on any other cycle, and on an entry here once its cycle is gone (the list only shrinks).
-PENDING_MODULE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"hwdist.drivers.mpi", "hwdist.drivers._mpi_pg", "hwdist.drivers._mpi_ops"}): (
-        "drivers.mpi imports _mpi_pg inside a function; _mpi_pg and _mpi_ops import constants of drivers.mpi"
-    ),
-    frozenset(
-        {"hwdist.launch.resolvers", "hwdist.launch.mpi", "hwdist.launch.slurm", "hwdist.launch.torchrun"}
-    ): (
-        "launch.resolvers imports the built-in launchers inside a function; each imports launch.resolvers"
-    ),
-    frozenset({"hwdist.testing", "hwdist.testing.harness"}): (
-        "testing.harness imports hwdist.testing inside a function (to register the emulated accelerator)"
-    ),
-}
-
-
 def test_the_modules_of_the_package_import_without_a_cycle() -> None:
     graph = module_graph()
     found = cycles(graph)
-    new = [comp for comp in found if frozenset(comp) not in PENDING_MODULE_CYCLES]
-    assert not new, "import cycles between modules of hwdist:\n" + "\n".join(_report(graph, new))
-    stale = sorted(sorted(c) for c in set(PENDING_MODULE_CYCLES) - {frozenset(c) for c in found})
-    assert not stale, f"these cycles are gone, remove them from PENDING_MODULE_CYCLES: {stale}"
+    assert not found, "import cycles between modules of hwdist:\n" + "\n".join(_report(graph, found))
 
 
 def test_serialization_never_imports_the_collectives() -> None:
