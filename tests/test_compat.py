@@ -1,4 +1,5 @@
-"""hwdist on a torch it does not support: importing works, the first call needing torch.distributed says why.
+"""Torch versions (``hwdist._compat``): on a torch hwdist does not support, importing works and the first call
+needing torch.distributed says why; on real ranks, version-specific behaviour.
 
 The real below-floor torch is not installed here, so these tests start a fresh interpreter that
 pretends to be one (``torch.__version__`` or ``torch.distributed.is_available`` replaced before hwdist
@@ -8,10 +9,18 @@ run for real by ci/versions.sh.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hwdist
+from hwdist.testing import run_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +72,34 @@ def test_torch_without_distributed_imports_and_init_says_so():
     out = _run("torch.distributed.is_available = lambda: False")
     assert out[0] == "imported"
     assert "was built without torch.distributed" in out[-1] and "torch >= 2.1" in out[-1], out
+
+
+# ---------------------------------------------------------------- on real ranks
+ROUNDS = 15
+
+
+def _reinit_rounds(store_dir: str, rounds: int) -> list:
+    """Initialise, run collectives on temporaries (numpy- and bytearray-backed too), destroy; many times."""
+    from hwdist.launch.core import init_backend
+
+    rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    sums = []
+    for i in range(rounds):
+        init_backend("gloo", rank=rank, world_size=ws, init_method=f"file://{store_dir}/store{i}", timeout=60)
+        for _ in range(10):
+            hwdist.broadcast(torch.from_numpy(np.full(64, rank, dtype=np.uint8)), 0)
+            hwdist.all_gather(torch.frombuffer(bytearray(16), dtype=torch.uint8), same_shape=True)
+            t = torch.from_numpy(np.ones(8) * (rank + 1))
+            hwdist.all_reduce(t)
+        hwdist.all_gather_object({"r": rank, "i": i})
+        sums.append(t[0].item())
+        hwdist.destroy()
+    return sums
+
+
+@pytest.mark.dist
+def test_destroy_then_reinit_many_times_does_not_hang(tmp_path):
+    # torch < 2.8 hung here now and then (gloo's destructor and the GIL); hwdist.destroy pauses first there.
+    ws = 2
+    res = run_distributed(_reinit_rounds, ws, None, str(tmp_path), ROUNDS, timeout=240)
+    assert res == [[float(ws * (ws + 1) // 2)] * ROUNDS] * ws
