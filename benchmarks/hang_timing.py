@@ -7,7 +7,7 @@ report appeared, and when each process exited, with its status. Nothing is set b
 command line passes, so with no option it measures the defaults (``HWDIST_HANG_TIMEOUT`` 300 s:
 a run takes about 5.5 minutes).
 
-Scenarios (programs in tests/dist): ``sleep`` (a late rank in Python; hwdist's all_reduce waits)
+Scenarios (programs in tests/programs): ``sleep`` (a late rank in Python; hwdist's all_reduce waits)
 and ``csleep`` (the late rank in one long C call), from hang_scenarios.py; ``skip_backward`` and
 ``uneven`` (DDP loops that never call hwdist) from ddp_hang_programs.py. Usage::
 
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HANG = ROOT / "tests" / "dist" / "hang_scenarios.py"
-DDP = ROOT / "tests" / "dist" / "ddp_hang_programs.py"
+HANG = ROOT / "tests" / "programs" / "hang_scenarios.py"
+DDP = ROOT / "tests" / "programs" / "ddp_hang_programs.py"
 
 
 def main(argv: list[str]) -> int:

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The distributed suite across world sizes and backends, for developers (not run by .ci/run,
 # whose pytest run already covers world sizes 1,2,3 x gloo,emu and runs the MPI entries
-# through tests/dist/test_mpi.py).
+# through tests/drivers/test_mpi.py).
 #
-#   bash ci/matrix.sh                 # tests/dist
-#   bash ci/matrix.sh tests/dist/test_tensor.py -x
+#   bash ci/matrix.sh                 # tests -m dist
+#   bash ci/matrix.sh tests/collectives/test_tensor.py -x
 #
 # Entries: each of gloo and emu at world sizes 1, 2, 3 (spawned ranks), then, when mpi4py and
 # mpiexec are installed, backend mpi under `mpiexec -n 2` and `mpiexec -n 3`
@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ARGS=("$@")
-[ ${#ARGS[@]} -eq 0 ] && ARGS=(tests/dist)
+[ ${#ARGS[@]} -eq 0 ] && ARGS=(tests -m dist)
 LIMIT=${HWDIST_MATRIX_TIMEOUT:-900}
 export HWDIST_MATRIX=1
 LOGS=${HWDIST_MATRIX_LOGS:-$(mktemp -d -t hwdist-matrix.XXXXXX)}

@@ -74,8 +74,8 @@ for combo in $COMBOS; do
     if [ -n "${HWDIST_VERSIONS_INSTALL_ONLY:-}" ]; then row "installed ($got)" "-"; continue; fi
     # hwdist from this checkout (not installed into the venv).
     export PYTHONPATH="$REPO"
-    timeout "$LIMIT" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/unit tests/dist \
-        --ignore=tests/unit/test_docs.py --ignore=tests/unit/test_lint.py ${MARK:+-m "$MARK"} >>"$log" 2>&1
+    timeout "$LIMIT" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests -m "(unit or dist)${MARK:+ and ($MARK)}" \
+        --ignore=tests/project/test_docs.py --ignore=tests/project/test_lint.py >>"$log" 2>&1
     trc=$?
     summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$log" | tail -1 | sed -E 's/=+//g; s/ in [0-9.]+s.*//; s/^ +//')
     [ $trc -eq 124 ] && summary="TIMEOUT after ${LIMIT}s; $summary"

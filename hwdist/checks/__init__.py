@@ -1,5 +1,5 @@
 """The check bodies: every public collective verified on real ranks, shared by ``hwdist check``,
-the distributed test suite (``tests/dist``) and the accelerator tests (``tests/hardware``).
+the distributed tests (``pytest -m dist``) and the accelerator tests (``pytest -m hardware``).
 
 A check is a function name from hwdist's public API and a dtype. Its body runs
 on every rank, builds each rank's input from its rank number, calls

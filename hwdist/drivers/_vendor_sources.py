@@ -2,7 +2,7 @@
 
 Data only: each [`Source`][hwdist.drivers._vendor_sources.Source] names a repository or wheel, the
 file (and lines) or issue, the release or revision read, and what in it the facts come from. A fact
-cites sources by their key here; ``tests/unit/test_vendors.py`` checks every source is cited.
+cites sources by their key here; ``tests/drivers/test_vendors.py`` checks every source is cited.
 """
 
 from __future__ import annotations

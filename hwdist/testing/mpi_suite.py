@@ -2,7 +2,7 @@
 
 Usage::
 
-    mpiexec -n 3 python -m hwdist.testing.mpi_suite [pytest args, default: tests/dist -q]
+    mpiexec -n 3 python -m hwdist.testing.mpi_suite [pytest args, default: tests -m dist -q]
 
 Each process initialises hwdist with ``init_dist('mpi', backend=...)`` (backend
 from ``HWDIST_MPI_SUITE_BACKEND``, default ``mpi``) and runs the same pytest
@@ -134,7 +134,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     timeout = float(settings.bounded("HWDIST_TEST_PG_TIMEOUT", 0.001, 1e7, default=60, what="seconds"))
     hwdist.init_dist("mpi", backend=backend, timeout=timeout)
-    args = list(sys.argv[1:] if argv is None else argv) or ["tests/dist", "-q"]
+    args = list(sys.argv[1:] if argv is None else argv) or ["tests", "-m", "dist", "-q"]
     if comm.Get_rank() != 0:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
