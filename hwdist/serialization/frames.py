@@ -3,11 +3,12 @@
 An object becomes one *frame*: a small header (length, stream length, buffer
 lengths), the pickle stream, then every large buffer appended out of band, so
 a 32 MiB array is copied once (into the frame) instead of three or four times.
-A frame has no magic of its own (it travels after a protocol header that
-carries its size): decoding checks that its lengths describe the bytes given. Frames are multiples of 64 bytes and every
-section is 64-byte aligned, so a frame can travel as any byte-view dtype a
-driver asks for and tensors rebuilt from it need no copy. Tensors are
-rebuilt on the CPU (or a ``map_location``), never on the device they left.
+Frames are multiples of 64 bytes and every section is 64-byte aligned, so a
+frame can travel as any byte-view dtype a driver asks for and tensors rebuilt
+from it need no copy. Tensors are rebuilt on the CPU (or a ``map_location``),
+never on the device they left. A frame has no magic of its own (it travels
+after a protocol header that carries its size): decoding checks that its
+lengths describe the bytes given.
 """
 
 from __future__ import annotations

@@ -227,9 +227,7 @@ def _container(cls: type) -> Callable[[Loader, tuple], Any]:
         if args:
             u.charge(len(args[0]))
         out = cls(*args)
-        if cls in (tuple, frozenset):
-            u.track(out, out)
-        return out
+        return u.track(out) if cls in (tuple, frozenset) else out
 
     return build
 
@@ -347,23 +345,8 @@ CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     **TORCH_CALLS,
 }
 _FACTORIES = frozenset(
-    {
-        int,
-        float,
-        complex,
-        str,
-        bytes,
-        bool,
-        list,
-        dict,
-        set,
-        frozenset,
-        tuple,
-        collections.OrderedDict,
-        collections.Counter,
-        decimal.Decimal,
-        fractions.Fraction,
-    }
+    {int, float, complex, str, bytes, bool, list, dict, set, frozenset, tuple}
+    | {collections.OrderedDict, collections.Counter, decimal.Decimal, fractions.Fraction}
 )
 #: Containers whose deallocation recurses in C without CPython's trashcan: never directly nested.
 UNSAFE_NESTING = (collections.deque, collections.defaultdict, np.ndarray)

@@ -39,7 +39,6 @@ from ... import _compat
 from .base import MAX_NESTING, Handler, Pending, UnpicklingRefused, describe, hashable_in, refuse
 from .checks import CALLS, UNSAFE_NESTING, VALUES
 from .stream import read_pickle
-from .torchtypes import SERIALIZATION
 from .opcodes import DISPATCH
 
 __all__ = [
@@ -53,57 +52,13 @@ __all__ = [
 
 # ---- the allow-list -------------------------------------------------------------------
 
+#: The builtins a payload may name (types and constants; their calls go through the handlers).
 _SAFE_BUILTINS = frozenset(
-    {
-        "bool",
-        "bytearray",
-        "bytes",
-        "complex",
-        "dict",
-        "float",
-        "frozenset",
-        "int",
-        "list",
-        "range",
-        "set",
-        "slice",
-        "str",
-        "tuple",
-        "NoneType",
-        "Ellipsis",
-        "NotImplemented",
-    }
+    "bool bytearray bytes complex dict float frozenset int list range set slice str tuple"
+    " NoneType Ellipsis NotImplemented".split()
 )
-SAFE: set[tuple[str, str]] = {
-    ("collections", "OrderedDict"),
-    ("collections", "defaultdict"),
-    ("collections", "deque"),
-    ("collections", "Counter"),
-    ("datetime", "datetime"),
-    ("datetime", "date"),
-    ("datetime", "time"),
-    ("datetime", "timedelta"),
-    ("datetime", "timezone"),
-    ("decimal", "Decimal"),
-    ("fractions", "Fraction"),
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("torch._utils", "_rebuild_parameter"),
-    ("torch._utils", "_rebuild_parameter_with_state"),
-    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
-    ("torch.nn.parameter", "Parameter"),
-    (SERIALIZATION, "rebuild_tensor"),
-    (SERIALIZATION, "rebuild_sparse"),
-    (SERIALIZATION, "rebuild_quantized"),
-    ("numpy", "dtype"),
-    ("numpy", "ndarray"),
-}
-for _np_mod in ("numpy.core", "numpy._core"):
-    SAFE |= {
-        (f"{_np_mod}.numeric", "_frombuffer"),
-        (f"{_np_mod}.multiarray", "_reconstruct"),
-        (f"{_np_mod}.multiarray", "scalar"),
-    }
+#: The ``(module, name)`` pairs allowed: hwdist's handled globals, then what ``register_safe_class`` adds.
+SAFE: set[tuple[str, str]] = set(VALUES)
 _SAFE_LOCK = threading.Lock()
 # Read from the module dict: getattr(torch, name) would import torch's lazy submodules.
 _TORCH_DTYPE_NAMES = {k: v for k, v in vars(torch).items() if isinstance(v, torch.dtype)}
@@ -201,11 +156,12 @@ class Loader:
     def trusted(self, obj: Any) -> bool:
         return id(obj) in self.trusted_ids and self.trusted_ids[id(obj)] is obj
 
-    def track(self, obj: Any, items: Any) -> None:
-        """Depth of a new tuple/frozenset (CPython hashes them recursively, with no depth check)."""
+    def track(self, obj: Any) -> Any:
+        """``obj``, a new tuple or frozenset, whose depth is kept (CPython hashes them recursively, with
+        no depth check)."""
         depth = 0
         nesting = self.nesting
-        for c in items:
+        for c in obj:
             if type(c) is tuple or type(c) is frozenset:
                 e = nesting.get(id(c))
                 d = e[0] if e is not None and e[1] is c else 1
@@ -215,6 +171,7 @@ class Loader:
             if depth >= MAX_NESTING:
                 raise refuse(f"tuples or frozensets nested deeper than {MAX_NESTING}")
             nesting[id(obj)] = (depth + 1, obj)
+        return obj
 
     def mark_unsafe(self, obj: Any) -> None:
         self.unsafe[id(obj)] = obj
@@ -262,6 +219,14 @@ class Loader:
     def depth(self) -> int:
         """Values on the stack above the innermost MARK."""
         return len(self.stack) - self.base
+
+    def pop_n(self, n: int) -> list[Any]:
+        """The top ``n`` values (removed from the stack), in stack order."""
+        if len(self.stack) - self.base < n:
+            raise refuse(f"an opcode needs {n} values on the stack")
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
 
     def top(self) -> Any:
         if len(self.stack) <= self.base:

@@ -27,29 +27,13 @@ __all__ = ["SERIALIZATION", "TORCH_DTYPES", "TORCH_CALLS", "TORCH_HANDLERS", "TO
 #: The module whose ``rebuild_*`` functions hwdist's tensor streams name.
 SERIALIZATION = "hwdist.serialization.tensors"
 
+#: The tensor dtypes a payload may name (the float8 kinds and wide unsigned ints where torch has them).
 TORCH_DTYPES = {
     name: getattr(torch, name)
     for name in (
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-    )
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 float64 complex64"
+        " complex128 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz"
+    ).split()
     if isinstance(getattr(torch, name, None), torch.dtype)
 }
 
