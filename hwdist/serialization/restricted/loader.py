@@ -36,8 +36,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch
 
 from ... import _compat
-from .base import MAX_NESTING, Handler, Pending, UnpicklingRefused, describe, hashable_in, refuse
-from .checks import CALLS, UNSAFE_NESTING, VALUES
+from ...errors import UnpicklingRefused
+from .checks import CALLS, MAX_NESTING, UNSAFE_NESTING, VALUES, Handler, Pending, describe, hashable_in
+from .checks import refuse
 from .stream import read_pickle
 from .opcodes import DISPATCH
 

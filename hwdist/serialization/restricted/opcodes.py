@@ -12,7 +12,7 @@ import collections
 import struct
 from typing import TYPE_CHECKING, Any, Callable
 
-from .base import Pending, byte_view, describe, refuse
+from .checks import Pending, byte_view, describe, refuse
 
 if TYPE_CHECKING:
     from .loader import Loader
