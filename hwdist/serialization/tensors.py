@@ -132,7 +132,7 @@ def reduce_tensor(t: torch.Tensor) -> Any:
             return _reduce_sparse(t)
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own format
     if t.is_quantized:
-        if t.dtype in _INTS_OF and t.qscheme() in _QSCHEME_NAMES:
+        if t.dtype in QUANTIZED_INTS and t.qscheme() in _QSCHEME_NAMES:
             return _reduce_quantized(t)
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     if t.is_meta or t.is_nested:
@@ -173,7 +173,6 @@ QUANTIZED_INTS: dict[torch.dtype, torch.dtype] = {
     torch.qint8: torch.int8,
     torch.qint32: torch.int32,
 }
-_INTS_OF = QUANTIZED_INTS
 #: The quantization schemes by their names in streams (the ones torch rebuilds from integer values).
 QSCHEMES: dict[str, torch.qscheme] = {
     "per_tensor_affine": torch.per_tensor_affine,

@@ -8,8 +8,7 @@ torch versions); the trust model is in ``docs/objects.md``.
 * [`loader`][hwdist.serialization.restricted.loader]: the interpreter, the
   allow-list and the entry points (``register_safe_class``, ``restricted_loads``);
 * ``checks``: the builders of allow-listed globals, each checking its arguments
-  before it allocates; ``opcodes``: one handler per pickle opcode; ``stream``:
-  one pickle's bytes from a stream that cannot seek.
+  before it allocates; ``opcodes``: one handler per pickle opcode.
 """
 
 from .loader import RestrictedUnpickler, UnpicklingRefused, pair, register_safe_class, restricted_loads
