@@ -91,8 +91,8 @@ class Frame:
             out[: self.nbytes] = self._whole
             return
         # Every section after the last one's end, the alignment gaps zeroed so frames are deterministic.
-        pos = 0
-        for off, sec in zip([0, *self._offsets], [self.header, self.stream, *self.buffers]):
+        pos, sections = 0, [self.header, self.stream, *self.buffers]
+        for off, sec in zip([0, *self._offsets], cast(list[Any], sections)):
             data = np.frombuffer(sec, dtype=np.uint8)
             out[pos:off] = 0
             out[off : off + data.size] = data

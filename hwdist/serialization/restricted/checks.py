@@ -324,14 +324,6 @@ def _container(cls: type) -> Callable[[Loader, tuple], Any]:
     return build
 
 
-def _range(u: Loader, args: tuple) -> range:
-    return range(*_primitive("range", args, 1, 3, (int,)))
-
-
-def _slice(u: Loader, args: tuple) -> slice:
-    return slice(*_primitive("slice", args, 1, 3, (int, type(None))))
-
-
 def _mapping(cls: type) -> Callable[[Loader, tuple], Any]:
     def build(u: Loader, args: tuple) -> Any:
         _primitive(
@@ -372,10 +364,6 @@ def _deque(u: Loader, args: tuple) -> collections.deque:
     out: collections.deque[Any] = collections.deque(*args)
     u.mark_unsafe(out)
     return out
-
-
-def _timezone(u: Loader, args: tuple) -> datetime.timezone:
-    return datetime.timezone(*_primitive("timezone", args, 1, 2, (datetime.timedelta, str)))
 
 
 def _when(cls: type) -> Callable[[Loader, tuple], Any]:
@@ -553,8 +541,8 @@ CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     set: _container(set),
     frozenset: _container(frozenset),
     dict: _mapping(dict),
-    range: _range,
-    slice: _slice,
+    range: lambda u, args: range(*_primitive("range", args, 1, 3, (int,))),
+    slice: lambda u, args: slice(*_primitive("slice", args, 1, 3, (int, type(None)))),
     collections.OrderedDict: _mapping(collections.OrderedDict),
     collections.Counter: _mapping(collections.Counter),
     collections.defaultdict: _defaultdict,
@@ -563,7 +551,9 @@ CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     datetime.date: _when(datetime.date),
     datetime.time: _when(datetime.time),
     datetime.timedelta: _when(datetime.timedelta),
-    datetime.timezone: _timezone,
+    datetime.timezone: lambda u, args: datetime.timezone(
+        *_primitive("timezone", args, 1, 2, (datetime.timedelta, str))
+    ),
     decimal.Decimal: _decimal,
     fractions.Fraction: _fraction,
     np.dtype: _np_dtype,

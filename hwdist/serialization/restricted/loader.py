@@ -1,27 +1,18 @@
 """The restricted unpickler: hwdist's own pickle interpreter for payloads from peers it does not trust.
 
 Python's unpickler calls whatever a payload names and lets BUILD set state on
-any object, so an allow-list of globals on top of it is not enough (numpy's
-reconstructors trust their arguments, BUILD can ``setattr`` on a class, and
-``bytearray(n)`` or a BYTEARRAY8 opcode allocate what the payload asks for).
-This module reads the opcode stream itself and never hands the payload's
-values to a constructor unchecked:
-
-* every global resolves through an allow-list to a value or to one of
-  hwdist's handlers, which checks the arguments and builds the object itself
-  (numpy arrays from a plain numeric dtype, a shape and a buffer of exactly
-  the right size; tensors likewise);
-* BUILD sets state only on instances of classes the user registered, never
-  on a class; allow-listed standard types take no state;
-* every length is checked against the bytes left before anything is
-  allocated, and size-driven copies are charged against a budget
-  proportional to the payload;
-* nesting that CPython cannot hash or free without deep C recursion is
-  refused.
-
-Everything that is not accepted raises
-[`UnpicklingRefused`][hwdist.errors.UnpicklingRefused].
-The trust model is described in ``docs/objects.md`` and ``docs/reliability.md``.
+any object, so an allow-list of globals on top of it (``find_class``) is not
+enough: numpy's reconstructors trust their arguments, BUILD can ``setattr`` on
+a class, ``bytearray(n)`` allocates what the payload asks for, and nested
+tuples or deques crash CPython when hashed or freed. This module reads the
+opcodes itself: every global resolves through the allow-list to a value or to
+a handler that checks the arguments and builds the object itself; BUILD sets
+state only on instances of registered classes; every length is checked
+against the bytes left before anything is allocated, and size-driven copies
+are charged against a budget proportional to the payload; nesting that
+CPython cannot hash or free without deep C recursion is refused. Anything
+else raises [`UnpicklingRefused`][hwdist.errors.UnpicklingRefused]; the trust
+model is in ``docs/objects.md`` and ``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ import importlib
 import pickletools
 import struct
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union, cast
 
 import torch
 
@@ -111,13 +102,11 @@ def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
     """``(module, name)`` of every type torch's ``add_safe_globals`` / ``safe_globals`` allow now."""
     out = []
     for entry in _compat.torch_safe_globals():
+        named = isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str)
         try:
-            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
-                out.append(pair("add_safe_globals", entry[1]))  # (obj, "module.Name") as torch allows
-            else:
-                out.append(pair("add_safe_globals", entry))
+            out.append(pair("add_safe_globals", entry[1] if named else entry))  # (obj, "module.Name") too
         except (TypeError, ValueError):  # an entry without a name: no payload can name it either
-            continue
+            pass
     return tuple(out)
 
 
@@ -216,10 +205,6 @@ class Loader:
         del self.stack[k:]
         self.base = self.marks[-1] if self.marks else 0
         return items
-
-    def depth(self) -> int:
-        """Values on the stack above the innermost MARK."""
-        return len(self.stack) - self.base
 
     def pop_n(self, n: int) -> list[Any]:
         """The top ``n`` values (removed from the stack), in stack order."""
@@ -462,9 +447,9 @@ def _read_pickle(file: Any) -> bytes:
     """
     src = _Recorder(file)
     try:
-        for op, arg, _ in pickletools.genops(src):
+        for op, arg, _ in pickletools.genops(cast(Any, src)):
             if op.name == "FRAME":
-                src.start_frame(arg)
+                src.start_frame(int(cast(int, arg)))
     except ValueError:  # truncated, an unknown opcode or a malformed argument: the bytes read so far
         pass
     if not src.got:

@@ -39,19 +39,6 @@ def _op_int(u: Loader) -> None:
     u.stack.append(True if line == b"01" else False if line == b"00" else int(line))
 
 
-def _op_long(u: Loader) -> None:
-    line = u.readline()
-    u.stack.append(int(line[:-1] if line.endswith(b"L") else line))
-
-
-def _op_long_n(fmt: str, n: int) -> Callable[[Loader], None]:
-    def op(u: Loader) -> None:
-        size = u.unpack(fmt, n)
-        u.stack.append(int.from_bytes(u.read(size), "little", signed=True))
-
-    return op
-
-
 def _op_string(u: Loader) -> None:
     line = u.readline()
     if len(line) < 2 or line[0] != line[-1] or line[:1] not in (b"'", b'"'):
@@ -163,7 +150,7 @@ def _op_additems(u: Loader) -> None:
 
 
 def _op_pop(u: Loader) -> None:
-    if u.depth() > 0:
+    if len(u.stack) > u.base:  # a value above the innermost MARK, else that MARK
         u.stack.pop()
     else:
         u.pop_mark()
@@ -234,9 +221,9 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "J": _op_small("<i"),
         "K": _op_small("<B"),
         "M": _op_small("<H"),
-        "L": _op_long,
-        "\x8a": _op_long_n("<B", 1),
-        "\x8b": _op_long_n("<I", 4),
+        "L": _push(lambda u: int(u.readline().removesuffix(b"L"))),
+        "\x8a": _push(lambda u: int.from_bytes(u.read(u.unpack("<B", 1)), "little", signed=True)),
+        "\x8b": _push(lambda u: int.from_bytes(u.read(u.unpack("<I", 4)), "little", signed=True)),
         "F": _push(lambda u: float(u.readline())),
         "G": _op_small(">d"),
         "S": _op_string,
@@ -282,7 +269,7 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "c": _push(lambda u: u.find_class(u.readline().decode("utf-8"), u.readline().decode("utf-8"))),
         "\x93": _op_stack_global,
         "R": _op_reduce,
-        "\x81": _push(lambda u: u.new(*u.pop_n(2), {})),
+        "\x81": _push(lambda u: u.new(*[*u.pop_n(2), {}])),  # no keywords
         "\x92": _push(lambda u: u.new(*u.pop_n(3))),
         "b": lambda u: u.build(),
         "P": _refused_op("a persistent id (PERSID)"),
