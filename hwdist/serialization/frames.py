@@ -1,12 +1,14 @@
 """Frames: one serialized object as 64-byte-aligned bytes, and the tensors the object collectives move.
 
-An object becomes one *frame*: a small header (magic ``HWDOBJ01``, length,
-stream length, buffer lengths), the pickle stream, then every large buffer
-appended out of band, so a 32 MiB array is copied once (into the frame)
-instead of three or four times. Frames are multiples of 64 bytes and every
-section is 64-byte aligned, so a frame can travel as any byte-view dtype a
-driver asks for and tensors rebuilt from it need no copy. Tensors are
-rebuilt on the CPU (or a ``map_location``), never on the device they left.
+An object becomes one *frame*: a small header (length, stream length, buffer
+lengths), the pickle stream, then every large buffer appended out of band, so
+a 32 MiB array is copied once (into the frame) instead of three or four times.
+Frames are multiples of 64 bytes and every section is 64-byte aligned, so a
+frame can travel as any byte-view dtype a driver asks for and tensors rebuilt
+from it need no copy. Tensors are rebuilt on the CPU (or a ``map_location``),
+never on the device they left. A frame has no magic of its own (it travels
+after a protocol header that carries its size): decoding checks that its
+lengths describe the bytes given.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from .tensors import MAP_LOCATION, MapLocation
 
 __all__ = [
     "ALIGN",
-    "MAGIC",
     "Frame",
     "frame_length",
     "encode",
@@ -36,9 +37,7 @@ __all__ = [
 
 #: Alignment (bytes) of every frame section and of frame lengths.
 ALIGN = 64
-#: First int64 of every frame header ("HWDOBJ01" little-endian).
-MAGIC = int.from_bytes(b"HWDOBJ01", "little")
-_FIXED = 4  # magic, total length, stream length, number of buffers
+_FIXED = 3  # total length, stream length, number of buffers
 
 
 def _aligned(n: int) -> int:
@@ -65,20 +64,12 @@ class Frame:
         self.stream = _byte_view(stream)
         self.buffers = [_byte_view(b) for b in buffers]
         n = len(self.buffers)
-        head = np.empty(_FIXED + n, dtype="<i8")
-        offsets = []
-        pos = _aligned(8 * (_FIXED + n))
-        offsets.append(pos)
-        pos = _aligned(pos + self.stream.nbytes)
-        for b in self.buffers:
-            offsets.append(pos)
-            pos = _aligned(pos + b.nbytes)
-        head[0], head[1], head[2], head[3] = MAGIC, pos, self.stream.nbytes, n
-        for i, b in enumerate(self.buffers):
-            head[_FIXED + i] = b.nbytes
-        self.header = head
+        self._offsets, pos = [], _aligned(8 * (_FIXED + n))
+        for sec in [self.stream, *self.buffers]:
+            self._offsets.append(pos)
+            pos = _aligned(pos + sec.nbytes)
         self.nbytes = pos
-        self._offsets = offsets
+        self.header = np.array([pos, self.stream.nbytes, n, *(b.nbytes for b in self.buffers)], dtype="<i8")
         self._whole: Optional[np.ndarray] = None  #: the frame's bytes where it is laid out already
 
     @classmethod
@@ -87,16 +78,11 @@ class Frame:
         to its aligned length (``encode`` with a pickle serializer); the header is written here."""
         self = cls.__new__(cls)
         start = len(_BARE_HEAD)
-        self.stream, self.buffers, self.nbytes, self._offsets = (
-            whole[start : start + stream_len],
-            [],
-            whole.nbytes,
-            [start],
-        )
+        self.stream, self.buffers = whole[start : start + stream_len], []
+        self.nbytes, self._offsets = whole.nbytes, [start]
         self._whole = np.frombuffer(whole, dtype=np.uint8)
-        head = self._whole[: 8 * _FIXED].view("<i8")
-        head[0], head[1], head[2], head[3] = MAGIC, whole.nbytes, stream_len, 0
-        self.header = head
+        self.header = self._whole[: 8 * _FIXED].view("<i8")
+        self.header[:] = whole.nbytes, stream_len, 0
         return self
 
     def write_into(self, out: np.ndarray) -> None:
@@ -104,20 +90,14 @@ class Frame:
         if self._whole is not None:
             out[: self.nbytes] = self._whole
             return
-        hb = self.header.view(np.uint8)
-        out[: hb.size] = hb
-        out[hb.size : self._offsets[0]] = 0
-        sections = [self.stream, *self.buffers]
-        for off, sec in zip(self._offsets, sections):
-            n = sec.nbytes
-            if n:
-                out[off : off + n] = np.frombuffer(sec, dtype=np.uint8)
-        # Zero the alignment gaps so frames are deterministic.
-        ends = [off + sec.nbytes for off, sec in zip(self._offsets, sections)]
-        starts = self._offsets[1:] + [self.nbytes]
-        for end, start in zip(ends, starts):
-            if start > end:
-                out[end:start] = 0
+        # Every section after the last one's end, the alignment gaps zeroed so frames are deterministic.
+        pos, sections = 0, [self.header, self.stream, *self.buffers]
+        for off, sec in zip([0, *self._offsets], cast(list[Any], sections)):
+            data = np.frombuffer(sec, dtype=np.uint8)
+            out[pos:off] = 0
+            out[off : off + data.size] = data
+            pos = off + data.size
+        out[pos : self.nbytes] = 0
 
     def to_numpy(self) -> np.ndarray:
         """A uint8 array holding the frame: the frame's own bytes where it is laid out already (the
@@ -137,17 +117,22 @@ def _byte_view(buf: Any) -> memoryview:
 
 
 def frame_length(data: np.ndarray, offset: int = 0) -> int:
-    """The length of the frame starting at ``data[offset]`` (checks the magic)."""
-    if data.size - offset < 8 * _FIXED:
+    """The length of the frame starting at ``data[offset]``, from its header (checked, not trusted).
+
+    Raises:
+        ValueError: the bytes there are not the start of a frame.
+    """
+    given = data.size - offset
+    if given < 8 * _FIXED:
+        raise ValueError(f"not an hwdist object payload: {given} bytes is shorter than a frame header")
+    total, stream_len, n = np.frombuffer(data, dtype="<i8", count=_FIXED, offset=offset).tolist()
+    if total < ALIGN or total % ALIGN or stream_len < 0 or not 0 <= n <= total // 8 - _FIXED:
         raise ValueError(
-            f"not an hwdist object payload: {data.size - offset} bytes is shorter than a frame header"
+            f"not an hwdist object payload: expected a frame header (a length that is a positive multiple"
+            f" of {ALIGN}, a stream length, a buffer count), got {total}, {stream_len}, {n};"
+            " was it made by hwdist.serialization.object_to_tensor?"
         )
-    head = np.frombuffer(data, dtype="<i8", count=_FIXED, offset=offset)
-    if int(head[0]) != MAGIC:
-        raise ValueError(
-            "not an hwdist object payload (bad magic); was it made by hwdist.serialization.object_to_tensor?"
-        )
-    return int(head[1])
+    return int(total)
 
 
 def _device(map_location: Any) -> torch.device:
@@ -206,15 +191,18 @@ def decode(
     serializer: Optional[Serializer] = None,
     map_location: MapLocation = None,
 ) -> Any:
-    """The object in the frame at ``data[offset]`` (a writable uint8 array; buffers alias it)."""
+    """The object in the frame that fills ``data[offset:]`` (a writable uint8 array; buffers alias it).
+
+    Raises:
+        ValueError: the bytes are not one whole frame (its lengths do not fit them).
+    """
     total = frame_length(data, offset)
-    if data.size - offset < total:
-        raise ValueError(f"truncated hwdist object payload: {data.size - offset} of {total} bytes")
-    head = np.frombuffer(data, dtype="<i8", offset=offset, count=_FIXED)
-    stream_len, n = int(head[2]), int(head[3])
-    if total < 8 * _FIXED or not 0 <= n <= (total - 8 * _FIXED) // 8:
-        raise ValueError(f"corrupt hwdist object payload: header says {n} buffers in {total} bytes")
-    lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist() if n else []
+    if data.size - offset != total:
+        raise ValueError(
+            f"not an hwdist object payload: the frame header says {total} bytes, {data.size - offset} given"
+        )
+    stream_len, n = np.frombuffer(data, dtype="<i8", offset=offset + 8, count=2).tolist()
+    lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist()
     view = memoryview(cast(Any, data))  # numpy's stubs miss the buffer protocol on 3.9
     pos = offset + _aligned(8 * (_FIXED + n))
     sections = []
@@ -276,7 +264,7 @@ def tensor_to_object(
     flat = tensor.detach().reshape(-1)
     # Own the bytes: the rebuilt objects alias them, and must not alias the caller's tensor.
     data = flat.numpy().copy() if flat.device.type == "cpu" else flat.cpu().numpy()
-    return decode(data, 0, serializer, map_location)
+    return decode(data[: frame_length(data)], 0, serializer, map_location)
 
 
 obj2tensor = object_to_tensor

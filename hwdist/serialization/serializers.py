@@ -1,17 +1,10 @@
 """The pluggable serializer of the object collectives: one pickle, large buffers out of band.
 
-[`PickleSerializer`][hwdist.serialization.serializers.PickleSerializer] pickles
-once with protocol 5, numpy arrays and CPU tensors of 64 KiB or more out of band
-(copied once, into the frame); a subclass of
-[`Serializer`][hwdist.serialization.serializers.Serializer] plugs in another
-format. The one in force is a ``serializer=`` argument, else the calling
-thread's [`use_serializer`][hwdist.serialization.serializers.use_serializer]
-block (a context variable), else the process default
-([`set_serializer`][hwdist.serialization.serializers.set_serializer]).
-[`RestrictedPickleSerializer`][hwdist.serialization.serializers.RestrictedPickleSerializer]
-reads payloads with hwdist's own pickle interpreter (``restricted/``), which
-builds only allow-listed objects with checked arguments, for jobs that do not
-trust every peer. See ``docs/objects.md`` for the trust model.
+The one in force is a ``serializer=`` argument, else the calling thread's
+[`use_serializer`][hwdist.serialization.serializers.use_serializer] block (a
+context variable), else the process default
+([`set_serializer`][hwdist.serialization.serializers.set_serializer]). See
+``docs/objects.md`` for the trust model of the restricted one.
 """
 
 from __future__ import annotations
@@ -186,9 +179,8 @@ def set_serializer(serializer: Optional[Serializer]) -> Serializer:
 def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
     """Context manager: collectives in this block use ``serializer`` (None: pickle).
 
-    In this thread or task only.
-
-    Other threads keep theirs; on exit the previous one is restored exactly.
+    In this thread or task only: other threads keep theirs; on exit the previous one is restored
+    exactly.
 
     Examples:
         >>> from hwdist.serialization import RestrictedPickleSerializer, use_serializer

@@ -22,6 +22,7 @@ rebuilds tensors through the same function, so it imports nothing of hwdist.
 from __future__ import annotations
 
 import contextvars
+import functools
 import pickle
 from typing import Any, Optional, Union, cast
 
@@ -51,14 +52,12 @@ MAP_LOCATION: contextvars.ContextVar[Optional[torch.device]] = contextvars.Conte
     "hwdist_map_location", default=None
 )
 
-_PLAIN_KINDS = "biufc"
-
 
 def plain_dtype(dt: Any) -> bool:
     """A numpy dtype that any bytes are a valid value of: bool, ints, floats, complex, one element."""
     return (
         isinstance(dt, np.dtype)
-        and dt.kind in _PLAIN_KINDS
+        and dt.kind in "biufc"
         and dt.fields is None
         and dt.subdtype is None
         and dt.metadata is None
@@ -80,10 +79,6 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
     elif flat.stride(0) != 1:
         flat = flat.contiguous()
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
-
-
-#: torch dtype -> (its name in streams, whether ``Tensor.numpy()`` takes it)
-_TENSOR_KINDS: dict[torch.dtype, tuple[str, bool]] = {}
 
 
 def rebuild_tensor(buf: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
@@ -113,16 +108,14 @@ def rebuild_tensor(buf: Any, dtype: str, shape: tuple[int, ...], requires_grad: 
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _tensor_kind(dt: torch.dtype) -> tuple[str, bool]:
-    kind = _TENSOR_KINDS.get(dt)
-    if kind is None:
-        try:
-            torch.empty(0, dtype=dt).numpy()
-            numpy_ok = True
-        except (TypeError, RuntimeError):  # bfloat16, complex32, float8 kinds: no numpy dtype
-            numpy_ok = False
-        kind = _TENSOR_KINDS[dt] = (str(dt).replace("torch.", ""), numpy_ok)
-    return kind
+    """``dt``'s name in streams, and whether ``Tensor.numpy()`` takes it."""
+    try:
+        torch.empty(0, dtype=dt).numpy()
+        return str(dt).replace("torch.", ""), True
+    except (TypeError, RuntimeError):  # bfloat16, complex32, float8 kinds: no numpy dtype
+        return str(dt).replace("torch.", ""), False
 
 
 def reduce_tensor(t: torch.Tensor) -> Any:
@@ -132,7 +125,7 @@ def reduce_tensor(t: torch.Tensor) -> Any:
             return _reduce_sparse(t)
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own format
     if t.is_quantized:
-        if t.dtype in _INTS_OF and t.qscheme() in _QSCHEME_NAMES:
+        if t.dtype in QUANTIZED_INTS and t.qscheme() in _QSCHEME_NAMES:
             return _reduce_quantized(t)
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     if t.is_meta or t.is_nested:
@@ -160,11 +153,8 @@ def reduce_tensor(t: torch.Tensor) -> Any:
 
 #: The sparse layouts by their names in streams.
 SPARSE_LAYOUTS: dict[str, torch.layout] = {
-    "sparse_coo": torch.sparse_coo,
-    "sparse_csr": torch.sparse_csr,
-    "sparse_csc": torch.sparse_csc,
-    "sparse_bsr": torch.sparse_bsr,
-    "sparse_bsc": torch.sparse_bsc,
+    name: getattr(torch, name)
+    for name in ("sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
 }
 _SPARSE_NAMES = {v: k for k, v in SPARSE_LAYOUTS.items()}
 #: Quantized dtype -> the integer dtype of its values (``int_repr()``).
@@ -173,12 +163,10 @@ QUANTIZED_INTS: dict[torch.dtype, torch.dtype] = {
     torch.qint8: torch.int8,
     torch.qint32: torch.int32,
 }
-_INTS_OF = QUANTIZED_INTS
 #: The quantization schemes by their names in streams (the ones torch rebuilds from integer values).
 QSCHEMES: dict[str, torch.qscheme] = {
-    "per_tensor_affine": torch.per_tensor_affine,
-    "per_channel_affine": torch.per_channel_affine,
-    "per_channel_affine_float_qparams": torch.per_channel_affine_float_qparams,
+    name: getattr(torch, name)
+    for name in ("per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams")
 }
 _QSCHEME_NAMES = {v: k for k, v in QSCHEMES.items()}
 
@@ -248,8 +236,8 @@ def rebuild_quantized(values: torch.Tensor, params: tuple[Any, ...]) -> torch.Te
     raise pickle.UnpicklingError(f"quantized tensor payload names an unknown scheme {params[0]!r}")
 
 
-#: dtype -> whether numpy.frombuffer rebuilds it exactly (a plain one: bool, int, uint, float, complex)
-_PLAIN: dict[np.dtype, bool] = {}
+#: ``plain_dtype`` kept per dtype: the test alone is about 15 % of a small array's encoding.
+_plain_cached = functools.lru_cache(maxsize=None)(plain_dtype)
 
 
 def reduce_ndarray(a: np.ndarray) -> Any:
@@ -259,10 +247,7 @@ def reduce_ndarray(a: np.ndarray) -> Any:
         return a.__reduce_ex__(5)  # numpy's own: the buffer out of band
     if nbytes and a.ndim == 1:
         dt = a.dtype
-        plain = _PLAIN.get(dt)
-        if plain is None:  # kept per dtype: the test alone is about 15 % of a small array's encoding
-            plain = _PLAIN[dt] = plain_dtype(dt)  # the restricted loader's test of the dtype too
-        if plain:
+        if _plain_cached(dt):  # the restricted loader's test of the dtype too
             # A small 1-D array (a prediction, a score row, a column): numpy.frombuffer over a copy of
             # its elements, a bytearray (writable and owned on load, as numpy's own form gives).
             # Stock pickle and the restricted loader both read it; costs in docs/objects.md.

@@ -1,30 +1,24 @@
 """``weights_only=``: torch's keyword on the object collectives, on every torch hwdist supports.
 
 torch (2.14 and later) gives its object collectives ``weights_only=False``; with
-``True`` the receivers read payloads with the loader behind
-``torch.load(weights_only=True)``, which builds only tensors, standard
-containers and the types registered with
-``torch.serialization.add_safe_globals`` / ``safe_globals``. hwdist gives the
-same keyword, with the same default, to each of its object collectives, on every
-torch it supports.
+``True`` receivers read payloads with the loader behind
+``torch.load(weights_only=True)``. hwdist gives the same keyword, with the same
+default, to each of its object collectives, on every torch it supports.
 
 With ``weights_only=True`` hwdist reads payloads with its restricted loader
-(``restricted/loader.py``: hwdist's allow-list, the types registered with
+(hwdist's allow-list, the types registered with
 [`register_safe_class`][hwdist.serialization.restricted.loader.register_safe_class],
-and the types registered with torch's ``add_safe_globals`` at the moment of
-the call). It accepts what torch 2.15's loader accepts: a module's
-``state_dict()`` with its ``_metadata``, dense, sparse (every layout,
-invariants checked), quantized and meta tensors, parameters. torch's own
-loader was measured against hwdist's hostile payloads and is not used: it
-cannot read hwdist's frames (protocol 5, out-of-band buffers), and it crashed
-or allocated a gigabyte on some of them (``docs/reliability.md``).
+and those registered with torch's ``add_safe_globals`` at the moment of the
+call). It accepts what torch 2.15's loader accepts (a module's ``state_dict()``
+with its ``_metadata``; dense, sparse, quantized and meta tensors; parameters).
+torch's own loader is not used: it cannot read hwdist's frames (protocol 5,
+out-of-band buffers), and it crashed or allocated a gigabyte on some hostile
+payloads (``docs/reliability.md``).
 
 Each sender also reads its own object back through the same loader before it
 sends it, so an object holding a type that is not allowed fails on every rank
-with [`WeightsOnlyRefused`][hwdist.errors.WeightsOnlyRefused] (a
-``pickle.UnpicklingError``, the type torch raises) naming the type, instead of
-on the receivers only. Receivers still check every payload (a peer may not
-run hwdist).
+with [`WeightsOnlyRefused`][hwdist.errors.WeightsOnlyRefused] naming the type,
+instead of on the receivers only. Receivers still check every payload.
 """
 
 from __future__ import annotations
@@ -33,11 +27,10 @@ from typing import Any, Optional, Sequence
 
 from ..errors import CollectiveArgumentError, UnpicklingRefused
 from .frames import Frame
-from .restricted import torch_safe_pairs
 from .serializers import PickleSerializer, RestrictedPickleSerializer, Serializer, get_serializer
 from .tensors import OOB_THRESHOLD
 
-__all__ = ["WeightsOnlySerializer", "for_call", "torch_safe_pairs", "check_own", "HINT"]
+__all__ = ["WeightsOnlySerializer", "for_call", "check_own", "HINT"]
 
 HINT = (
     "with weights_only=True, register a type on every rank with torch.serialization.add_safe_globals([T])"
@@ -89,8 +82,8 @@ def for_call(serializer: Optional[Serializer], weights_only: Any, where: str) ->
     base = serializer if serializer is not None else get_serializer()
     if isinstance(base, WeightsOnlySerializer):
         return base
-    if type(base) is PickleSerializer and base.oob_threshold == OOB_THRESHOLD and not _custom(base):
-        return _DEFAULT_WO
+    if type(base) is PickleSerializer and base.oob_threshold == OOB_THRESHOLD and len(base.reducers) == 2:
+        return _DEFAULT_WO  # a default pickle serializer (its two reducers, tensors and arrays)
     if isinstance(base, PickleSerializer):
         made = WeightsOnlySerializer(tuple(getattr(base, "extra", ())), base.oob_threshold)
         made.reducers.update(base.reducers)  # the sender pickles as the serializer it stands in for
@@ -99,10 +92,6 @@ def for_call(serializer: Optional[Serializer], weights_only: Any, where: str) ->
         f"{where}: weights_only=True reads pickle payloads, but serializer is a {type(base).__name__};"
         " pass weights_only=False with that serializer, or a hwdist PickleSerializer"
     )
-
-
-def _custom(base: PickleSerializer) -> bool:
-    return len(base.reducers) != 2
 
 
 def check_own(frame: Frame, serializer: Optional[Serializer]) -> Optional[str]:

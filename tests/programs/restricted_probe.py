@@ -282,7 +282,7 @@ def warm_up() -> None:
     """
     from hwdist import serialization as ser
 
-    from hwdist.serialization.restricted.torchtypes import TORCH_DTYPES
+    from hwdist.serialization.restricted.checks import TORCH_DTYPES
 
     inband = ser.PickleSerializer(oob_threshold=1 << 40)
     extra = [torch.zeros(3, dtype=dt) for dt in TORCH_DTYPES.values()] + legit_torch_kinds()

@@ -344,7 +344,8 @@ def test_use_serializer_is_per_thread_and_restored_exactly(tmp_path):
 def test_corrupt_frame_headers_raise_value_error():
     good = ser.encode({"a": np.arange(20_000)}).to_numpy()
     assert ser.decode(good.copy())["a"][-1] == 19_999
-    for field, value in [(1, -64), (2, -1), (2, 1 << 40), (3, -1), (3, 1 << 40), (4, 1 << 50), (4, -5)]:
+    bad_fields = [(0, -64), (0, 96), (1, -1), (1, 1 << 40), (2, -1), (2, 1 << 40), (3, 1 << 50), (3, -5)]
+    for field, value in bad_fields:
         bad = good.copy()
         bad.view("<i8")[field] = value
         with pytest.raises(ValueError, match="hwdist object payload"):

@@ -239,7 +239,7 @@ def test_object_to_tensor_roundtrip_with_padding_and_no_aliasing():
     assert hwdist.obj2tensor is hwdist.object_to_tensor and hwdist.tensor2obj is hwdist.tensor_to_object
     with pytest.raises(TypeError, match="expected a uint8 tensor"):
         hwdist.tensor_to_object(torch.zeros(3))
-    with pytest.raises(ValueError, match="bad magic"):
+    with pytest.raises(ValueError, match="not an hwdist object payload: expected a frame header"):
         hwdist.tensor_to_object(torch.zeros(64, dtype=torch.uint8))
 
 

@@ -5,22 +5,14 @@ kept beside torch's ``weights_only`` loader because that one crashes the
 process on some hostile payloads (``docs/reliability.md`` lists them, with the
 torch versions); the trust model is in ``docs/objects.md``.
 
-* [`loader`][hwdist.serialization.restricted.loader]: the opcode interpreter and
-  the allow-list (``register_safe_class``, ``safe_globals``, ``restricted_loads``);
-* [`checks`][hwdist.serialization.restricted.checks]: the builders of
-  allow-listed globals, each checking its arguments before it allocates;
-* [`opcodes`][hwdist.serialization.restricted.opcodes]: one handler per pickle opcode.
+* [`loader`][hwdist.serialization.restricted.loader]: the interpreter, the
+  allow-list and the entry points (``register_safe_class``, ``restricted_loads``);
+* ``checks``: the builders of allow-listed globals, each checking its arguments
+  before it allocates; ``opcodes``: one handler per pickle opcode.
 """
 
-from .loader import (
-    RestrictedUnpickler,
-    UnpicklingRefused,
-    pair,
-    register_safe_class,
-    restricted_loads,
-    safe_globals,
-    torch_safe_pairs,
-)
+from .loader import RestrictedUnpickler, UnpicklingRefused, pair, register_safe_class, restricted_loads
+from .loader import safe_globals, torch_safe_pairs
 
 __all__ = [
     "RestrictedUnpickler",

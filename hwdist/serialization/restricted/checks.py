@@ -1,11 +1,13 @@
-"""The allow-list of the restricted unpickler, and the handlers of numpy and the standard library.
+"""The builders of the restricted unpickler's allow-listed globals, and the allow-list itself.
 
 A payload never reaches a constructor with unchecked values: each handler
 takes the REDUCE arguments (or a BUILD state), checks types, sizes and
-ranges, and builds the object itself. numpy arrays come only from a plain
-numeric (or record, or object-by-element) dtype, a shape and a buffer of
-exactly the right size; torch's types are in ``torchtypes.py``. See
-``loader.py`` for the interpreter that calls them.
+ranges with the helpers below, and builds the object itself. numpy arrays
+and tensors come only from a known dtype, a shape and a buffer of exactly the
+right size; a sparse tensor from index and value tensors the payload itself
+built, whose invariants torch then checks; a quantized one from integer
+values and well-formed parameters (the kinds torch's own ``weights_only=True``
+loader accepts). ``loader.py`` is the interpreter that calls them.
 """
 
 from __future__ import annotations
@@ -14,17 +16,126 @@ import collections
 import datetime
 import decimal
 import fractions
+import math
+import pickle
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
+import torch
 
-from ..tensors import plain_dtype
-from .base import Handler, Pending, arity, byte_view, check_bool_bytes, hashable_in, int_arg, refuse, shape_of
-from .torchtypes import TORCH_CALLS, TORCH_HANDLERS, TORCH_VALUES
+from ...errors import UnpicklingRefused
+from ..tensors import QSCHEMES, QUANTIZED_INTS, SPARSE_LAYOUTS, plain_dtype
+from ..tensors import rebuild_quantized, rebuild_sparse, rebuild_tensor
 
 if TYPE_CHECKING:  # the handlers get the running interpreter; never imported at run time
     from .loader import Loader
+
+# ---- what every handler shares ---------------------------------------------------------------
+
+#: Deepest chain of tuples/frozensets (hashed recursively by CPython) a payload may build.
+MAX_NESTING = 1000
+MAX_DIMS = 32
+
+
+def refuse(msg: str) -> UnpicklingRefused:
+    """The error for a payload that is not accepted, saying why."""
+    return UnpicklingRefused(f"restricted unpickler refused the payload: {msg}")
+
+
+class Handler:
+    """What a payload gets for a global that only hwdist's own code may act on."""
+
+    __slots__ = ("name", "fn")
+
+    def __init__(self, name: str, fn: Callable[[Loader, tuple], Any]) -> None:
+        self.name, self.fn = name, fn
+
+    def __repr__(self) -> str:
+        return f"<restricted global {self.name}>"
+
+
+class Pending:
+    """An object whose final value comes with the BUILD that follows (numpy's dtype and array formats)."""
+
+    __slots__ = ("finish", "keys", "done")
+
+    def __init__(self, finish: Callable[[Loader, Any], Any]) -> None:
+        self.finish = finish
+        self.keys: list[Any] = []
+        self.done = False
+
+    def __repr__(self) -> str:
+        return "<unfinished restricted object>"
+
+
+def arity(name: str, args: tuple, lo: int, hi: int) -> None:
+    if not lo <= len(args) <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise refuse(f"{name} takes {want} arguments, got {len(args)}")
+
+
+def int_arg(name: str, x: Any, lo: int = 0) -> int:
+    if type(x) is not int or x < lo:
+        raise refuse(f"{name} must be an int >= {lo}, got {type(x).__name__}")
+    return x
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def shape_of(name: str, shape: Any) -> tuple[int, int]:
+    """``(ndim, number of elements)`` of a checked shape."""
+    if type(shape) not in (tuple, list, torch.Size) or len(shape) > MAX_DIMS:
+        raise refuse(f"{name}: shape must be a tuple of at most {MAX_DIMS} ints, got {type(shape).__name__}")
+    count = 1
+    for d in shape:
+        if int_arg(f"{name}: shape entry", d) > _INT64_MAX:
+            raise refuse(f"{name}: shape entry {d} does not fit a 64-bit size")
+        count *= d
+    return len(shape), count
+
+
+def byte_view(name: str, buf: Any) -> memoryview:
+    if type(buf) not in (bytes, bytearray, memoryview, pickle.PickleBuffer):
+        raise refuse(f"{name}: expected a buffer, got {type(buf).__name__}")
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def check_bool_bytes(name: str, view: memoryview) -> None:
+    if view.nbytes and int(np.frombuffer(view, dtype=np.uint8).max()) > 1:
+        raise refuse(f"{name}: a bool buffer holds a byte other than 0 or 1")
+
+
+def sized_buffer(u: Loader, name: str, buf: Any, shape: Any, dt: Any) -> memoryview:
+    """``buf``'s bytes, checked to be exactly ``shape`` items of the numpy or torch dtype ``dt`` (of a
+    bool one, only bytes 0 and 1), and charged to the payload's budget."""
+    view = byte_view(name, buf)
+    _, count = shape_of(name, shape)
+    if view.nbytes != count * dt.itemsize:
+        raise refuse(
+            f"{name}: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}"
+        )
+    u.charge(view.nbytes)
+    if dt is torch.bool or getattr(dt, "kind", None) == "b":
+        check_bool_bytes(name, view)
+    return view
+
+
+def hashable_in(x: Any, table: Any) -> bool:
+    try:
+        return x in table
+    except TypeError:
+        return False
+
+
+def describe(obj: Any) -> str:
+    if isinstance(obj, (type, Handler)) or callable(obj):
+        module = getattr(obj, "__module__", None)
+        name = getattr(obj, "__qualname__", None) or getattr(obj, "name", None) or repr(obj)
+        return f"'{module}.{name}'" if module else f"'{name}'"
+    return f"a {type(obj).__name__} value"
 
 
 def _array_dtype(name: str, dt: Any, allow_object: bool = False) -> np.dtype:
@@ -70,9 +181,7 @@ def _np_dtype_state(spec: str, state: Any) -> np.dtype:
         or subarray is not None
         or (len(state) == 9 and state[8] is not None)
     ):
-        raise refuse(
-            f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted"
-        )
+        raise refuse(f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted")
     if spec[0] == "V":
         if type(names) is not tuple or not names or type(fields) is not dict or len(fields) != len(names):
             raise refuse(f"numpy.dtype {spec!r}: a record needs names and fields")
@@ -122,15 +231,7 @@ def _np_array_state(u: Loader, state: Any) -> np.ndarray:
         out = flat.reshape(shape, order=order)
         u.mark_unsafe(out)
         return out
-    view = byte_view("numpy array data", raw)
-    if view.nbytes != count * dt.itemsize:
-        raise refuse(
-            f"numpy array: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}"
-        )
-    u.charge(view.nbytes)
-    if dt.kind == "b":
-        check_bool_bytes("numpy array", view)
-    out = np.frombuffer(view, dtype=dt)
+    out = np.frombuffer(sized_buffer(u, "numpy array", raw, shape, dt), dtype=dt)
     if not out.flags.writeable:
         out = out.copy()
     return out.reshape(shape, order=order)
@@ -139,19 +240,10 @@ def _np_array_state(u: Loader, state: Any) -> np.ndarray:
 def _np_frombuffer(u: Loader, args: tuple) -> np.ndarray:
     arity("numpy _frombuffer", args, 4, 4)
     buf, dt, shape, order = args
-    view = byte_view("numpy _frombuffer", buf)
     dt = _array_dtype("numpy _frombuffer", dt)
-    _, count = shape_of("numpy _frombuffer", shape)
     if order not in ("C", "F"):
         raise refuse(f"numpy _frombuffer: order must be 'C' or 'F', got {order!r}")
-    if view.nbytes != count * dt.itemsize:
-        raise refuse(
-            f"numpy _frombuffer: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes,"
-            f" got {view.nbytes}"
-        )
-    u.charge(view.nbytes)
-    if dt.kind == "b":
-        check_bool_bytes("numpy _frombuffer", view)
+    view = sized_buffer(u, "numpy _frombuffer", buf, shape, dt)
     return np.frombuffer(view, dtype=dt).reshape(shape, order=order)
 
 
@@ -180,8 +272,6 @@ def _np_scalar(u: Loader, args: tuple) -> Any:
         check_bool_bytes("numpy scalar", view)
     return np.frombuffer(view, dtype=dt)[0]
 
-
-# ---- torch ------------------------------------------------------------------------------
 
 # ---- the standard library ---------------------------------------------------------------
 
@@ -229,19 +319,9 @@ def _container(cls: type) -> Callable[[Loader, tuple], Any]:
         if args:
             u.charge(len(args[0]))
         out = cls(*args)
-        if cls in (tuple, frozenset):
-            u.track(out, out)
-        return out
+        return u.track(out) if cls in (tuple, frozenset) else out
 
     return build
-
-
-def _range(u: Loader, args: tuple) -> range:
-    return range(*_primitive("range", args, 1, 3, (int,)))
-
-
-def _slice(u: Loader, args: tuple) -> slice:
-    return slice(*_primitive("slice", args, 1, 3, (int, type(None))))
 
 
 def _mapping(cls: type) -> Callable[[Loader, tuple], Any]:
@@ -286,10 +366,6 @@ def _deque(u: Loader, args: tuple) -> collections.deque:
     return out
 
 
-def _timezone(u: Loader, args: tuple) -> datetime.timezone:
-    return datetime.timezone(*_primitive("timezone", args, 1, 2, (datetime.timedelta, str)))
-
-
 def _when(cls: type) -> Callable[[Loader, tuple], Any]:
     types = (int, float, str, bytes, type(None), datetime.timezone)
     return lambda u, args: cls(*_primitive(cls.__name__, args, 0, 8, types))
@@ -319,6 +395,139 @@ def _small_ints(name: str, args: tuple) -> None:
         raise refuse(f"{name}: an int of more than {_MAX_INT_BITS} bits is not accepted")
 
 
+# ---- torch ------------------------------------------------------------------------------
+
+#: The tensor dtypes a payload may name (the float8 kinds and wide unsigned ints where torch has them).
+TORCH_DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 float64 complex64"
+        " complex128 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz"
+    ).split()
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+
+
+def _tensor(u: Loader, args: tuple) -> torch.Tensor:
+    arity("tensor", args, 4, 4)
+    buf, name, shape, requires_grad = args
+    dt = TORCH_DTYPES.get(name) if type(name) is str else None
+    if dt is None:
+        raise refuse(f"tensor dtype {name!r} is not one of {', '.join(sorted(TORCH_DTYPES))}")
+    if type(requires_grad) is not bool or (requires_grad and not (dt.is_floating_point or dt.is_complex)):
+        raise refuse(
+            f"tensor: requires_grad must be a bool (True only for float or complex), got {requires_grad!r}"
+        )
+    return rebuild_tensor(sized_buffer(u, "tensor", buf, shape, dt), name, tuple(shape), requires_grad)
+
+
+def _parameter(u: Loader, args: tuple) -> torch.nn.Parameter:
+    arity("torch parameter", args, 3, 4)
+    data, requires_grad, hooks = args[:3]
+    state = args[3] if len(args) == 4 else None
+    if type(data) is not torch.Tensor or type(requires_grad) is not bool:
+        raise refuse("torch parameter takes (tensor, requires_grad)")
+    if hooks or state not in (None, {}, (None, {}), ({}, None)):
+        raise refuse("torch parameter: backward hooks and extra state are not accepted")
+    return torch.nn.Parameter(data, requires_grad)
+
+
+def _size(u: Loader, args: tuple) -> torch.Size:
+    arity("torch.Size", args, 1, 1)
+    shape_of("torch.Size", args[0])
+    return torch.Size(args[0])
+
+
+def _device(u: Loader, args: tuple) -> torch.device:
+    arity("torch.device", args, 1, 2)
+    if (
+        type(args[0]) is not str
+        or len(args[0]) > 64
+        or (len(args) == 2 and args[1] is not None and type(args[1]) is not int)
+    ):
+        raise refuse("torch.device takes (type string, index)")
+    return torch.device(*args)
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def _tensor_arg(name: str, x: Any) -> torch.Tensor:
+    if type(x) is not torch.Tensor or x.layout != torch.strided or x.is_quantized:
+        raise refuse(f"{name} must be a dense tensor, got {type(x).__name__}")
+    return x
+
+
+def _sparse(u: Loader, args: tuple) -> torch.Tensor:
+    arity("sparse tensor", args, 5, 5)
+    layout, parts, shape, coalesced, requires_grad = args
+    if type(layout) is not str or layout not in SPARSE_LAYOUTS:
+        raise refuse(f"sparse tensor: layout {layout!r} is not one of {', '.join(SPARSE_LAYOUTS)}")
+    want = 2 if layout == "sparse_coo" else 3
+    if type(parts) is not tuple or len(parts) != want:
+        raise refuse(f"sparse tensor: {layout} takes {want} tensors (indices, values)")
+    *indices, values = [_tensor_arg(f"sparse tensor {layout} part", p) for p in parts]
+    if any(i.dtype not in _INDEX_DTYPES for i in indices):
+        raise refuse(f"sparse tensor: indices must be int64 or int32, got {[str(i.dtype) for i in indices]}")
+    shape_of("sparse tensor", shape)
+    if type(coalesced) is not bool or type(requires_grad) is not bool:
+        raise refuse("sparse tensor: is_coalesced and requires_grad must be bools")
+    if requires_grad and not (values.dtype.is_floating_point or values.dtype.is_complex):
+        raise refuse("sparse tensor: requires_grad is True only for float or complex values")
+    return rebuild_sparse(layout, tuple(parts), tuple(shape), coalesced, requires_grad)  # checks invariants
+
+
+def _quantized(u: Loader, args: tuple) -> torch.Tensor:
+    arity("quantized tensor", args, 2, 2)
+    values, params = args
+    values = _tensor_arg("quantized tensor values", values)
+    if values.dtype not in QUANTIZED_INTS.values() or values.requires_grad:
+        raise refuse(f"quantized tensor: values must be uint8, int8 or int32, got {values.dtype}")
+    if type(params) is not tuple or not params or params[0] not in QSCHEMES:
+        raise refuse(f"quantized tensor: the scheme must be one of {', '.join(QSCHEMES)}")
+    if params[0] == "per_tensor_affine":
+        if len(params) != 3 or type(params[1]) is not float or type(params[2]) is not int:
+            raise refuse("quantized tensor: per_tensor_affine takes (scale, zero_point)")
+        if not (math.isfinite(params[1]) and params[1] > 0) or abs(params[2]) > 1 << 31:
+            raise refuse("quantized tensor: the scale must be finite and positive, the zero point an int32")
+        return rebuild_quantized(values, params)
+    if len(params) != 4 or type(params[3]) is not int:
+        raise refuse(f"quantized tensor: {params[0]} takes (scales, zero_points, axis)")
+    scales = _tensor_arg("quantized scales", params[1])
+    zeros = _tensor_arg("quantized zero points", params[2])
+    axis = int_arg("quantized tensor axis", params[3])
+    want_zero = torch.int64 if params[0] == "per_channel_affine" else scales.dtype
+    if (
+        axis >= values.dim()
+        or scales.dim() != 1
+        or zeros.dim() != 1
+        or len(scales) != values.shape[axis]
+        or len(zeros) != len(scales)
+        or not scales.dtype.is_floating_point
+        or zeros.dtype != want_zero
+    ):
+        raise refuse(
+            f"quantized tensor: {params[0]} needs 1-D float scales and {want_zero} zero points,"
+            " one per entry of the axis"
+        )
+    return rebuild_quantized(values, params)
+
+
+def _meta(u: Loader, args: tuple) -> torch.Tensor:
+    """torch's form of a meta tensor (no data): dtype, shape, strides, requires_grad."""
+    arity("meta tensor", args, 4, 4)
+    dt, shape, stride, requires_grad = args
+    if not isinstance(dt, torch.dtype) or dt not in TORCH_DTYPES.values():
+        raise refuse(f"meta tensor: dtype {dt!r} is not accepted")
+    ndim, _ = shape_of("meta tensor", shape)
+    if type(stride) not in (tuple, list) or len(stride) != ndim or any(type(s) is not int for s in stride):
+        raise refuse("meta tensor: strides must be a tuple of ints, one per dimension")
+    if type(requires_grad) is not bool or (requires_grad and not (dt.is_floating_point or dt.is_complex)):
+        raise refuse("meta tensor: requires_grad must be a bool (True only for float or complex)")
+    out = torch.empty_strided(tuple(shape), tuple(stride), dtype=dt, device="meta")
+    return out.requires_grad_(True) if requires_grad else out
+
+
 CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     bool: _call_primitive(bool, 0, 1),
     int: lambda u, args: int(*_primitive("int", args, 0, 2, (int, float, str, bytes, bool))),
@@ -332,8 +541,8 @@ CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     set: _container(set),
     frozenset: _container(frozenset),
     dict: _mapping(dict),
-    range: _range,
-    slice: _slice,
+    range: lambda u, args: range(*_primitive("range", args, 1, 3, (int,))),
+    slice: lambda u, args: slice(*_primitive("slice", args, 1, 3, (int, type(None)))),
     collections.OrderedDict: _mapping(collections.OrderedDict),
     collections.Counter: _mapping(collections.Counter),
     collections.defaultdict: _defaultdict,
@@ -342,35 +551,32 @@ CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     datetime.date: _when(datetime.date),
     datetime.time: _when(datetime.time),
     datetime.timedelta: _when(datetime.timedelta),
-    datetime.timezone: _timezone,
+    datetime.timezone: lambda u, args: datetime.timezone(
+        *_primitive("timezone", args, 1, 2, (datetime.timedelta, str))
+    ),
     decimal.Decimal: _decimal,
     fractions.Fraction: _fraction,
     np.dtype: _np_dtype,
-    **TORCH_CALLS,
+    torch.Size: _size,
+    torch.device: _device,
 }
 _FACTORIES = frozenset(
-    {
-        int,
-        float,
-        complex,
-        str,
-        bytes,
-        bool,
-        list,
-        dict,
-        set,
-        frozenset,
-        tuple,
-        collections.OrderedDict,
-        collections.Counter,
-        decimal.Decimal,
-        fractions.Fraction,
-    }
+    {int, float, complex, str, bytes, bool, list, dict, set, frozenset, tuple}
+    | {collections.OrderedDict, collections.Counter, decimal.Decimal, fractions.Fraction}
 )
 #: Containers whose deallocation recurses in C without CPython's trashcan: never directly nested.
 UNSAFE_NESTING = (collections.deque, collections.defaultdict, np.ndarray)
-_HANDLERS: dict[tuple[str, str], Callable[[Loader, tuple], Any]] = dict(TORCH_HANDLERS)
-_HANDLERS[("numpy", "frombuffer")] = _np_frombuffer_1d
+#: The module whose ``rebuild_*`` functions hwdist's tensor streams name.
+SERIALIZATION = "hwdist.serialization.tensors"
+_HANDLERS: dict[tuple[str, str], Callable[[Loader, tuple], Any]] = {
+    ("torch._utils", "_rebuild_parameter"): _parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _parameter,
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"): _meta,
+    (SERIALIZATION, "rebuild_tensor"): _tensor,
+    (SERIALIZATION, "rebuild_sparse"): _sparse,
+    (SERIALIZATION, "rebuild_quantized"): _quantized,
+    ("numpy", "frombuffer"): _np_frombuffer_1d,
+}
 for _np_mod in ("numpy.core", "numpy._core"):
     _HANDLERS[(f"{_np_mod}.numeric", "_frombuffer")] = _np_frombuffer
     _HANDLERS[(f"{_np_mod}.multiarray", "_reconstruct")] = _np_reconstruct
@@ -391,6 +597,8 @@ VALUES: dict[tuple[str, str], Any] = {
     ("fractions", "Fraction"): fractions.Fraction,
     ("numpy", "dtype"): np.dtype,
     ("numpy", "ndarray"): np.ndarray,
-    **TORCH_VALUES,
+    ("torch", "Size"): torch.Size,
+    ("torch", "device"): torch.device,
+    ("torch.nn.parameter", "Parameter"): torch.nn.Parameter,
 }
 VALUES.update({key: Handler(".".join(key), fn) for key, fn in _HANDLERS.items()})

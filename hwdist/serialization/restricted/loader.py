@@ -1,27 +1,18 @@
 """The restricted unpickler: hwdist's own pickle interpreter for payloads from peers it does not trust.
 
 Python's unpickler calls whatever a payload names and lets BUILD set state on
-any object, so an allow-list of globals on top of it is not enough (numpy's
-reconstructors trust their arguments, BUILD can ``setattr`` on a class, and
-``bytearray(n)`` or a BYTEARRAY8 opcode allocate what the payload asks for).
-This module reads the opcode stream itself and never hands the payload's
-values to a constructor unchecked:
-
-* every global resolves through an allow-list to a value or to one of
-  hwdist's handlers, which checks the arguments and builds the object itself
-  (numpy arrays from a plain numeric dtype, a shape and a buffer of exactly
-  the right size; tensors likewise);
-* BUILD sets state only on instances of classes the user registered, never
-  on a class; allow-listed standard types take no state;
-* every length is checked against the bytes left before anything is
-  allocated, and size-driven copies are charged against a budget
-  proportional to the payload;
-* nesting that CPython cannot hash or free without deep C recursion is
-  refused.
-
-Everything that is not accepted raises
-[`UnpicklingRefused`][hwdist.errors.UnpicklingRefused].
-The trust model is described in ``docs/objects.md`` and ``docs/reliability.md``.
+any object, so an allow-list of globals on top of it (``find_class``) is not
+enough: numpy's reconstructors trust their arguments, BUILD can ``setattr`` on
+a class, ``bytearray(n)`` allocates what the payload asks for, and nested
+tuples or deques crash CPython when hashed or freed. This module reads the
+opcodes itself: every global resolves through the allow-list to a value or to
+a handler that checks the arguments and builds the object itself; BUILD sets
+state only on instances of registered classes; every length is checked
+against the bytes left before anything is allocated, and size-driven copies
+are charged against a budget proportional to the payload; nesting that
+CPython cannot hash or free without deep C recursion is refused. Anything
+else raises [`UnpicklingRefused`][hwdist.errors.UnpicklingRefused]; the trust
+model is in ``docs/objects.md`` and ``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -29,17 +20,17 @@ from __future__ import annotations
 import builtins
 import collections
 import importlib
+import pickletools
 import struct
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union, cast
 
 import torch
 
 from ... import _compat
-from .base import MAX_NESTING, Handler, Pending, UnpicklingRefused, describe, hashable_in, refuse
-from .checks import CALLS, UNSAFE_NESTING, VALUES
-from .stream import read_pickle
-from .torchtypes import SERIALIZATION
+from ...errors import UnpicklingRefused
+from .checks import CALLS, MAX_NESTING, UNSAFE_NESTING, VALUES, Handler, Pending, describe, hashable_in
+from .checks import refuse
 from .opcodes import DISPATCH
 
 __all__ = [
@@ -53,57 +44,13 @@ __all__ = [
 
 # ---- the allow-list -------------------------------------------------------------------
 
+#: The builtins a payload may name (types and constants; their calls go through the handlers).
 _SAFE_BUILTINS = frozenset(
-    {
-        "bool",
-        "bytearray",
-        "bytes",
-        "complex",
-        "dict",
-        "float",
-        "frozenset",
-        "int",
-        "list",
-        "range",
-        "set",
-        "slice",
-        "str",
-        "tuple",
-        "NoneType",
-        "Ellipsis",
-        "NotImplemented",
-    }
+    "bool bytearray bytes complex dict float frozenset int list range set slice str tuple"
+    " NoneType Ellipsis NotImplemented".split()
 )
-SAFE: set[tuple[str, str]] = {
-    ("collections", "OrderedDict"),
-    ("collections", "defaultdict"),
-    ("collections", "deque"),
-    ("collections", "Counter"),
-    ("datetime", "datetime"),
-    ("datetime", "date"),
-    ("datetime", "time"),
-    ("datetime", "timedelta"),
-    ("datetime", "timezone"),
-    ("decimal", "Decimal"),
-    ("fractions", "Fraction"),
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("torch._utils", "_rebuild_parameter"),
-    ("torch._utils", "_rebuild_parameter_with_state"),
-    ("torch._utils", "_rebuild_meta_tensor_no_storage"),
-    ("torch.nn.parameter", "Parameter"),
-    (SERIALIZATION, "rebuild_tensor"),
-    (SERIALIZATION, "rebuild_sparse"),
-    (SERIALIZATION, "rebuild_quantized"),
-    ("numpy", "dtype"),
-    ("numpy", "ndarray"),
-}
-for _np_mod in ("numpy.core", "numpy._core"):
-    SAFE |= {
-        (f"{_np_mod}.numeric", "_frombuffer"),
-        (f"{_np_mod}.multiarray", "_reconstruct"),
-        (f"{_np_mod}.multiarray", "scalar"),
-    }
+#: The ``(module, name)`` pairs allowed: hwdist's handled globals, then what ``register_safe_class`` adds.
+SAFE: set[tuple[str, str]] = set(VALUES)
 _SAFE_LOCK = threading.Lock()
 # Read from the module dict: getattr(torch, name) would import torch's lazy submodules.
 _TORCH_DTYPE_NAMES = {k: v for k, v in vars(torch).items() if isinstance(v, torch.dtype)}
@@ -155,13 +102,11 @@ def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
     """``(module, name)`` of every type torch's ``add_safe_globals`` / ``safe_globals`` allow now."""
     out = []
     for entry in _compat.torch_safe_globals():
+        named = isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str)
         try:
-            if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
-                out.append(pair("add_safe_globals", entry[1]))  # (obj, "module.Name") as torch allows
-            else:
-                out.append(pair("add_safe_globals", entry))
+            out.append(pair("add_safe_globals", entry[1] if named else entry))  # (obj, "module.Name") too
         except (TypeError, ValueError):  # an entry without a name: no payload can name it either
-            continue
+            pass
     return tuple(out)
 
 
@@ -201,11 +146,12 @@ class Loader:
     def trusted(self, obj: Any) -> bool:
         return id(obj) in self.trusted_ids and self.trusted_ids[id(obj)] is obj
 
-    def track(self, obj: Any, items: Any) -> None:
-        """Depth of a new tuple/frozenset (CPython hashes them recursively, with no depth check)."""
+    def track(self, obj: Any) -> Any:
+        """``obj``, a new tuple or frozenset, whose depth is kept (CPython hashes them recursively, with
+        no depth check)."""
         depth = 0
         nesting = self.nesting
-        for c in items:
+        for c in obj:
             if type(c) is tuple or type(c) is frozenset:
                 e = nesting.get(id(c))
                 d = e[0] if e is not None and e[1] is c else 1
@@ -215,6 +161,7 @@ class Loader:
             if depth >= MAX_NESTING:
                 raise refuse(f"tuples or frozensets nested deeper than {MAX_NESTING}")
             nesting[id(obj)] = (depth + 1, obj)
+        return obj
 
     def mark_unsafe(self, obj: Any) -> None:
         self.unsafe[id(obj)] = obj
@@ -259,9 +206,13 @@ class Loader:
         self.base = self.marks[-1] if self.marks else 0
         return items
 
-    def depth(self) -> int:
-        """Values on the stack above the innermost MARK."""
-        return len(self.stack) - self.base
+    def pop_n(self, n: int) -> list[Any]:
+        """The top ``n`` values (removed from the stack), in stack order."""
+        if len(self.stack) - self.base < n:
+            raise refuse(f"an opcode needs {n} values on the stack")
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
 
     def top(self) -> Any:
         if len(self.stack) <= self.base:
@@ -423,6 +374,89 @@ def _set_state(inst: Any, state: Any) -> None:
             setattr(inst, k, v)
 
 
+# ---- one pickle from a stream that cannot seek ------------------------------------------------
+
+#: Reads of a length the stream gives are made in pieces of at most this size (bounded by real data).
+_CHUNK = 1 << 20
+
+
+class _Recorder:
+    """A stream that cannot seek, as ``genops`` reads it, plus the unread rest of the current FRAME;
+    keeps what it read."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.frame = b""
+        self.pos = 0
+        self.got = bytearray()
+
+    def _from_file(self, n: int) -> bytes:
+        parts = []
+        while n > 0:
+            chunk = self.file.read(min(n, _CHUNK))
+            if not chunk:  # end of the stream (or None: nothing there without blocking)
+                break
+            parts.append(bytes(chunk))
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def read(self, n: int) -> bytes:
+        out = self.frame[self.pos : self.pos + n]
+        self.pos += len(out)
+        if len(out) < n:
+            out += self._from_file(n - len(out))
+        self.got += out
+        return out
+
+    def readline(self) -> bytes:
+        end = self.frame.find(b"\n", self.pos)
+        out = self.frame[self.pos : len(self.frame) if end < 0 else end + 1]
+        self.pos += len(out)
+        if not out.endswith(b"\n"):
+            out += self._line_from_file()
+        self.got += out
+        return out
+
+    def _line_from_file(self) -> bytes:
+        readline = getattr(self.file, "readline", None)
+        if readline is not None:  # io's readline never reads past the newline
+            return bytes(readline())
+        parts = []
+        while True:
+            b = self._from_file(1)
+            parts.append(b)
+            if not b or b == b"\n":
+                return b"".join(parts)
+
+    def start_frame(self, n: int) -> None:
+        self.frame = self.frame[self.pos :] + self._from_file(n)
+        self.pos = 0
+
+
+def _read_pickle(file: Any) -> bytes:
+    """The bytes of the next pickle in ``file``, up to and including its STOP; what follows stays unread.
+
+    ``pickletools.genops`` walks the opcodes and their arguments through a recorder (lengths the
+    stream gives are read in bounded pieces, a protocol 4/5 FRAME in one read); nothing is built.
+
+    A stream that ends early, or an opcode pickle does not know, ends the collection there: the
+    interpreter then refuses the bytes (truncated, unknown opcode) with its own message.
+
+    Raises:
+        EOFError: the stream is at its end (nothing left to read), as ``pickle.Unpickler`` raises.
+    """
+    src = _Recorder(file)
+    try:
+        for op, arg, _ in pickletools.genops(cast(Any, src)):
+            if op.name == "FRAME":
+                src.start_frame(int(cast(int, arg)))
+    except ValueError:  # truncated, an unknown opcode or a malformed argument: the bytes read so far
+        pass
+    if not src.got:
+        raise EOFError("Ran out of input")
+    return bytes(src.got)
+
+
 # ---- public entry points ------------------------------------------------------------------
 
 
@@ -475,7 +509,7 @@ class RestrictedUnpickler:
         except (AttributeError, OSError, ValueError):
             start = None
         if start is None:
-            data = read_pickle(file)
+            data = _read_pickle(file)
         else:
             data = bytes(file.read())
             if not data:

@@ -12,7 +12,7 @@ import collections
 import struct
 from typing import TYPE_CHECKING, Any, Callable
 
-from .base import Pending, byte_view, describe, refuse
+from .checks import Pending, byte_view, describe, refuse
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -37,19 +37,6 @@ def _op_frame(u: Loader) -> None:
 def _op_int(u: Loader) -> None:
     line = u.readline()
     u.stack.append(True if line == b"01" else False if line == b"00" else int(line))
-
-
-def _op_long(u: Loader) -> None:
-    line = u.readline()
-    u.stack.append(int(line[:-1] if line.endswith(b"L") else line))
-
-
-def _op_long_n(fmt: str, n: int) -> Callable[[Loader], None]:
-    def op(u: Loader) -> None:
-        size = u.unpack(fmt, n)
-        u.stack.append(int.from_bytes(u.read(size), "little", signed=True))
-
-    return op
 
 
 def _op_string(u: Loader) -> None:
@@ -108,44 +95,11 @@ def _op_readonly(u: Loader) -> None:
     u.stack[-1] = memoryview(byte_view("READONLY_BUFFER", u.top())).toreadonly()
 
 
-def _tuple_of(items: list[Any], u: Loader) -> tuple:
-    out = tuple(items)
-    u.track(out, out)
-    return out
-
-
-def _op_tuple(u: Loader) -> None:
-    out = _tuple_of(u.pop_mark(), u)
-    u.stack.append(out)
-
-
-def _op_tuple_n(n: int) -> Callable[[Loader], None]:
-    def op(u: Loader) -> None:
-        if u.depth() < n:
-            raise refuse(f"TUPLE{n} needs {n} values on the stack")
-        items = u.stack[-n:]
-        del u.stack[-n:]
-        u.stack.append(_tuple_of(items, u))
-
-    return op
-
-
-def _op_list(u: Loader) -> None:
-    items = u.pop_mark()
-    u.stack.append(items)
-
-
 def _op_dict(u: Loader) -> None:
     items = u.pop_mark()
     if len(items) % 2:
         raise refuse("DICT needs key/value pairs")
     u.stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
-
-
-def _op_frozenset(u: Loader) -> None:
-    out = frozenset(u.pop_mark())
-    u.track(out, out)
-    u.stack.append(out)
 
 
 def _extend(u: Loader, items: list[Any]) -> None:
@@ -167,16 +121,6 @@ def _extend(u: Loader, items: list[Any]) -> None:
         raise refuse(f"APPEND to {describe(target)} is not allowed")
 
 
-def _op_append(u: Loader) -> None:
-    value = u.pop()
-    _extend(u, [value])
-
-
-def _op_appends(u: Loader) -> None:
-    items = u.pop_mark()
-    _extend(u, items)
-
-
 def _set_items(u: Loader, items: list[Any]) -> None:
     if len(items) % 2:
         raise refuse("SETITEMS needs key/value pairs")
@@ -193,16 +137,6 @@ def _set_items(u: Loader, items: list[Any]) -> None:
         target[items[i]] = items[i + 1]
 
 
-def _op_setitem(u: Loader) -> None:
-    value = u.pop()
-    key = u.pop()
-    _set_items(u, [key, value])
-
-
-def _op_setitems(u: Loader) -> None:
-    _set_items(u, u.pop_mark())
-
-
 def _op_additems(u: Loader) -> None:
     items = u.pop_mark()
     target = u.top()
@@ -216,7 +150,7 @@ def _op_additems(u: Loader) -> None:
 
 
 def _op_pop(u: Loader) -> None:
-    if u.depth() > 0:
+    if len(u.stack) > u.base:  # a value above the innermost MARK, else that MARK
         u.stack.pop()
     else:
         u.pop_mark()
@@ -227,10 +161,6 @@ def _op_dup(u: Loader) -> None:
     if type(value) is Pending:
         raise refuse("DUP of an object before its BUILD is not accepted")
     u.stack.append(value)
-
-
-def _op_mark(u: Loader) -> None:
-    u.mark()
 
 
 def _op_get(read_key: Callable[[Loader], int]) -> Callable[[Loader], None]:
@@ -256,15 +186,8 @@ def _op_put(read_key: Callable[[Loader], int]) -> Callable[[Loader], None]:
     return op
 
 
-def _op_global(u: Loader) -> None:
-    module = u.readline().decode("utf-8")
-    name = u.readline().decode("utf-8")
-    u.stack.append(u.find_class(module, name))
-
-
 def _op_stack_global(u: Loader) -> None:
-    name = u.pop()
-    module = u.pop()
+    module, name = u.pop_n(2)
     if type(module) is not str or type(name) is not str:
         raise refuse("STACK_GLOBAL needs two strings")
     u.stack.append(u.find_class(module, name))
@@ -273,19 +196,6 @@ def _op_stack_global(u: Loader) -> None:
 def _op_reduce(u: Loader) -> None:
     args = u.pop()
     u.stack[-1] = u.call(u.top(), args)
-
-
-def _op_newobj(u: Loader) -> None:
-    args = u.pop()
-    cls = u.pop()
-    u.stack.append(u.new(cls, args, {}))
-
-
-def _op_newobj_ex(u: Loader) -> None:
-    kwargs = u.pop()
-    args = u.pop()
-    cls = u.pop()
-    u.stack.append(u.new(cls, args, kwargs))
 
 
 def _refused_op(what: str) -> Callable[[Loader], None]:
@@ -311,9 +221,9 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "J": _op_small("<i"),
         "K": _op_small("<B"),
         "M": _op_small("<H"),
-        "L": _op_long,
-        "\x8a": _op_long_n("<B", 1),
-        "\x8b": _op_long_n("<I", 4),
+        "L": _push(lambda u: int(u.readline().removesuffix(b"L"))),
+        "\x8a": _push(lambda u: int.from_bytes(u.read(u.unpack("<B", 1)), "little", signed=True)),
+        "\x8b": _push(lambda u: int.from_bytes(u.read(u.unpack("<I", 4)), "little", signed=True)),
         "F": _push(lambda u: float(u.readline())),
         "G": _op_small(">d"),
         "S": _op_string,
@@ -323,34 +233,32 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "C": _op_counted("", 1, bytes),
         "\x8e": _op_counted("<Q", 8, bytes),
         "\x96": _op_counted("<Q", 8, bytearray),
-        "V": _push(
-            lambda u: codecs.raw_unicode_escape_decode(u.readline())[0]
-        ),  # no codec lookup (no import)
+        "V": _push(lambda u: codecs.raw_unicode_escape_decode(u.readline())[0]),  # no codec lookup
         "X": _op_counted("<I", 4, _utf8),
         "\x8c": _op_counted("", 1, _utf8),
         "\x8d": _op_counted("<Q", 8, _utf8),
         "\x97": _op_next_buffer,
         "\x98": _op_readonly,
         ")": _push(lambda u: ()),
-        "t": _op_tuple,
-        "\x85": _op_tuple_n(1),
-        "\x86": _op_tuple_n(2),
-        "\x87": _op_tuple_n(3),
+        "t": _push(lambda u: u.track(tuple(u.pop_mark()))),
+        "\x85": _push(lambda u: u.track(tuple(u.pop_n(1)))),
+        "\x86": _push(lambda u: u.track(tuple(u.pop_n(2)))),
+        "\x87": _push(lambda u: u.track(tuple(u.pop_n(3)))),
         "]": _push(lambda u: []),
-        "l": _op_list,
+        "l": _push(lambda u: u.pop_mark()),
         "}": _push(lambda u: {}),
         "d": _op_dict,
         "\x8f": _push(lambda u: set()),
-        "\x91": _op_frozenset,
-        "a": _op_append,
-        "e": _op_appends,
-        "s": _op_setitem,
-        "u": _op_setitems,
+        "\x91": _push(lambda u: u.track(frozenset(u.pop_mark()))),
+        "a": lambda u: _extend(u, [u.pop()]),
+        "e": lambda u: _extend(u, u.pop_mark()),
+        "s": lambda u: _set_items(u, u.pop_n(2)),
+        "u": lambda u: _set_items(u, u.pop_mark()),
         "\x90": _op_additems,
         "0": _op_pop,
         "1": lambda u: u.pop_mark().clear(),
         "2": _op_dup,
-        "(": _op_mark,
+        "(": lambda u: u.mark(),
         "g": _op_get(_line_int),
         "h": _op_get(lambda u: u.read(1)[0]),
         "j": _op_get(lambda u: u.unpack("<I", 4)),
@@ -358,11 +266,11 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "q": _op_put(lambda u: u.read(1)[0]),
         "r": _op_put(lambda u: u.unpack("<I", 4)),
         "\x94": lambda u: u.memoize(u.memo_len()),
-        "c": _op_global,
+        "c": _push(lambda u: u.find_class(u.readline().decode("utf-8"), u.readline().decode("utf-8"))),
         "\x93": _op_stack_global,
         "R": _op_reduce,
-        "\x81": _op_newobj,
-        "\x92": _op_newobj_ex,
+        "\x81": _push(lambda u: u.new(*[*u.pop_n(2), {}])),  # no keywords
+        "\x92": _push(lambda u: u.new(*u.pop_n(3))),
         "b": lambda u: u.build(),
         "P": _refused_op("a persistent id (PERSID)"),
         "Q": _refused_op("a persistent id (BINPERSID)"),
