@@ -85,7 +85,14 @@ def of(group: Any) -> GroupState:
         return hit[1]
 
 
+#: Bumped by [`clear`][hwdist._state.clear]: a cache of a group's state (the flight recorder's default
+#: group info) is valid while the generation it was taken in lasts.
+generation = 0
+
+
 def clear() -> None:
     """Forget the state of every group (``destroy``, re-initialisation)."""
+    global generation
     _weak.clear()
     _strong.clear()
+    generation += 1

@@ -138,6 +138,7 @@ class Recorder:
         self._append = self.ring.append
         self.world_info: Optional[GroupInfo] = None  # the default group's info (group=None), cached
         self._world_pg: Any = _dead  # a weak reference to the default group the cached info belongs to
+        self._world_gen = -1  # the ``_state.generation`` the cached info was taken in
         self._launch_checked = False  # whether a call without a process group looked for a launcher
         self.on_first_call: Any = None  # called once, on the first recorded call (starts the watchdog)
         self.on_new_group: Any = None  # called with a group the recorder sees for the first time
@@ -151,8 +152,13 @@ class Recorder:
             if group is None:  # the common case: the default group's info, dropped with its group state
                 info = self.world_info
                 pg = self._world_pg()
-                if info is None or pg is None or pg is not _compat.default_group():
-                    info = self._world()  # first call, or torch destroyed and made the default group anew
+                if (
+                    info is None
+                    or pg is None
+                    or pg is not _compat.default_group()
+                    or self._world_gen != _state.generation
+                ):  # first call, the default group made anew (by torch or hwdist), or its state dropped
+                    info = self._world()
             else:
                 info = _state.of(group).flight
                 if info is None:
@@ -193,6 +199,7 @@ class Recorder:
             # keyed by torch's group object: a default group destroyed and made anew (by hwdist or by
             # torch directly) is a new group with a counter of its own, whichever way a caller names it
             self._world_pg = weakref.ref(_compat.default_group())
+            self._world_gen = _state.generation
             self.world_info = info
         return info
 

@@ -484,6 +484,33 @@ def test_recorder_entries(dist, ws, backend):
         assert res["running"]  # the first collective started the watchdog (HWDIST_HANG_TIMEOUT default 300)
 
 
+def _numbers_after_state_dropped() -> dict:
+    import time
+
+    import torch
+    import torch.distributed as tdist
+
+    import hwdist
+    from hwdist import flight, registry
+
+    t = torch.ones(2)
+    hwdist.all_reduce(t)
+    registry.forget_groups()  # what hwdist.destroy and the exit hook do first; here the group lives on
+    since = time.time()
+    hwdist.all_reduce(t)
+    hwdist.all_reduce(t, group=tdist.GroupMember.WORLD)  # the default group passed explicitly
+    hwdist.all_reduce(t)
+    entries = [e for e in flight.snapshot() if e["start"] >= since]
+    return {"seqs": [e["seq"] for e in entries], "groups": [e["group"] for e in entries]}
+
+
+@pytest.mark.parametrize("backend", ["gloo", "emu"])
+def test_the_default_group_keeps_one_counter_after_hwdist_drops_its_state(dist, backend):
+    for res in dist(_numbers_after_state_dropped, 2, backend):
+        assert res["groups"] == ["default"] * 3, res
+        assert res["seqs"] == [1, 2, 3], res  # one counter, restarted with the state, for None and WORLD
+
+
 def _numbered_mismatch_rank() -> dict:
     import torch
     import torch.distributed as tdist
