@@ -215,6 +215,13 @@ def set_verifier(hook: Callable[[str, Any, Any, dict[str, Any]], None]) -> None:
     _verifier = hook
 
 
+def active_hook() -> Optional[Callable[[str, Any, Any, dict[str, Any]], None]]:
+    """The hook that verifies the call in flight on this thread, or None when it is not verified."""
+    if getattr(_local, "unverified", False):
+        return None
+    return (_hook or _verifier) if getattr(_local, "forced", False) else _hook
+
+
 def verifying() -> bool:
     """Whether the call in flight on this thread is verified: the mode is on (its hook is set) and the call
     did not pass ``verify=False``, or the call passed ``verify=True``."""
@@ -238,8 +245,8 @@ def _hooked(op: str, fn: F, describe: Callable[..., tuple[Any, Any, Optional[dic
     """``fn`` preceded by the hook, handed ``describe(*args, **kwargs)`` (the path while the mode is on)."""
 
     def hooked(*args: Any, **kwargs: Any) -> Any:
-        hook = _hook if not getattr(_local, "forced", False) else (_hook or _verifier)
-        if hook is not None and not getattr(_local, "unverified", False):
+        hook = active_hook()
+        if hook is not None:
             try:
                 group, sample, fields = describe(*args, **kwargs)
             except TypeError:  # the arguments do not bind: the call itself raises the right error

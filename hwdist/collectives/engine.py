@@ -42,15 +42,11 @@ from . import call_entry
 from .call_entry import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device, fixed_comm_device
 
-__all__ = [
-    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check",
-    "when_checking",
-]
+__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check"]
 
 Tensor = torch.Tensor
 
 _NO_POST = Post.NONE
-_hook = call_entry.hook
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
 
 
@@ -63,26 +59,22 @@ def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) ->
 
 
 def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]]) -> bool:
-    """Hand the hook one call of a collective that is not described (objects, results, dicts, params).
+    """Hand the hook one call of a collective that is not described by its decorator (``all_reduce_params``,
+    whose ``params`` may be an iterator the call itself consumes).
 
-    ``describe()`` gives the call's ``(sample tensor or None, fields)``; it runs only while a hook is
-    set, so the call pays one look-up when verification mode is off.
+    ``describe()`` gives the call's ``(sample tensor or None, fields)``; it runs only while the call is
+    verified (the mode is on and the call did not pass ``verify=False``, or it passed ``verify=True``),
+    so the call pays one look-up otherwise.
 
     Returns:
         Whether a hook saw the call (the caller may then skip a check of its own that the hook made).
     """
-    hook = _hook()
+    hook = call_entry.active_hook()
     if hook is None:
         return False
     sample, fields = describe()
     hook(op, group, sample, fields)
     return True
-
-
-def when_checking(extra: Callable[[], None]) -> None:
-    """Run ``extra`` (a cross-rank check beyond the hook's fingerprint) only while a hook is set."""
-    if _hook() is not None:
-        extra()
 
 
 # ---------------------------------------------------------------------------

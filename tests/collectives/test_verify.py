@@ -300,8 +300,12 @@ def test_verification_mode_off_never_reaches_the_check(dist):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "env, enabled, call_sites",
-    [({}, True, False), ({"HWDIST_VERIFY": "0"}, False, False), ({"HWDIST_DEBUG": "1"}, True, True),
-     ({"HWDIST_VERIFY": "0", "HWDIST_DEBUG": "1"}, True, True)],
+    [
+        ({}, True, False),
+        ({"HWDIST_VERIFY": "0"}, False, False),
+        ({"HWDIST_DEBUG": "1"}, True, True),
+        ({"HWDIST_VERIFY": "0", "HWDIST_DEBUG": "1"}, True, True),
+    ],
 )
 def test_env_variables_switch_verification(env, enabled, call_sites):
     """On by default; HWDIST_VERIFY=0 turns it off; HWDIST_DEBUG=1 adds the call sites (and turns it on)."""
@@ -314,7 +318,49 @@ def test_env_variables_switch_verification(env, enabled, call_sites):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = {k: v for k, v in os.environ.items() if k not in ("HWDIST_VERIFY", "HWDIST_DEBUG")}
     done = subprocess.run(
-        [sys.executable, "-c", code], env=dict(base, PYTHONPATH=root, **env), capture_output=True, text=True,
+        [sys.executable, "-c", code],
+        env=dict(base, PYTHONPATH=root, **env),
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert done.stdout.split() == [str(enabled), str(call_sites)], done.stdout + done.stderr
+
+
+def _forced_cases() -> dict[str, tuple[str, str]]:
+    rank = hwdist.get_rank()
+    out: dict[str, tuple[str, str]] = {}
+    with hwdist.verification(False):  # off for the process: each call asks with verify=True
+        cases: dict[str, Callable[[], Any]] = {
+            "all_reduce": lambda: hwdist.all_reduce(torch.zeros(_odd(rank, 4, 5)), verify=True),
+            "all_gather": lambda: hwdist.all_gather(
+                torch.zeros(2, dtype=_odd(rank, torch.float32, torch.int32)), verify=True
+            ),
+            "all_reduce_dict": lambda: hwdist.all_reduce_dict(
+                {"a": torch.ones(_odd(rank, 2, 3))}, verify=True
+            ),
+            "all_reduce_params": lambda: hwdist.all_reduce_params(
+                iter([torch.ones(3), torch.ones(_odd(rank, 2, 4))]),
+                verify=True,  # an iterator, consumed once
+            ),
+            "broadcast_object_list": lambda: hwdist.broadcast_object_list(
+                [rank], src=_odd(rank, 0, 1), verify=True
+            ),
+            "collect_results": lambda: hwdist.collect_results([rank], _odd(rank, 2, 3), verify=True),
+        }
+        for name, case in cases.items():
+            out[name] = _catch(case)
+        t = torch.ones(1)
+        hwdist.all_reduce(t)  # healthy afterwards, unverified
+        out["healthy"] = ("", str(t.item()))
+    return out
+
+
+@pytest.mark.parametrize("backend", one_backend())
+def test_verify_true_verifies_one_call_of_every_kind_while_verification_is_off(dist, backend):
+    for got in dist(_forced_cases, 2, backend):
+        assert got.pop("healthy") == ("", "2.0")
+        for name, (kind, msg) in got.items():
+            assert kind.startswith("CollectiveMismatch") and "(verification)" in msg, (name, kind, msg)
+            assert f"mismatch in '{name}'" in msg, (name, msg)  # the call itself, not one it is built on
+            assert "rank 0: " in msg and "rank 1: " in msg, (name, msg)
