@@ -70,6 +70,8 @@ def all_reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, f
     """all_reduce as the plan says (cast, mean, PREMUL_SUM, or MIN/MAX by all_gather)."""
     if plan == GATHER_REDUCE:
         return _gather_reduce(tg, tensors, rop, keep=True)
+    ws = tg.size  # closures keep numbers, never the target: the last reference to a wrapped backend
+    # must not be dropped on that backend's own worker thread (its destructor would join itself)
     sends: list[Tensor] = []
     aliased: list[bool] = []
     for t in tensors:
@@ -83,7 +85,7 @@ def all_reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, f
 
     def finish() -> None:
         for t, send, alias in zip(tensors, sends, aliased):
-            _finish_reduction(t, send, plan, tg.size, alias)
+            _finish_reduction(t, send, plan, ws, alias)
 
     return _work.then([work], finish, tensors)
 
@@ -97,7 +99,7 @@ def _finish_reduction(data: Tensor, buf: Tensor, plan: Plan, ws: int, aliased: b
 
 def _gather_reduce(tg: Any, tensors: list[Tensor], rop: str, keep: bool, root: Optional[int] = None) -> Any:
     """MIN/MAX through an all_gather of every rank's tensor and a local reduction (exact)."""
-    works, rows = [], []
+    works, rows, me = [], [], tg.rank
     for t in tensors:
         plan = tg.plan("all_gather", t.dtype)
         cdev = tg.cdev(t)
@@ -107,7 +109,7 @@ def _gather_reduce(tg: Any, tensors: list[Tensor], rop: str, keep: bool, root: O
         rows.append((t, plan, outs))
 
     def finish() -> None:
-        if not keep and tg.rank != root:
+        if not keep and me != root:
             return
         for t, plan, outs in rows:
             stacked = torch.stack([from_comm(o, plan, t.shape, t.device) for o in outs])
@@ -119,7 +121,7 @@ def _gather_reduce(tg: Any, tensors: list[Tensor], rop: str, keep: bool, root: O
 
 def reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, factor: Any) -> Any:
     """reduce to ``opts.rootRank``: natively on wire buffers, or as an all_reduce the plan names."""
-    root = opts.rootRank
+    root, ws, me = opts.rootRank, tg.size, tg.rank
     if plan == GATHER_REDUCE:
         return _gather_reduce(tg, tensors, rop, keep=False, root=root)
     sends, aliased = [], []
@@ -138,9 +140,9 @@ def reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, facto
         work = tg.inner.allreduce(sends, _opts(torch_dist.AllreduceOptions, opts, reduceOp=torch_op(plan)))
 
     def finish() -> None:
-        if tg.rank == root:
+        if me == root:
             for t, send, alias in zip(tensors, sends, aliased):
-                _finish_reduction(t, send, plan, tg.size, alias)
+                _finish_reduction(t, send, plan, ws, alias)
 
     return _work.then([work], finish, tensors)
 
@@ -177,7 +179,7 @@ def reduce_scatter(tg: Any, output: Tensor, rows: Tensor, opts: Any, plan: Any, 
 
 
 def _gather_reduce_scatter(tg: Any, output: Tensor, rows: Tensor, rop: str) -> Any:
-    plan = tg.plan("all_gather", rows.dtype)
+    plan, me = tg.plan("all_gather", rows.dtype), tg.rank
     # every rank needs only its own row of every rank's input: an all_to_all would move less, but the
     # all_gather of the whole input is the one move every backend has
     full, _ = prepare(rows.contiguous(), plan, tg.cdev(output))
@@ -185,7 +187,7 @@ def _gather_reduce_scatter(tg: Any, output: Tensor, rows: Tensor, rop: str) -> A
     work = tg.inner.allgather([outs], [full])
 
     def finish() -> None:
-        mine = [from_comm(o, plan, rows.shape, output.device)[tg.rank] for o in outs]
+        mine = [from_comm(o, plan, rows.shape, output.device)[me] for o in outs]
         with torch.no_grad():
             output.copy_(_local_reduce(torch.stack(mine), rop).reshape(output.shape))
 
@@ -197,9 +199,10 @@ def broadcast(tg: Any, tensors: list[Tensor], opts: Any, plan: Plan) -> Any:
     """broadcast from ``opts.rootRank`` on wire buffers (a byte view, the comm device)."""
     sends = [prepare(t, plan, tg.cdev(t)) for t in tensors]
     work = tg.inner.broadcast([s for s, _ in sends], opts)
+    me, root = tg.rank, opts.rootRank
 
     def finish() -> None:
-        if tg.rank != opts.rootRank:
+        if me != root:
             for t, (s, alias) in zip(tensors, sends):
                 if not alias:
                     restore(t, s, plan)
@@ -256,7 +259,7 @@ def all_gather_single(tg: Any, output: Tensor, input: Tensor, opts: Any, plan: P
 
 def gather(tg: Any, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any, plan: Plan) -> Any:
     """gather to ``opts.rootRank``: natively on wire buffers, or as an all_gather the plan names."""
-    t, root = inputs[0], opts.rootRank
+    t, root, me = inputs[0], opts.rootRank, tg.rank
     send, _ = prepare(t, plan, tg.cdev(t))
     bufs: list[Tensor] = []
     if plan.native_op == "gather":
@@ -267,7 +270,7 @@ def gather(tg: Any, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any
         work = tg.inner.allgather([bufs], [send])
 
     def finish() -> None:
-        if tg.rank == root:
+        if me == root:
             for dst, buf in zip(outputs[0], bufs):
                 restore(dst, buf, plan)
 

@@ -18,8 +18,8 @@ from hwdist.launch.core import destroy, init_backend
 from hwdist.testing.emulated import EmulatedDriver, EmulatedProcessGroup
 
 STRICT = "emu-strict"
-#: (op, reduce op or None) of every call the strict group received, in order.
-CALLS: list[tuple[str, Any]] = []
+#: (op, reduce op or None, first tensor's dtype or None) of every call the strict group received, in order.
+CALLS: list[tuple[str, Any, Any]] = []
 
 
 class StrictProcessGroup(EmulatedProcessGroup):
@@ -31,10 +31,30 @@ class StrictProcessGroup(EmulatedProcessGroup):
 
     def _check(self, op: str, tensors: Any, opts: Any = None) -> None:
         rop = getattr(opts, "reduceOp", None)
-        CALLS.append(
-            (op, str(getattr(rop, "op", rop)).rpartition(".")[2].lower() if rop is not None else None)
-        )
+        name = str(getattr(rop, "op", rop)).rpartition(".")[2].lower() if rop is not None else None
+        first = _first(tensors)
+        CALLS.append((op, name, None if first is None else str(first.dtype).replace("torch.", "")))
         super()._check(op, tensors, opts)
+
+
+def _first(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    for item in obj if isinstance(obj, (list, tuple)) else ():
+        found = _first(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _first(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj
+    for item in obj if isinstance(obj, (list, tuple)) else ():
+        found = _first(item)
+        if found is not None:
+            return found
+    return None
 
 
 class StrictDriver(EmulatedDriver):
@@ -58,7 +78,7 @@ def init(backend: str, store: str, timeout: float = 60.0) -> None:
     CALLS.clear()
 
 
-def calls() -> list[tuple[str, Any]]:
+def calls() -> list[tuple[str, Any, Any]]:
     """The strict group's calls since ``init`` (a copy)."""
     return list(CALLS)
 
