@@ -426,7 +426,6 @@ def torch_group_count() -> int:
     return len(getattr(world, "pg_map", None) or ())
 
 
-
 # torch 2.15: torch's NCCL backend name builds ProcessGroupNCCL2 (on torchcomms) unless
 # TORCH_DIST_USE_NCCL2=0 picks the older ProcessGroupNCCL; other names of the engines are registered beside
 # it (torch/distributed/distributed_c10d.py, _register_builtin_nccl_backend; hwdist/drivers/nccl.py lists
@@ -584,10 +583,13 @@ def python_backend_types() -> tuple[Any, Any]:
 
 def torch_backend_plugin(name: str) -> Optional[tuple[Callable[..., Any], bool]]:
     """``(creator, extended_api)`` torch keeps for backend ``name`` (its ``Backend._plugins`` table, which
-    holds torch's own backends too from 2.15), or None where it has none."""
+    holds torch's own backends too from 2.14, loaded from its entry points on first use), or None."""
     if not DIST_AVAILABLE:
         return None
-    plugin = getattr(_dist.Backend, "_plugins", {}).get(name.upper())
+    plugins = getattr(_dist.Backend, "_plugins", {})
+    if name.upper() not in plugins and _ensure_registered is not None:
+        _ensure_registered(name)  # torch >= 2.14 registers even its own backends on first use
+    plugin = plugins.get(name.upper())
     creator = getattr(plugin, "creator_fn", None)
     if creator is None:
         return None

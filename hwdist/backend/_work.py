@@ -91,18 +91,21 @@ def then(works: Sequence[Any], finish: Callable[[], None], result: Any) -> Futur
     are all done already. An exception from a work or from ``finish`` completes the Work with it.
     """
     futs = [_future_of(w) for w in works if w is not None]
+    out = Future()
 
-    def after(got: Any) -> Any:
-        for f in got.value() if len(futs) > 1 else [got]:
-            f.value()  # the wrapped call's own exception, if any
-        finish()
-        return result
+    def after(got: Any) -> None:
+        try:
+            for f in got.value() if len(futs) > 1 else [got]:
+                f.value()  # the wrapped call's own exception, if any
+            finish()
+        except Exception as exc:  # the caller's wait raises it, with its own type
+            out.set_exception(exc)
+        else:
+            out.set_result(result)
 
     if not futs:
-        try:
-            finish()
-        except Exception as exc:
-            return failed(exc)
-        return done(result)
+        after(done(None).get_future())
+        return FutureWork(out)
     joined = futs[0] if len(futs) == 1 else torch.futures.collect_all(futs)
-    return FutureWork(joined.then(after))
+    joined.add_done_callback(after)
+    return FutureWork(out)

@@ -584,4 +584,3 @@ def driver_source(conf: Conformance, driver: Any) -> str:
         )
     lines += ["}", ""]
     return "\n".join(lines)
-
