@@ -30,7 +30,7 @@ from .. import _compat, _state, registry
 from ..collectives import _wire, call_entry
 from ..drivers.base import Plan
 from ..errors import BackendError, PlanError
-from . import NAME, _ops, registered_wraps
+from . import NAME, _inflight, _ops, registered_wraps
 from ._ops import GATHER_REDUCE
 
 __all__ = ["HwdistBackend", "Target", "create"]
@@ -105,18 +105,6 @@ class Target:
     def flat(self, op: str) -> bool:
         """Whether the wrapped backend has ``op``'s one-tensor form."""
         return op in self.caps.flat_ops
-
-
-def _ended(rec: Any, entry: Any, fut: Any) -> None:
-    try:
-        fut.value()
-        error: Optional[BaseException] = None
-    except Exception as exc:
-        error = exc
-    try:
-        rec.end(entry, error)
-    except Exception:
-        pass
 
 
 class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
@@ -215,109 +203,96 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
             entry[4], entry[5] = f.f_code, f.f_lasti
         return rec, entry
 
-    def _run(self, op: str, arg: Any, call: Callable[[], Any]) -> Any:
+    def _run(self, op: str, arg: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (the call's plan and issue), recorded in the flight recorder when it is on."""
+        if call_entry._recorder is None:  # the recorder is off: nothing else to do
+            return fn(*args)
         token = self._begin(op, arg)
         try:
-            work = call()
+            work = fn(*args)
         except BaseException as exc:
             if token is not None:
                 token[0].end(token[1], exc)
             raise
         if token is not None:
-            try:
-                fut = work.get_future()
-            except Exception:
-                token[0].end(token[1], None)
-            else:
-                rec, entry = token
-                fut.add_done_callback(lambda f: _ended(rec, entry, f))
+            _inflight.add(token[0], token[1], work)  # completed by the sweeper, off this path
         return work
 
     # ---- reductions ------------------------------------------------------------------------------
     def allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
         """all_reduce (DDP's gradient buckets)."""
+        return self._run("all_reduce", tensors[0], self._allreduce, tensors, opts)
 
-        def call() -> Any:
-            t = tensors[0]
-            tg = self._target(t)
-            rop, factor = _reduce_op(opts.reduceOp)
-            plan = tg.reduce_plan("all_reduce", t.dtype, rop)
-            if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
-                return tg.inner.allreduce(tensors, opts)
-            return _ops.all_reduce(tg, tensors, opts, plan, rop, factor)
-
-        return self._run("all_reduce", tensors[0], call)
+    def _allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
+        t = tensors[0]
+        tg = self._target(t)
+        rop, factor = _reduce_op(opts.reduceOp)
+        plan = tg.reduce_plan("all_reduce", t.dtype, rop)
+        if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.allreduce(tensors, opts)
+        return _ops.all_reduce(tg, tensors, opts, plan, rop, factor)
 
     def allreduce_coalesced(self, tensors: list[Tensor], opts: Any) -> Any:
         """all_reduce of several tensors (torch's coalescing manager): one call when every plan passes."""
+        return self._run(
+            "all_reduce_coalesced", tensors[0] if tensors else None, self._allreduce_coalesced, tensors, opts
+        )
 
-        def call() -> Any:
-            tg = self._target(tensors[0])
-            rop, factor = _reduce_op(opts.reduceOp)
-            plans = [tg.reduce_plan("all_reduce", t.dtype, rop) for t in tensors]
-            if factor is None and all(
-                p is not GATHER_REDUCE and p.passthrough and tg.cdev(t) is None
-                for p, t in zip(plans, tensors)
-            ):
-                return tg.inner.allreduce_coalesced(tensors, opts)
-            works = [_ops.all_reduce(tg, [t], opts, p, rop, factor) for p, t in zip(plans, tensors)]
-            return _ops.coalesced(works, tensors)
-
-        return self._run("all_reduce_coalesced", tensors[0] if tensors else None, call)
+    def _allreduce_coalesced(self, tensors: list[Tensor], opts: Any) -> Any:
+        tg = self._target(tensors[0])
+        rop, factor = _reduce_op(opts.reduceOp)
+        plans = [tg.reduce_plan("all_reduce", t.dtype, rop) for t in tensors]
+        if factor is None and all(
+            p is not GATHER_REDUCE and p.passthrough and tg.cdev(t) is None for p, t in zip(plans, tensors)
+        ):
+            return tg.inner.allreduce_coalesced(tensors, opts)
+        works = [_ops.all_reduce(tg, [t], opts, p, rop, factor) for p, t in zip(plans, tensors)]
+        return _ops.coalesced(works, tensors)
 
     def reduce(self, tensors: list[Tensor], opts: Any) -> Any:
         """reduce to ``opts.rootRank``."""
+        return self._run("reduce", tensors[0], self._reduce, tensors, opts)
 
-        def call() -> Any:
-            t = tensors[0]
-            tg = self._target(t)
-            rop, factor = _reduce_op(opts.reduceOp)
-            plan = tg.reduce_plan("reduce", t.dtype, rop)
-            if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
-                return tg.inner.reduce(tensors, opts)
-            return _ops.reduce(tg, tensors, opts, plan, rop, factor)
+    def _reduce(self, tensors: list[Tensor], opts: Any) -> Any:
+        t = tensors[0]
+        tg = self._target(t)
+        rop, factor = _reduce_op(opts.reduceOp)
+        plan = tg.reduce_plan("reduce", t.dtype, rop)
+        if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.reduce(tensors, opts)
+        return _ops.reduce(tg, tensors, opts, plan, rop, factor)
 
-        return self._run("reduce", tensors[0], call)
-
-    def _reduce_scatter(self, output: Tensor, rows: Tensor, opts: Any, native: Callable[[], Any]) -> Any:
+    def _rs_plan(self, output: Tensor, opts: Any) -> tuple[Target, str, Any, Any, bool]:
         tg = self._target(output)
         rop, factor = _reduce_op(opts.reduceOp)
         plan = tg.reduce_plan("reduce_scatter", output.dtype, rop)
-        if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(output) is None:
-            return native()
-        return _ops.reduce_scatter(tg, output, rows, opts, plan, rop, factor)
+        passes = factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(output) is None
+        return tg, rop, factor, plan, passes
 
     def reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
         """reduce_scatter, list form."""
+        return self._run("reduce_scatter", outputs[0], self._reduce_scatter, outputs, inputs, opts)
 
-        def call() -> Any:
-            out = outputs[0]
-            tg = self._target(out)
-            rows = torch.stack([p.reshape(out.shape) for p in inputs[0]])
-            return self._reduce_scatter(
-                out, rows, opts, lambda: tg.inner.reduce_scatter(outputs, inputs, opts)
-            )
-
-        return self._run("reduce_scatter", outputs[0], call)
+    def _reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
+        out = outputs[0]
+        tg, rop, factor, plan, passes = self._rs_plan(out, opts)
+        if passes:
+            return tg.inner.reduce_scatter(outputs, inputs, opts)
+        rows = torch.stack([p.reshape(out.shape) for p in inputs[0]])
+        return _ops.reduce_scatter(tg, out, rows, opts, plan, rop, factor)
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
         """reduce_scatter into one tensor (FSDP2's gradients)."""
+        return self._run("reduce_scatter_tensor", input, self._reduce_scatter_single, output, input, opts)
 
-        def call() -> Any:
-            tg = self._target(output)
-            rows = input.reshape(tg.size, *output.shape)
-            if not tg.flat("reduce_scatter"):  # the list form over the input's rows, or the plan's emulation
-                return self._reduce_scatter(
-                    output,
-                    rows,
-                    opts,
-                    lambda: tg.inner.reduce_scatter([output], [list(rows.unbind(0))], opts),
-                )
-            return self._reduce_scatter(
-                output, rows, opts, lambda: tg.inner.reduce_scatter_single(output, input, opts)
-            )
-
-        return self._run("reduce_scatter_tensor", input, call)
+    def _reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
+        tg, rop, factor, plan, passes = self._rs_plan(output, opts)
+        rows = input.reshape(tg.size, *output.shape)
+        if passes and tg.flat("reduce_scatter"):
+            return tg.inner.reduce_scatter_single(output, input, opts)
+        if passes:  # the list form over the input's rows (views: no copy)
+            return tg.inner.reduce_scatter([output], [list(rows.unbind(0))], opts)
+        return _ops.reduce_scatter(tg, output, rows, opts, plan, rop, factor)
 
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
         """reduce_scatter of several tensors, one call per pair."""
@@ -327,41 +302,38 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     # ---- moves -------------------------------------------------------------------------------------
     def broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
         """broadcast from ``opts.rootRank`` (DDP's start-up, FSDP's and DTensor's replication)."""
+        return self._run("broadcast", tensors[0], self._broadcast, tensors, opts)
 
-        def call() -> Any:
-            t = tensors[0]
-            tg = self._target(t)
-            plan = tg.plan("broadcast", t.dtype)
-            if plan.passthrough and tg.cdev(t) is None:
-                return tg.inner.broadcast(tensors, opts)
-            return _ops.broadcast(tg, tensors, opts, plan)
-
-        return self._run("broadcast", tensors[0], call)
+    def _broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
+        t = tensors[0]
+        tg = self._target(t)
+        plan = tg.plan("broadcast", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.broadcast(tensors, opts)
+        return _ops.broadcast(tg, tensors, opts, plan)
 
     def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
         """all_gather, list form."""
+        return self._run("all_gather", inputs[0], self._allgather, outputs, inputs, opts)
 
-        def call() -> Any:
-            t = inputs[0]
-            tg = self._target(t)
-            plan = tg.plan("all_gather", t.dtype)
-            if plan.passthrough and tg.cdev(t) is None:
-                return tg.inner.allgather(outputs, inputs, opts)
-            return _ops.all_gather(tg, outputs, inputs, opts, plan)
-
-        return self._run("all_gather", inputs[0], call)
+    def _allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
+        t = inputs[0]
+        tg = self._target(t)
+        plan = tg.plan("all_gather", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.allgather(outputs, inputs, opts)
+        return _ops.all_gather(tg, outputs, inputs, opts, plan)
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
         """all_gather into one tensor (FSDP2's parameters, DTensor's Shard -> Replicate)."""
+        return self._run("all_gather_into_tensor", input, self._all_gather_single, output, input, opts)
 
-        def call() -> Any:
-            tg = self._target(input)
-            plan = tg.plan("all_gather", input.dtype)
-            if plan.passthrough and tg.cdev(input) is None and tg.flat("all_gather"):
-                return tg.inner.all_gather_single(output, input, opts)
-            return _ops.all_gather_single(tg, output, input, opts, plan)
-
-        return self._run("all_gather_into_tensor", input, call)
+    def _all_gather_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
+        tg = self._target(input)
+        plan = tg.plan("all_gather", input.dtype)
+        if plan.passthrough and tg.cdev(input) is None and tg.flat("all_gather"):
+            return tg.inner.all_gather_single(output, input, opts)
+        return _ops.all_gather_single(tg, output, input, opts, plan)
 
     def all_gather_single_coalesced(
         self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None
@@ -377,87 +349,84 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def gather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
         """gather to ``opts.rootRank``."""
+        return self._run("gather", inputs[0], self._gather, outputs, inputs, opts)
 
-        def call() -> Any:
-            t = inputs[0]
-            tg = self._target(t)
-            plan = tg.plan("gather", t.dtype)
-            if plan.passthrough and tg.cdev(t) is None:
-                return tg.inner.gather(outputs, inputs, opts)
-            return _ops.gather(tg, outputs, inputs, opts, plan)
-
-        return self._run("gather", inputs[0], call)
+    def _gather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
+        t = inputs[0]
+        tg = self._target(t)
+        plan = tg.plan("gather", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.gather(outputs, inputs, opts)
+        return _ops.gather(tg, outputs, inputs, opts, plan)
 
     def scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
         """scatter from ``opts.rootRank``."""
+        return self._run("scatter", outputs[0], self._scatter, outputs, inputs, opts)
 
-        def call() -> Any:
-            t = outputs[0]
-            tg = self._target(t)
-            plan = tg.plan("scatter", t.dtype)
-            if plan.passthrough and tg.cdev(t) is None:
-                return tg.inner.scatter(outputs, inputs, opts)
-            return _ops.scatter(tg, outputs, inputs, opts, plan)
-
-        return self._run("scatter", outputs[0], call)
+    def _scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
+        t = outputs[0]
+        tg = self._target(t)
+        plan = tg.plan("scatter", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.scatter(outputs, inputs, opts)
+        return _ops.scatter(tg, outputs, inputs, opts, plan)
 
     def all_to_all_single(
         self, output: Tensor, input: Tensor, out_splits: list[int], in_splits: list[int], opts: Any
     ) -> Any:
-        """all_to_all of one tensor each way (DTensor's Shard(i) -> Shard(j))."""
+        """all_to_all of one tensor each way (DTensor's Shard(i) -> Shard(j) on accelerators)."""
+        args = (output, input, out_splits, in_splits, opts)
+        return self._run("all_to_all_single", input, self._all_to_all_single, *args)
 
-        def call() -> Any:
-            tg = self._target(input)
-            plan = tg.plan("all_to_all", input.dtype)
-            if plan.passthrough and tg.cdev(input) is None and tg.flat("all_to_all"):
-                return tg.inner.all_to_all_single(output, input, out_splits, in_splits, opts)
-            return _ops.all_to_all_single(tg, output, input, list(out_splits), list(in_splits), opts, plan)
-
-        return self._run("all_to_all_single", input, call)
+    def _all_to_all_single(
+        self, output: Tensor, input: Tensor, out_splits: list[int], in_splits: list[int], opts: Any
+    ) -> Any:
+        tg = self._target(input)
+        plan = tg.plan("all_to_all", input.dtype)
+        if plan.passthrough and tg.cdev(input) is None and tg.flat("all_to_all"):
+            return tg.inner.all_to_all_single(output, input, out_splits, in_splits, opts)
+        return _ops.all_to_all_single(tg, output, input, list(out_splits), list(in_splits), opts, plan)
 
     def alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
         """all_to_all of lists of tensors."""
+        return self._run("all_to_all", inputs[0], self._alltoall, outputs, inputs, opts)
 
-        def call() -> Any:
-            tg = self._target(inputs[0])
-            plan = tg.plan("all_to_all", inputs[0].dtype)
-            if plan.passthrough and tg.cdev(inputs[0]) is None and plan.native_op == "all_to_all":
-                return tg.inner.alltoall(outputs, inputs, opts)
-            return _ops.all_to_all(tg, outputs, inputs, opts, plan)
-
-        return self._run("all_to_all", inputs[0], call)
+    def _alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
+        tg = self._target(inputs[0])
+        plan = tg.plan("all_to_all", inputs[0].dtype)
+        if plan.passthrough and tg.cdev(inputs[0]) is None and plan.native_op == "all_to_all":
+            return tg.inner.alltoall(outputs, inputs, opts)
+        return _ops.all_to_all(tg, outputs, inputs, opts, plan)
 
     def barrier(self, opts: Any) -> Any:
         """barrier."""
-        return self._run("barrier", None, lambda: self._target(None).inner.barrier(opts))
+        return self._run("barrier", None, self._barrier, opts)
+
+    def _barrier(self, opts: Any) -> Any:
+        return self._target(None).inner.barrier(opts)
 
     # ---- point to point ----------------------------------------------------------------------------
     def _p2p(self, kind: str, tensors: list[Tensor], peer: int, tag: int) -> Any:
-        def call() -> Any:
-            t = tensors[0]
-            tg = self._target(t)
-            plan = tg.plan(kind, t.dtype)
-            if plan.passthrough and tg.cdev(t) is None:
-                if kind == "send":
-                    return tg.inner.send(tensors, peer, tag)
-                return (
-                    tg.inner.recv(tensors, peer, tag) if peer >= 0 else tg.inner.recv_anysource(tensors, tag)
-                )
-            return _ops.point_to_point(tg, kind, tensors, peer, tag, plan)
-
-        return self._run(kind, tensors[0], call)
+        t = tensors[0]
+        tg = self._target(t)
+        plan = tg.plan(kind, t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            if kind == "send":
+                return tg.inner.send(tensors, peer, tag)
+            return tg.inner.recv(tensors, peer, tag) if peer >= 0 else tg.inner.recv_anysource(tensors, tag)
+        return _ops.point_to_point(tg, kind, tensors, peer, tag, plan)
 
     def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Any:
         """send to ``dst``."""
-        return self._p2p("send", tensors, dst, tag)
+        return self._run("send", tensors[0], self._p2p, "send", tensors, dst, tag)
 
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Any:
         """recv from ``src``."""
-        return self._p2p("recv", tensors, src, tag)
+        return self._run("recv", tensors[0], self._p2p, "recv", tensors, src, tag)
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Any:
         """recv from any rank."""
-        return self._p2p("recv", tensors, -1, tag)
+        return self._run("recv", tensors[0], self._p2p, "recv", tensors, -1, tag)
 
 
 def _inner_backend(driver: Any, opts: Any, backend_options: Any, store: Any) -> Any:

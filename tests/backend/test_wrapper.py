@@ -8,6 +8,7 @@ table and counts what it receives. Expected values are computed in each rank fro
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -318,7 +319,12 @@ def _flight(store: str) -> dict:
     half = t.to(torch.bfloat16)  # kept alive: the ring holds a finished call's tensor weakly
     torch_dist.all_gather_into_tensor(o, half)
     hwdist.all_reduce(t)  # hwdist's own call: recorded once, as that call
-    entries = [e for e in hwdist.flight.snapshot() if e["group"] == "default"][-3:]
+    deadline = time.monotonic() + 10
+    while True:  # calls through the backend are completed by a sweeper thread, off the call's path
+        entries = [e for e in hwdist.flight.snapshot() if e["group"] == "default"][-3:]
+        if all(e["state"] != "issued" for e in entries) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     _strict.done()
     return {"entries": [(e["op"], e["args"], e["state"], e["site"], e["seq"]) for e in entries]}
 
