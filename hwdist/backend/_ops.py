@@ -153,6 +153,23 @@ def reduce_scatter(tg: Any, output: Tensor, rows: Tensor, opts: Any, plan: Any, 
     if plan == GATHER_REDUCE:
         return _gather_reduce_scatter(tg, output, rows, rop)
     cdev = tg.cdev(output)
+    rs_opts = _opts(torch_dist.ReduceScatterOptions, opts, reduceOp=torch_op(plan))
+    if (
+        plan.native_op == "reduce_scatter"
+        and not plan.cast
+        and factor is None
+        and not exact_mean(plan)
+        and cdev is None
+        and rows.is_contiguous()
+        and output.is_contiguous()
+    ):  # only the mean's division: the caller's rows in, its output out, no copy
+        flat_out = output.reshape(-1)
+        ins = rows.reshape(ws, -1)
+        if tg.flat("reduce_scatter"):
+            work = tg.inner.reduce_scatter_single(flat_out, ins.reshape(-1), rs_opts)
+        else:
+            work = tg.inner.reduce_scatter([flat_out], [list(ins.unbind(0))], rs_opts)
+        return _work.then([work], lambda: _finish_reduction(output, flat_out, plan, ws, True), [output])
     flat = torch.empty(
         (ws, comm_numel(output.shape, plan)), dtype=plan.comm_dtype, device=cdev or rows.device
     )
@@ -161,7 +178,6 @@ def reduce_scatter(tg: Any, output: Tensor, rows: Tensor, opts: Any, plan: Any, 
     _premul(flat, factor)
     if exact_mean(plan):
         flat = split_mean(flat, ws)
-    rs_opts = _opts(torch_dist.ReduceScatterOptions, opts, reduceOp=torch_op(plan))
     if plan.native_op == "reduce_scatter":
         recv = flat.new_empty(flat.shape[1])
         if tg.flat("reduce_scatter"):
