@@ -426,6 +426,7 @@ def torch_group_count() -> int:
     return len(getattr(world, "pg_map", None) or ())
 
 
+
 # torch 2.15: torch's NCCL backend name builds ProcessGroupNCCL2 (on torchcomms) unless
 # TORCH_DIST_USE_NCCL2=0 picks the older ProcessGroupNCCL; other names of the engines are registered beside
 # it (torch/distributed/distributed_c10d.py, _register_builtin_nccl_backend; hwdist/drivers/nccl.py lists

@@ -74,11 +74,8 @@ def cmd_measure(args: argparse.Namespace, driver: Any, out: TextIO, err: TextIO)
             m = measure.measure(n, driver.name, imports=imports, timeout=args.timeout, say=say)
         except RankFailure as exc:
             root = next(
-                (
-                    ln.strip()[len("root cause:") :].strip()
-                    for ln in str(exc).splitlines()
-                    if ln.strip().startswith("root cause:")
-                ),
+                (ln.strip()[len("root cause:") :].strip() for ln in str(exc).splitlines()
+                 if ln.strip().startswith("root cause:")),
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
             what = f"could not start {n} rank(s) on backend '{driver.name}': {root}"
@@ -103,3 +100,4 @@ def cmd_measure(args: argparse.Namespace, driver: Any, out: TextIO, err: TextIO)
             report.write(f"\nmeasured in {m.seconds:.1f} s\n")
         report.flush()
     return 0
+

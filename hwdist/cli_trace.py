@@ -106,38 +106,27 @@ def cmd_trace(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         records, world, problems = load_records(args.dir)
     except FileNotFoundError as exc:
-        print(
-            f"hwdist trace: error: {exc}; write them with hwdist.dump_flight_record(DIR) on every rank,"
-            " or let the hang watchdog write them (HWDIST_FLIGHT_DIR)",
-            file=err,
-        )
+        print(f"hwdist trace: error: {exc}; write them with hwdist.dump_flight_record(DIR) on every rank,"
+              " or let the hang watchdog write them (HWDIST_FLIGHT_DIR)", file=err)
         return 2
     for p in problems:
         print(f"hwdist trace: warning: {p}", file=err)
     try:
         return _print(args, records, world, out)
     except Exception as exc:  # the records passed every check; still, never a traceback
-        print(
-            f"hwdist trace: error: could not analyse the records ({type(exc).__name__}:"
-            f" {files.clean(exc, 300)})",
-            file=err,
-        )
+        print(f"hwdist trace: error: could not analyse the records ({type(exc).__name__}:"
+              f" {files.clean(exc, 300)})", file=err)
         return 1
 
 
 def _print(args: argparse.Namespace, records: report.Records, world: int, out: TextIO) -> int:
     if getattr(args, "json", False):
-        json.dump(
-            {
-                "world_size": world,
-                "ranks": sorted(r for r, rec in records.items() if rec is not None),
-                "diagnosis": report.diagnose(records, world, offline=True),
-                "groups": report.divergence(records, world),
-            },
-            out,
-            indent=1,
-            default=str,
-        )
+        json.dump({
+            "world_size": world,
+            "ranks": sorted(r for r, rec in records.items() if rec is not None),
+            "diagnosis": report.diagnose(records, world, offline=True),
+            "groups": report.divergence(records, world),
+        }, out, indent=1, default=str)
         out.write("\n")
         return 0
     got = sum(rec is not None for rec in records.values())

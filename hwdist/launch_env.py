@@ -61,20 +61,13 @@ TORCHRUN_VARIABLES = LauncherVariables(
     patterns=("TORCHELASTIC_*", "MASTER_*"),
 )
 SLURM_VARIABLES = LauncherVariables(
-    "slurm",
-    rank=("SLURM_PROCID",),
-    size=("SLURM_NTASKS",),
-    local_rank=("SLURM_LOCALID",),
-    local_size=("SLURM_NTASKS_PER_NODE",),
-    other=("SLURM_NODEID", "SLURM_JOB_ID", "SLURM_JOB_NODELIST"),
+    "slurm", rank=("SLURM_PROCID",), size=("SLURM_NTASKS",), local_rank=("SLURM_LOCALID",),
+    local_size=("SLURM_NTASKS_PER_NODE",), other=("SLURM_NODEID", "SLURM_JOB_ID", "SLURM_JOB_NODELIST"),
     patterns=("SLURM_*",),
 )
 OPENMPI_VARIABLES = LauncherVariables(
-    "openmpi",
-    rank=("OMPI_COMM_WORLD_RANK",),
-    size=("OMPI_COMM_WORLD_SIZE",),
-    local_rank=("OMPI_COMM_WORLD_LOCAL_RANK",),
-    local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",),
+    "openmpi", rank=("OMPI_COMM_WORLD_RANK",), size=("OMPI_COMM_WORLD_SIZE",),
+    local_rank=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",),
     patterns=("OMPI_COMM_WORLD_*",),
 )
 #: MPICH, Intel MPI and PMIx (also ``srun --mpi=pmi2/pmix``).
@@ -87,11 +80,8 @@ PMI_VARIABLES = LauncherVariables(
     patterns=("PMI_*", "PMIX_RANK", "MPI_LOCAL*"),
 )
 MVAPICH_VARIABLES = LauncherVariables(
-    "mvapich",
-    rank=("MV2_COMM_WORLD_RANK",),
-    size=("MV2_COMM_WORLD_SIZE",),
-    local_rank=("MV2_COMM_WORLD_LOCAL_RANK",),
-    local_size=("MV2_COMM_WORLD_LOCAL_SIZE",),
+    "mvapich", rank=("MV2_COMM_WORLD_RANK",), size=("MV2_COMM_WORLD_SIZE",),
+    local_rank=("MV2_COMM_WORLD_LOCAL_RANK",), local_size=("MV2_COMM_WORLD_LOCAL_SIZE",),
     patterns=("MV2_COMM_WORLD_*",),
 )
 #: Every launcher family's variables, in the order ``hwdist env`` reports them.

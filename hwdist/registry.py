@@ -191,7 +191,8 @@ def require_available(driver: Driver, subject: str) -> None:
 
 
 def registered(name: str) -> Optional[Driver]:
-    """The driver registered under ``name`` (case-insensitive), or None; loads no entry point, raises nothing."""
+    """The driver registered under ``name`` (case-insensitive), or None; loads no entry point, raises nothing.
+    """
     return _drivers.get(name.lower())
 
 
@@ -339,8 +340,7 @@ def _shared_name(drv: Driver, key: str) -> Driver:
     """``drv``, or the one available driver of another device that torch knows by the same name
     (``init_dist(backend="hccl")`` on an Intel Gaudi machine is Gaudi's HCCL, not Ascend's)."""
     others = [
-        d
-        for d in _drivers.values()
+        d for d in _drivers.values()
         if d is not drv and d.device_type != drv.device_type and str(d.torch_name).lower() == key
     ]
     if not others or drv.is_available():

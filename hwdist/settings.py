@@ -42,22 +42,16 @@ SETTINGS: dict[str, Setting] = {
         Setting("HWDIST_BACKEND", "text", "", "force this backend instead of auto-detection"),
         Setting("HWDIST_DEVICE", "text", "", "force this device type instead of auto-detection"),
         Setting(
-            "HWDIST_VERIFY",
-            "flag",
-            "1",
+            "HWDIST_VERIFY", "flag", "1",
             "verification: ranks compare each collective (op, dtype, shape, reduce op, root) before any data"
             " moves; 0 turns it off",
         ),
         Setting(
-            "HWDIST_DEBUG",
-            "flag",
-            "0",
+            "HWDIST_DEBUG", "flag", "0",
             "debug mode: verification also compares the line of user code each rank calls from",
         ),
         Setting(
-            "HWDIST_TEST_BACKENDS",
-            "text",
-            "",
+            "HWDIST_TEST_BACKENDS", "text", "",
             "pytest plugin: the backends the dist fixtures run on"
             " (default: the CPU one and the emulated accelerator)",
         ),
@@ -72,9 +66,7 @@ SETTINGS: dict[str, Setting] = {
             "HWDIST_TEST_PG_TIMEOUT", "number", "30", "testing harness: the process-group timeout, seconds"
         ),
         Setting(
-            "HWDIST_CHECK_INJECT",
-            "text",
-            "",
+            "HWDIST_CHECK_INJECT", "text", "",
             "hwdist check: inject a wrong result (op:dtype:mode) to see it caught",
         ),
         Setting("HWDIST_BENCH_INJECT", "text", "", "hwdist bench: inject a wrong result into this op"),
@@ -83,23 +75,16 @@ SETTINGS: dict[str, Setting] = {
         Setting("HWDIST_FLIGHT_TORCH", "flag", "0", "flight recorder: torch.distributed calls too (2.14+)"),
         Setting("HWDIST_FLIGHT_DIR", "text", "", "flight recorder: dump directory (<tmp>/hwdist-flight-UID)"),
         Setting(
-            "HWDIST_FLIGHT_SIGNAL",
-            "choice",
-            "auto",
-            "flight recorder: dump on SIGUSR1 (auto: if watchdog)",
+            "HWDIST_FLIGHT_SIGNAL", "choice", "auto", "flight recorder: dump on SIGUSR1 (auto: if watchdog)",
             ("auto", "on", "off"),
         ),
         Setting(
-            "HWDIST_DESTROY_AT_EXIT",
-            "flag",
-            "1",
+            "HWDIST_DESTROY_AT_EXIT", "flag", "1",
             "destroy the default process group at interpreter exit if it is still alive (0: off)",
         ),
         Setting("HWDIST_HANG_TIMEOUT", "number", "300", "hang watchdog: seconds before a report (0: off)"),
         Setting(
-            "HWDIST_HANG_ACTION",
-            "choice",
-            "raise",
+            "HWDIST_HANG_ACTION", "choice", "raise",
             "hang watchdog, after the report: raise (HangDetected, or exit when blocked), abort, report",
             ("report", "raise", "abort"),
         ),
@@ -108,21 +93,11 @@ SETTINGS: dict[str, Setting] = {
 """Every ``HWDIST_*`` variable hwdist reads, by name."""
 
 #: Variables hwdist's own tools and test suite set for their child processes (not user settings).
-TOOL_VARIABLES = frozenset(
-    {
-        "HWDIST_MPI_SUITE",
-        "HWDIST_MPI_SUITE_BACKEND",
-        "HWDIST_CLI_UNDER_MPIEXEC",
-        "HWDIST_BENCH_MPI_CHILD",
-        "HWDIST_TEST_RANK",
-        "HWDIST_TEST_NOISE",
-        "HWDIST_TEST_SLOW_RANKS",
-        "HWDIST_RUN_HARDWARE",
-        "HWDIST_GPU_DIST",
-        "HWDIST_VENDOR_CACHE",
-        "HWDIST_DIR",
-    }
-)
+TOOL_VARIABLES = frozenset({
+    "HWDIST_MPI_SUITE", "HWDIST_MPI_SUITE_BACKEND", "HWDIST_CLI_UNDER_MPIEXEC", "HWDIST_BENCH_MPI_CHILD",
+    "HWDIST_TEST_RANK", "HWDIST_TEST_NOISE", "HWDIST_TEST_SLOW_RANKS", "HWDIST_RUN_HARDWARE",
+    "HWDIST_GPU_DIST", "HWDIST_VENDOR_CACHE", "HWDIST_DIR",
+})
 #: Prefixes of the variables of hwdist's own tools (the version matrix, the fuzzer, the benchmarks).
 TOOL_PREFIXES = ("HWDIST_VERSIONS", "HWDIST_MATRIX", "HWDIST_FUZZ_", "HWDIST_BENCH_")
 _checked: list[bool] = [False]

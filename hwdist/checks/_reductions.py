@@ -22,14 +22,8 @@ __all__ = ["check_all_reduce", "check_reduce", "check_reduce_scatter", "check_re
 
 #: torch.distributed.ReduceOp member for each hwdist reduce op name.
 _TORCH_OPS = {
-    "sum": "SUM",
-    "mean": "AVG",
-    "product": "PRODUCT",
-    "min": "MIN",
-    "max": "MAX",
-    "band": "BAND",
-    "bor": "BOR",
-    "bxor": "BXOR",
+    "sum": "SUM", "mean": "AVG", "product": "PRODUCT", "min": "MIN", "max": "MAX",
+    "band": "BAND", "bor": "BOR", "bxor": "BXOR",
 }
 
 

@@ -584,3 +584,4 @@ def driver_source(conf: Conformance, driver: Any) -> str:
         )
     lines += ["}", ""]
     return "\n".join(lines)
+

@@ -51,7 +51,7 @@ def driver_source(m: Measurement) -> str:
     }
     lines = [
         f'"""hwdist driver for backend {m.backend!r}, measured by `hwdist check --backend {m.backend}'
-        " --write-driver`.",
+        ' --write-driver`.',
         "",
         f"Measured on {m.world_size} rank(s), device {info.get('device_type')}, torch {m.torch_version},"
         f" {when}: every op x dtype x reduce op",

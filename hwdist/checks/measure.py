@@ -55,13 +55,7 @@ _BITWISE = ("band", "bor", "bxor")
 #: broadcast_object_list, gather_object, scatter_object_list).
 REDUCTIONS = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_flat")
 MOVES = (
-    "all_gather",
-    "broadcast",
-    "all_gather_flat",
-    "gather",
-    "scatter",
-    "all_to_all",
-    "all_to_all_single",
+    "all_gather", "broadcast", "all_gather_flat", "gather", "scatter", "all_to_all", "all_to_all_single",
     "send_recv",
 )
 OTHERS = ("barrier", "async_all_reduce", "object_collectives")
@@ -450,9 +444,7 @@ def derive(m: Measurement) -> dict[str, Any]:
 
     def all_right(op: str) -> bool:
         needed = [
-            (d, r)
-            for d in reduce_dtypes
-            for r in reduce_ops
+            (d, r) for d in reduce_dtypes for r in reduce_ops
             if _defined(d, r) and (r != "avg" or d in avg_dtypes)
         ]
         return bool(needed) and all(m.ok(op, d, r) for d, r in needed)

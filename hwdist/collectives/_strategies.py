@@ -234,8 +234,6 @@ class PointToPoint(Strategy):
 ALL_REDUCE = AllReduce()
 REDUCE = Reduce()
 BROADCAST = Broadcast()
-
-
 class AllGather(Gather):
     """``all_gather``: the size agreement, or with ``same_shape=True`` a pass-through where it can be one."""
 

@@ -251,10 +251,8 @@ class Gather(Strategy):
         plan, data = c.plan, c.data
         if plan.passthrough and c.cdev is None:  # the common case: views of the received bytes
             dtype = plan.dtype
-            return [
-                p.view(dtype).view(s) if p.numel() else torch.empty(s, dtype=dtype, device=p.device)
-                for p, s in zip(payloads, shapes)
-            ]
+            return [p.view(dtype).view(s) if p.numel() else torch.empty(s, dtype=dtype, device=p.device)
+                    for p, s in zip(payloads, shapes)]
         out = []
         for p, s in zip(payloads, shapes):
             n = comm_numel(s, plan)

@@ -234,14 +234,8 @@ _TORCH_OP_TYPES: tuple[type, ...] = ()
 if torch_dist.is_available():
     _R = torch_dist.ReduceOp
     _TORCH_TO_NAME = {
-        _R.SUM: "sum",
-        _R.AVG: "mean",
-        _R.PRODUCT: "product",
-        _R.MIN: "min",
-        _R.MAX: "max",
-        _R.BAND: "band",
-        _R.BOR: "bor",
-        _R.BXOR: "bxor",
+        _R.SUM: "sum", _R.AVG: "mean", _R.PRODUCT: "product", _R.MIN: "min", _R.MAX: "max",
+        _R.BAND: "band", _R.BOR: "bor", _R.BXOR: "bxor",
     }
     _TORCH_OP_TYPES = (_R, type(_R.SUM))
 
@@ -273,11 +267,8 @@ def normalize_reduce_op(op: ReduceOpLike, argname: str = "op", fn: str = "") -> 
         f"{fn + ': ' if fn else ''}{argname} must be one of {', '.join(repr(n) for n in REDUCE_OP_NAMES)}"
         f" (case-insensitive) or a torch.distributed.ReduceOp with one of those meanings;"
         f" got {op!r}"
-        + (
-            " (a plain number is not a ReduceOp: pass the name or the torch.distributed.ReduceOp member)"
-            if isinstance(op, numbers.Number)
-            else ""
-        )
+        + (" (a plain number is not a ReduceOp: pass the name or the torch.distributed.ReduceOp member)"
+           if isinstance(op, numbers.Number) else "")
     )
 
 

@@ -43,15 +43,7 @@ from .call_entry import CollectiveHandle
 from ._wire import TORCH_OPS, comm_device, fixed_comm_device
 
 __all__ = [
-    "Call",
-    "Strategy",
-    "GroupView",
-    "SERIAL",
-    "view",
-    "issue",
-    "wire_call",
-    "set_hook",
-    "check",
+    "Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check",
     "when_checking",
 ]
 

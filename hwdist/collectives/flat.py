@@ -197,3 +197,4 @@ def unique_tensors(tensors: Iterable[Tensor], *, same_memory: bool = False) -> l
             seen.add(key)
             out.append(t)
     return out
+

@@ -82,7 +82,6 @@ PADDED_ALL_GATHER_LIMIT = 1 << 20
 #: point to point at its exact size instead of one padded gather.
 GATHER_LIMIT = 2 << 20
 
-
 def _padded(own: Optional[np.ndarray], width: int, zero: bool = True) -> np.ndarray:
     """``own`` (None: nothing) padded to ``width`` bytes: this rank's row of a padded all_gather or gather
     (``own`` itself when it is that long: no copy). ``zero=False``: the padding is left as it is (a row

@@ -119,8 +119,7 @@ def agree_or_raise(
     got = agree(fn, grp, problem=problem, words=words)
     if not got.same:
         given = (
-            f"rank {hwdist.get_rank()} gave {mine}"
-            if mine is not None
+            f"rank {hwdist.get_rank()} gave {mine}" if mine is not None
             else f"one rank gave {list(got.lowest)}, another {list(got.highest)}"
         )
         raise CollectiveArgumentError(

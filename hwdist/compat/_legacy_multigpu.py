@@ -22,7 +22,9 @@ def _device_list(fn: str, name: str, items: Any) -> Optional[BaseException]:
         or not items
         or not all(isinstance(t, torch.Tensor) for t in items)
     ):
-        return CollectiveArgumentError(f"{fn}: {name} must be a non-empty list of tensors, got {items!r:.80}")
+        return CollectiveArgumentError(
+            f"{fn}: {name} must be a non-empty list of tensors, got {items!r:.80}"
+        )
     return None
 
 
@@ -38,7 +40,9 @@ def _local_reduce(fn: str, tensors: Sequence[torch.Tensor], op: Any) -> torch.Te
     name = normalize_reduce_op(op)
     combine = _LOCAL.get(name)
     if combine is None:
-        raise CollectiveArgumentError(f"{fn}: op must be one of reduce_op.SUM/PRODUCT/MAX/MIN, got {op!r}")
+        raise CollectiveArgumentError(
+            f"{fn}: op must be one of reduce_op.SUM/PRODUCT/MAX/MIN, got {op!r}"
+        )
     acc = tensors[0].clone()
     for t in tensors[1:]:
         acc = combine(acc, t.to(acc.device))
@@ -143,7 +147,9 @@ def all_gather_multigpu(
     fn = "all_gather_multigpu"
     world = hwdist.get_world_size(grp)
     problem = _device_list(fn, "input_tensor_list", input_tensor_list)
-    if problem is None and (not isinstance(output_tensor_lists, (list, tuple)) or not output_tensor_lists):
+    if problem is None and (
+        not isinstance(output_tensor_lists, (list, tuple)) or not output_tensor_lists
+    ):
         problem = CollectiveArgumentError(
             f"{fn}: output_tensor_lists must be a non-empty list of lists of tensors"
         )
@@ -164,11 +170,7 @@ def all_gather_multigpu(
             problem = CollectiveArgumentError(f"{fn}: the inputs differ in shape or dtype ({exc})")
     fp = fingerprint(stacked) if stacked is not None else 0
     agree_or_raise(
-        fn,
-        grp,
-        problem,
-        [fp],
-        "len(input_tensor_list) and the inputs' shape and dtype",
+        fn, grp, problem, [fp], "len(input_tensor_list) and the inputs' shape and dtype",
         f"{len(input_tensor_list)} x {shown(input_tensor_list[0])}" if problem is None else None,
     )
     assert stacked is not None

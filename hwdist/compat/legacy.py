@@ -125,7 +125,9 @@ def _backend(backend: Any) -> str:
         if backend in LEGACY_BACKEND_IDS:
             return LEGACY_BACKEND_IDS[backend]
         if backend == dist_backend.TCP:
-            raise LegacyBackendError(f"init_process_group: backend id {backend}: {LEGACY_BACKENDS['tcp']}")
+            raise LegacyBackendError(
+                f"init_process_group: backend id {backend}: {LEGACY_BACKENDS['tcp']}"
+            )
         raise LegacyBackendError(
             f"init_process_group: invalid distributed backend id {backend}; legacy ids:"
             f" {', '.join(f'{k} ({v})' for k, v in LEGACY_BACKEND_IDS.items())}"
@@ -293,9 +295,13 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
 
 def _list_problem(fn: str, name: str, items: Any, tensor: Any, world: int) -> Optional[BaseException]:
     if not isinstance(tensor, torch.Tensor):
-        return CollectiveArgumentError(f"{fn}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        return CollectiveArgumentError(
+            f"{fn}: tensor must be a torch.Tensor, got {type(tensor).__name__}"
+        )
     if not isinstance(items, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in items):
-        return CollectiveArgumentError(f"{fn}: {name} must be a list of tensors, got {type(items).__name__}")
+        return CollectiveArgumentError(
+            f"{fn}: {name} must be a list of tensors, got {type(items).__name__}"
+        )
     if len(items) != world:
         return CollectiveArgumentError(
             f"{fn}: {name} must hold {world} tensors (one per rank), got {len(items)}"
@@ -347,11 +353,7 @@ def _checked_root_and_list(
             )
     words = [root if problem is None else 0, fingerprint(tensor)]
     agree_or_raise(
-        fn,
-        grp,
-        problem,
-        words,
-        f"{root_key} or the tensor's shape and dtype",
+        fn, grp, problem, words, f"{root_key} or the tensor's shape and dtype",
         f"{root_key}={words[0]}, {shown(tensor)}",
     )
     return root, items, grp, me
@@ -423,3 +425,4 @@ def barrier(group: Any = group.WORLD) -> None:
     """Wait until every rank of ``group`` has entered."""
     require_pg("barrier")
     hwdist.barrier(group_of(group))
+

@@ -81,7 +81,9 @@ def _check_offsets(fn: str, offsets: Sequence[int], count: int) -> None:
         )
 
 
-def param_pack_split(inp: Tensor, offsets: Sequence[int], shapes: Sequence[Sequence[int]]) -> list[Tensor]:
+def param_pack_split(
+    inp: Tensor, offsets: Sequence[int], shapes: Sequence[Sequence[int]]
+) -> list[Tensor]:
     """Cut a flat tensor into tensors of ``shapes`` at ``offsets`` (views of ``inp``).
 
     Args:
@@ -138,7 +140,9 @@ def param_pack_concat(inps: Sequence[Tensor], offsets: Any, offsets_val: Sequenc
         return torch.zeros(0)
     dtypes = {t.dtype for t in inps}
     if len(dtypes) != 1:
-        raise TypeError(f"param_pack_concat: the inputs must share one dtype, got {sorted(map(str, dtypes))}")
+        raise TypeError(
+            f"param_pack_concat: the inputs must share one dtype, got {sorted(map(str, dtypes))}"
+        )
     out = torch.zeros(int(offsets_val[-1]), dtype=inps[0].dtype, device=inps[0].device)
     for i, t in enumerate(inps):
         begin, end = int(offsets_val[2 * i]), int(offsets_val[2 * i + 1])
@@ -206,10 +210,7 @@ def pack_allreduce_split(
     if hwdist.is_distributed() and hwdist.get_world_size(group) > 1:
         layout = f"{offsets_val[-1] if offsets_val else 0}:{packed.dtype}:{reduce_method}"
         agree_on_layout(
-            "pack_allreduce_split",
-            group,
-            problem,
-            layout,
+            "pack_allreduce_split", group, problem, layout,
             "the ranks' packed buffers differ in size or dtype, or their reduce_method differs; every rank"
             " must pass tensors of the same shapes and dtype, and the same reduce_method",
         )
@@ -252,7 +253,9 @@ class TensorFuture:
         return self._value
 
     def _not_ready(self) -> Any:
-        raise RuntimeError("Sorry, this tensor is not ready (the all-reduce callback has not flushed yet)")
+        raise RuntimeError(
+            "Sorry, this tensor is not ready (the all-reduce callback has not flushed yet)"
+        )
 
     def device(self) -> Any:
         """Raises: the tensor is not ready (as in MegEngine)."""

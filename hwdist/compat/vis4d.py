@@ -417,11 +417,15 @@ def reduce_mean(tensor: Tensor) -> Tensor:
     elif problem is not None:
         raise problem
     out = tensor.clone().div_(get_world_size())
-    hwdist.all_reduce(out.data, "sum")  # .data: the reduction is not recorded by autograd (vis4d's behaviour)
+    hwdist.all_reduce(
+        out.data, "sum"
+    )  # .data: the reduction is not recorded by autograd (vis4d's behaviour)
     return out
 
 
-def all_reduce_dict(py_dict: dict[str, Any], reduce_op: str = "sum", to_float: bool = True) -> dict[str, Any]:
+def all_reduce_dict(
+    py_dict: dict[str, Any], reduce_op: str = "sum", to_float: bool = True
+) -> dict[str, Any]:
     """A new dict with every tensor of ``py_dict`` reduced over the ranks.
 
     Keys come in rank 0's order (an ``OrderedDict`` keeps its own order and
@@ -482,18 +486,11 @@ def all_reduce_dict(py_dict: dict[str, Any], reduce_op: str = "sum", to_float: b
         problem = CollectiveArgumentError(
             f"all_reduce_dict: py_dict[{bad!r}] must be a tensor, got {type(py_dict[bad]).__name__}"
         )
-    layout = (
-        ""
-        if problem
-        else repr(
-            [(k, tuple(py_dict[k].shape), py_dict[k].dtype) for k in keys] + [bool(to_float), reduce_op]
-        )
+    layout = "" if problem else repr(
+        [(k, tuple(py_dict[k].shape), py_dict[k].dtype) for k in keys] + [bool(to_float), reduce_op]
     )
     agree_on_layout(
-        "all_reduce_dict",
-        None,
-        problem,
-        layout,
+        "all_reduce_dict", None, problem, layout,
         "the ranks' values differ in shape or dtype, or their to_float or reduce_op differ; every rank"
         " must hold the same keys with values of the same shape and dtype, and pass the same to_float and"
         " reduce_op",

@@ -30,18 +30,8 @@ from ._vendor_sources import SOURCES, Source
 from .base import ALL_OPS
 
 __all__ = [
-    "Source",
-    "Fact",
-    "Caps",
-    "Condition",
-    "SOURCES",
-    "FACTS",
-    "ENGINE_FACTS",
-    "KINDS",
-    "CONDITIONS",
-    "ONECCL_KNOWN_GOOD",
-    "applying",
-    "table",
+    "Source", "Fact", "Caps", "Condition", "SOURCES", "FACTS", "ENGINE_FACTS", "KINDS", "CONDITIONS",
+    "ONECCL_KNOWN_GOOD", "applying", "table",
 ]
 
 #: What a fact is about: dtypes the library moves, dtypes its reductions accept, reduce ops,
@@ -107,6 +97,7 @@ class Fact:
     sources: tuple[str, ...]  # keys of SOURCES; () means from documentation only
     note: str = ""
     when: str = ""  # a key of CONDITIONS: the fact holds only where the probe says so; "" always
+
 
 
 def _facts(

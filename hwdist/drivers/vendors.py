@@ -41,30 +41,19 @@ VENDORS: dict[str, Vendor] = {
     # Intel Gaudi's library is called HCCL too, and registers with torch as 'hccl' on device 'hpu': the same
     # torch name as Ascend's, another device. A group torch reports as 'hccl' resolves by its device type.
     "gaudi": Vendor(
-        "hpu",
-        45,
-        "Intel Gaudi HCCL (HPUs, needs habana_frameworks)",
-        "habana_frameworks.torch",
-        ("HABANA_VISIBLE_MODULES", "HLS_MODULE_ID", "PT_HPU_*", "HCCL_*"),
-        torch_backend="hccl",
+        "hpu", 45, "Intel Gaudi HCCL (HPUs, needs habana_frameworks)", "habana_frameworks.torch",
+        ("HABANA_VISIBLE_MODULES", "HLS_MODULE_ID", "PT_HPU_*", "HCCL_*"), torch_backend="hccl",
     ),
     "cncl": Vendor(
         "mlu", 40, "Cambricon CNCL (MLUs, needs torch_mlu)", "torch_mlu", ("CNCL_*", "MLU_VISIBLE_DEVICES")
     ),
     "mccl": Vendor(
-        "musa",
-        35,
-        "Moore Threads MCCL (MUSA GPUs, needs torch_musa)",
-        "torch_musa",
+        "musa", 35, "Moore Threads MCCL (MUSA GPUs, needs torch_musa)", "torch_musa",
         ("MCCL_*", "MUSA_VISIBLE_DEVICES"),
     ),
     # Built into torch >= 2.8 XPU builds (oneCCL): no vendor package; torch's own object collectives work.
     "xccl": Vendor(
-        "xpu",
-        30,
-        "Intel XCCL (XPU GPUs)",
-        None,
-        ("CCL_*", "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR"),
+        "xpu", 30, "Intel XCCL (XPU GPUs)", None, ("CCL_*", "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR"),
         native_object_collectives=True,
     ),
 }

@@ -31,13 +31,7 @@ import tempfile
 from typing import Any, Optional
 
 __all__ = [
-    "MAX_DUMP_BYTES",
-    "MAX_RANKS",
-    "BadDump",
-    "clean",
-    "default_dir",
-    "read_dump",
-    "write_lines",
+    "MAX_DUMP_BYTES", "MAX_RANKS", "BadDump", "clean", "default_dir", "read_dump", "write_lines",
 ]
 
 #: The largest dump file ``hwdist trace`` reads (a full ring of 2048 entries is about 1 MiB).
@@ -200,10 +194,8 @@ def _entry(e: Any, n: int) -> dict[str, Any]:
             raise BadDump(f"field 'state' must be one of {', '.join(STATES)}, got {out['state']!r}")
         ranks = e.get("group_ranks")
         if ranks is not None:
-            if (
-                not isinstance(ranks, list)
-                or len(ranks) > MAX_RANKS
-                or not all(type(r) is int and 0 <= r < MAX_RANKS for r in ranks)
+            if not isinstance(ranks, list) or len(ranks) > MAX_RANKS or not all(
+                type(r) is int and 0 <= r < MAX_RANKS for r in ranks
             ):
                 raise BadDump(f"field 'group_ranks' must be a list of ranks below {MAX_RANKS}")
         out["group_ranks"] = ranks

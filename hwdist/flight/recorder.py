@@ -168,17 +168,8 @@ class Recorder:
                 f = f.f_back
             info.seq += 1
             entry = [
-                info.seq,
-                op,
-                info,
-                args[0] if args else None,
-                f.f_code,
-                f.f_lasti,
-                _now(),
-                0.0,
-                ISSUED,
-                None,
-                _get_ident(),
+                info.seq, op, info, args[0] if args else None, f.f_code, f.f_lasti,
+                _now(), 0.0, ISSUED, None, _get_ident(),
             ]
             self._append(entry)
             return entry

@@ -32,8 +32,7 @@ TORCH_PREFIX = "torch:"  # the labels of entries read from torch's own flight re
 def _torch_pending(record: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The oldest torch-recorded collective still in flight on the rank (DDP's, FSDP's), or None."""
     pending = [
-        e
-        for e in record.get("entries") or []
+        e for e in record.get("entries") or []
         if e.get("state") == "issued" and str(e.get("group", "")).startswith(TORCH_PREFIX)
     ]
     return min(pending, key=lambda e: float(e.get("start") or 0)) if pending else None
@@ -59,7 +58,7 @@ def _not_called(r: int, rec: dict[str, Any], ref: dict[str, Any], s: int, label:
     if tp is not None and not rec.get("in_hwdist"):
         return (
             f"rank {r} has not called {ref['op']} #{s} ({ref['site']}): it waits in torch's {tp['op']}"
-            f" #{tp['seq']} on the {_gname(tp['group'][len(TORCH_PREFIX) :])} (a collective issued outside"
+            f" #{tp['seq']} on the {_gname(tp['group'][len(TORCH_PREFIX):])} (a collective issued outside"
             f" hwdist: DDP, FSDP or torch.distributed), main thread in {where}; the ranks issue their"
             " collectives in different orders"
         )
@@ -86,7 +85,7 @@ def _ranks(ranks: list[int]) -> str:
         if j - i >= 3:
             spans.append(f"{ranks[i]}-{ranks[j]}")
         else:
-            spans.extend(map(str, ranks[i : j + 1]))
+            spans.extend(map(str, ranks[i:j + 1]))
         i = j + 1
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(spans)}"
 
@@ -138,20 +137,17 @@ def divergence(records: Records, world_size: int) -> list[dict[str, Any]]:
                 break
         at = first if first is not None else (seqs[-1] if seqs else 0)
         backend = next((e["backend"] for per in ranks.values() for e in per.values()), "?")
-        rows.append(
-            {
-                "group": label,
-                "backend": backend,
-                "first": first,
-                "calls": {
-                    r: (f"{e['op']} ({e['site']})" if (e := ranks.get(r, {}).get(at)) is not None else "-")
-                    if records.get(r) is not None
-                    else "no record"
-                    for r in members
-                },
-                "last": {r: max(ranks.get(r, {}) or [0]) for r in members},
-            }
-        )
+        rows.append({
+            "group": label,
+            "backend": backend,
+            "first": first,
+            "calls": {
+                r: (f"{e['op']} ({e['site']})" if (e := ranks.get(r, {}).get(at)) is not None else "-")
+                if records.get(r) is not None else "no record"
+                for r in members
+            },
+            "last": {r: max(ranks.get(r, {}) or [0]) for r in members},
+        })
     return rows
 
 

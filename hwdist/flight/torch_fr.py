@@ -103,23 +103,21 @@ def read(last: int = 64) -> tuple[list[dict[str, Any]], list[str]]:
             pg = e.get("process_group") or ["?"]
             label, ranks = groups.get(str(pg[0]), (f"pg{pg[0]}", None))
             prof = str(e.get("profiling_name") or "?")
-            per_group.setdefault(label, []).append(
-                {
-                    "group": PREFIX + label,
-                    "group_ranks": ranks,
-                    "backend": prof.partition(":")[0] if ":" in prof else backend,
-                    "seq": int(e.get("collective_seq_id") or 0),
-                    "op": prof.rpartition(":")[2],
-                    "args": _args(e),
-                    "site": SITE,
-                    "file": None,
-                    "func": None,
-                    "start": float(e.get("time_created_ns") or 0) / 1e9,
-                    "end": None,
-                    "state": "completed" if e.get("retired") else "issued",
-                    "thread": e.get("thread_id"),
-                }
-            )
+            per_group.setdefault(label, []).append({
+                "group": PREFIX + label,
+                "group_ranks": ranks,
+                "backend": prof.partition(":")[0] if ":" in prof else backend,
+                "seq": int(e.get("collective_seq_id") or 0),
+                "op": prof.rpartition(":")[2],
+                "args": _args(e),
+                "site": SITE,
+                "file": None,
+                "func": None,
+                "start": float(e.get("time_created_ns") or 0) / 1e9,
+                "end": None,
+                "state": "completed" if e.get("retired") else "issued",
+                "thread": e.get("thread_id"),
+            })
     entries: list[dict[str, Any]] = []
     for label in sorted(per_group):
         rows = sorted(per_group[label], key=lambda d: d["seq"])
@@ -131,8 +129,7 @@ def overdue(timeout: float, now: float, seen: set[tuple[str, int]]) -> Optional[
     """The oldest torch-recorded collective in flight for more than ``timeout`` s and not in ``seen``."""
     entries, _ = read(last=1 << 30)
     late = [
-        e
-        for e in entries
+        e for e in entries
         if e["state"] == "issued" and now - e["start"] > timeout and (e["group"], e["seq"]) not in seen
     ]
     return min(late, key=lambda e: e["start"]) if late else None

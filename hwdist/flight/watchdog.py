@@ -78,6 +78,8 @@ class HangDetected(HwdistError, RuntimeError):
             _raised.set()
 
 
+
+
 warn, _warned = _rec.warn, _rec.WARNED  # one RuntimeWarning per key per process (callers use watchdog.warn)
 
 
@@ -181,12 +183,9 @@ def flight_dir() -> Optional[str]:
     if not value:
         return None
     if value.endswith(".jsonl") and not os.path.isdir(value):
-        warn(
-            "flight-dir",
-            f"HWDIST_FLIGHT_DIR={value!r} looks like a file; it names a directory (every rank"
-            " writes its own flight-rank<R>.jsonl in it), so the dumps go to"
-            f" {os.path.join(value, 'flight-rank<R>.jsonl')!r}",
-        )
+        warn("flight-dir", f"HWDIST_FLIGHT_DIR={value!r} looks like a file; it names a directory (every rank"
+             " writes its own flight-rank<R>.jsonl in it), so the dumps go to"
+             f" {os.path.join(value, 'flight-rank<R>.jsonl')!r}")
     return value
 
 
@@ -449,11 +448,8 @@ class Watchdog:
     def _dump(self) -> None:
         try:
             path = dump(self.recorder, None, "hang")
-            print(
-                f"hwdist hang doctor: flight record written to {path} (merge: hwdist trace DIR)",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"hwdist hang doctor: flight record written to {path} (merge: hwdist trace DIR)",
+                  file=sys.stderr, flush=True)
         except Exception as exc:
             where = _settings.text("HWDIST_FLIGHT_DIR") or "the default directory"
             warn("dump", f"could not write the flight record to {where!r} ({exc!r}); set HWDIST_FLIGHT_DIR")
@@ -541,11 +537,8 @@ def _abort_groups() -> None:
 
 def _exit(why: str, code: int = HANG_EXIT_CODE) -> None:
     try:
-        print(
-            f"hwdist hang doctor: HWDIST_HANG_ACTION={why}: exiting with status {code}",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"hwdist hang doctor: HWDIST_HANG_ACTION={why}: exiting with status {code}",
+              file=sys.stderr, flush=True)
         sys.stdout.flush()
     except Exception:
         pass

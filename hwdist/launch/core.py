@@ -43,6 +43,7 @@ __all__ = [
 #: ``0`` was TCP, removed from torch in 1.0 (an error says so).
 
 
+
 def as_timedelta(timeout: Union[None, float, int, datetime.timedelta]) -> Optional[datetime.timedelta]:
     """Seconds (or a timedelta, or None) as a timedelta (or None)."""
     if timeout is None or isinstance(timeout, datetime.timedelta):
@@ -419,7 +420,9 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
         raise ValueError(f"num_gpus_per_node must be the same on every rank, got {sizes}")
     per_node = sizes[0]
     if per_node < 1 or world % per_node:
-        raise ValueError(f"num_gpus_per_node={per_node} must be a positive divisor of the world size {world}")
+        raise ValueError(
+            f"num_gpus_per_node={per_node} must be a positive divisor of the world size {world}"
+        )
     wrong = [(r, nr) for r, (nr, _) in enumerate(table) if nr != r // per_node]
     if wrong:
         r, nr = wrong[0]

@@ -78,7 +78,9 @@ class LaunchInfo:
         if self.world_size < 1:
             raise LauncherError(f"{self.launcher}: world size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
-            raise LauncherError(f"{self.launcher}: rank {self.rank} is outside world size {self.world_size}")
+            raise LauncherError(
+                f"{self.launcher}: rank {self.rank} is outside world size {self.world_size}"
+            )
         if self.local_rank < 0:
             raise LauncherError(f"{self.launcher}: local rank must be >= 0, got {self.local_rank}")
         if self.master_port is not None and not 0 < self.master_port < 65536:
@@ -155,6 +157,7 @@ def check_consistent(env: Mapping[str, str], launcher: str, name: str, value: in
 
 # The launcher variable table lives in hwdist.launch_env (data every part reads); re-exported here.
 from ..launch_env import LAUNCHER_VARIABLES, LOCAL_RANK_VARS, LOCAL_SIZE_VARS, LauncherVariables  # noqa: E402
+
 
 
 class Launcher:

@@ -418,7 +418,7 @@ def _last_line(text: str) -> str:
 
 #: The error when ranks die at start-up because the script starts them without the ``__main__`` guard.
 GUARD_HINT = (
-    'the main script starts ranks ({where}) outside `if __name__ == "__main__":`; each spawned rank'
+    "the main script starts ranks ({where}) outside `if __name__ == \"__main__\":`; each spawned rank"
     " imports the script again and would start ranks again from there, so the ranks die at start-up."
     " HINT: put the call under the guard (docs/testing.md)"
 )

@@ -86,7 +86,9 @@ _INT64_MAX = (1 << 63) - 1
 def shape_of(name: str, shape: Any) -> tuple[int, int]:
     """``(ndim, number of elements)`` of a checked shape."""
     if type(shape) not in (tuple, list, torch.Size) or len(shape) > MAX_DIMS:
-        raise refuse(f"{name}: shape must be a tuple of at most {MAX_DIMS} ints, got {type(shape).__name__}")
+        raise refuse(
+            f"{name}: shape must be a tuple of at most {MAX_DIMS} ints, got {type(shape).__name__}"
+        )
     count = 1
     for d in shape:
         if int_arg(f"{name}: shape entry", d) > _INT64_MAX:

@@ -70,7 +70,9 @@ def _np_dtype_state(spec: str, state: Any) -> np.dtype:
         or subarray is not None
         or (len(state) == 9 and state[8] is not None)
     ):
-        raise refuse(f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted")
+        raise refuse(
+            f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted"
+        )
     if spec[0] == "V":
         if type(names) is not tuple or not names or type(fields) is not dict or len(fields) != len(names):
             raise refuse(f"numpy.dtype {spec!r}: a record needs names and fields")
