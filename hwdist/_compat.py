@@ -562,11 +562,19 @@ def group_name(group: Any) -> Optional[str]:
 # types checked. These are the only private torch names hwdist.backend uses.
 # Drop the check when torch>=2.15 is the floor.
 PYTHON_BACKENDS_TORCH = (2, 15)
+
+
+def _python_backend_bases() -> tuple[Any, Any]:
+    if not DIST_AVAILABLE:
+        return None, None
+    from torch._C import _distributed_c10d as _c10d_c
+
+    return getattr(_c10d_c, "Backend", None), getattr(_dist, "_Work", None)
+
+
+_PY_BACKEND, _PY_WORK = _python_backend_bases()
 PYTHON_BACKENDS: bool = (
-    DIST_AVAILABLE
-    and _version_at_least(*PYTHON_BACKENDS_TORCH)
-    and hasattr(getattr(torch._C, "_distributed_c10d", None), "Backend")
-    and hasattr(_dist, "_Work")
+    _version_at_least(*PYTHON_BACKENDS_TORCH) and _PY_BACKEND is not None and _PY_WORK is not None
 )
 
 
@@ -579,7 +587,7 @@ def python_backend_types() -> tuple[Any, Any]:
     if not PYTHON_BACKENDS:
         need = ".".join(map(str, PYTHON_BACKENDS_TORCH))
         raise RuntimeError(f"torch {torch.__version__} has no Python backends (torch >= {need})")
-    return torch._C._distributed_c10d.Backend, _dist._Work
+    return _PY_BACKEND, _PY_WORK
 
 
 def torch_backend_plugin(name: str) -> Optional[tuple[Callable[..., Any], bool]]:

@@ -17,7 +17,6 @@ docs/ddp-fsdp.md.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Optional, Union
 
 import torch
@@ -27,14 +26,7 @@ from ..errors import BackendError
 
 __all__ = ["NAME", "register", "registered_wraps", "supported", "unsupported_reason", "wrapped_name"]
 
-NAME = "hwdist"
-"""The torch backend name: ``init_process_group("cpu:hwdist")``; hwdist's own spelling ``"hwdist:<name>"``."""
-
-_lock = threading.Lock()
-#: device type -> the hwdist driver name the wrapper wraps there (what ``register`` set last)
-_WRAPS: dict[str, str] = {}
-#: the device types registered with torch under NAME so far
-_DEVICES: list[str] = []
+from ._table import DEVICES, WRAPS, NAME, LOCK, registered_wraps
 
 
 def unsupported_reason() -> Optional[str]:
@@ -128,22 +120,16 @@ def register(wraps: Union[None, str, list[str], tuple[str, ...]] = None) -> str:
 
     for driver in chosen.values():
         ensure_torch_backend(driver)  # torch can create the wrapped backend: raises before any rendezvous
-    with _lock:
+    with LOCK:
         for device, driver in chosen.items():
-            _WRAPS[device] = driver.name
-        new = [d for d in chosen if d not in _DEVICES]
+            WRAPS[device] = driver.name
+        new = [d for d in chosen if d not in DEVICES]
         if new:
             from .wrapper import create
 
-            _DEVICES.extend(new)
-            _compat.register_torch_backend(NAME, create, list(_DEVICES), extended_api=True)
+            DEVICES.extend(new)
+            _compat.register_torch_backend(NAME, create, list(DEVICES), extended_api=True)
     return ",".join(f"{device}:{NAME}" for device in chosen)
-
-
-def registered_wraps() -> dict[str, str]:
-    """What groups created now wrap: ``{device type: hwdist backend name}`` ({} before ``register``)."""
-    with _lock:
-        return dict(_WRAPS)
 
 
 def prepare(backend: str) -> tuple[Any, str]:

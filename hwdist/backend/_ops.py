@@ -4,7 +4,7 @@ Each function takes the wrapper's [`Target`][hwdist.backend.wrapper.Target] (the
 backend for one device type), the caller's arguments as torch hands them to a backend, and the plan;
 it issues the wrapped backend's call(s) on wire buffers (cast, byte view, on the comm device) and
 returns a Work that completes once the result is in the caller's tensors
-(hwdist/backend/_work.py). The wire helpers are the engine's (hwdist/collectives/_wire.py), so a
+(hwdist/backend/_work.py). The wire helpers are the engine's (hwdist/collectives/wire.py), so a
 call through the backend travels exactly as the same hwdist call would.
 
 Emulations: the mean as SUM then divide (integers floor-divided; int64 as quotients and remainders),
@@ -21,9 +21,9 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.distributed as torch_dist
 
-from ..collectives import _wire
-from ..collectives._wire import comm_numel, exact_mean, finish_reduction, from_comm, join_mean, prepare
-from ..collectives._wire import restore, split_mean, torch_op
+from ..collectives import wire as _wire
+from ..collectives.wire import comm_numel, exact_mean, finish_reduction, from_comm, join_mean, prepare
+from ..collectives.wire import restore, split_mean, torch_op
 from ..drivers.base import Plan
 from . import _work
 

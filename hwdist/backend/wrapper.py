@@ -27,10 +27,11 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry
-from ..collectives import _wire, call_entry
+from ..collectives import call_entry, wire
 from ..drivers.base import Plan
 from ..errors import BackendError, PlanError
-from . import NAME, _inflight, _ops, registered_wraps
+from . import _inflight, _ops
+from ._table import NAME, registered_wraps
 from ._ops import GATHER_REDUCE
 
 __all__ = ["HwdistBackend", "Target", "create"]
@@ -54,6 +55,7 @@ _SKIP_DIRS = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
 )
 _in_call = call_entry.in_call
+_recorder = call_entry.recorder
 _getframe = sys._getframe
 
 
@@ -100,7 +102,7 @@ class Target:
 
     def cdev(self, t: Tensor) -> Optional[torch.device]:
         """None when ``t`` is on the driver's comm device, else that device (host staging)."""
-        return _wire.comm_device(self.driver, t)
+        return wire.comm_device(self.driver, t)
 
     def flat(self, op: str) -> bool:
         """Whether the wrapped backend has ``op``'s one-tensor form."""
@@ -205,7 +207,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _run(self, op: str, arg: Any, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` (the call's plan and issue), recorded in the flight recorder when it is on."""
-        if call_entry._recorder is None:  # the recorder is off: nothing else to do
+        if _recorder() is None:  # the recorder is off: nothing else to do
             return fn(*args)
         token = self._begin(op, arg)
         try:

@@ -75,7 +75,7 @@ def init_backend(
     Args:
         backend: a registered backend name, used as named (never replaced); ``'hwdist'`` or
             ``'hwdist:<name>'`` for hwdist's own torch backend wrapping that one (torch >= 2.15,
-            [`hwdist.backend`][hwdist.backend]).
+            ``hwdist.backend``, docs/ddp-fsdp.md).
         rank: global rank.
         world_size: number of ranks.
         local_rank: rank on this node; the device is bound by it.
