@@ -552,3 +552,54 @@ def group_name(group: Any) -> Optional[str]:
         return names.get(group)
     except TypeError:
         return None
+
+
+# Backends written in Python (hwdist.backend): torch 2.15 made torch._C._distributed_c10d.Backend a
+# pybind trampoline (PyBackend), so a Python subclass registered with register_backend(extended_api=True)
+# has its overrides (allreduce, all_gather_single, ...) called by ProcessGroup; dist._Work is the Work a
+# Python backend may return. Before 2.15 the class exists but ProcessGroup never calls a Python override,
+# and whether it does cannot be probed without a process group, so the version decides, with the two
+# types checked. These are the only private torch names hwdist.backend uses.
+# Drop the check when torch>=2.15 is the floor.
+PYTHON_BACKENDS_TORCH = (2, 15)
+
+
+def _python_backend_bases() -> tuple[Any, Any]:
+    if not DIST_AVAILABLE:
+        return None, None
+    from torch._C import _distributed_c10d as _c10d_c
+
+    return getattr(_c10d_c, "Backend", None), getattr(_dist, "_Work", None)
+
+
+_PY_BACKEND, _PY_WORK = _python_backend_bases()
+PYTHON_BACKENDS: bool = (
+    _version_at_least(*PYTHON_BACKENDS_TORCH) and _PY_BACKEND is not None and _PY_WORK is not None
+)
+
+
+def python_backend_types() -> tuple[Any, Any]:
+    """``(Backend, Work)``: torch's base classes of a Python backend and of the Work it returns.
+
+    Raises:
+        RuntimeError: this torch has no Python backends (``PYTHON_BACKENDS`` is False).
+    """
+    if not PYTHON_BACKENDS:
+        need = ".".join(map(str, PYTHON_BACKENDS_TORCH))
+        raise RuntimeError(f"torch {torch.__version__} has no Python backends (torch >= {need})")
+    return _PY_BACKEND, _PY_WORK
+
+
+def torch_backend_plugin(name: str) -> Optional[tuple[Callable[..., Any], bool]]:
+    """``(creator, extended_api)`` torch keeps for backend ``name`` (its ``Backend._plugins`` table, which
+    holds torch's own backends too from 2.14, loaded from its entry points on first use), or None."""
+    if not DIST_AVAILABLE:
+        return None
+    plugins = getattr(_dist.Backend, "_plugins", {})
+    if name.upper() not in plugins and _ensure_registered is not None:
+        _ensure_registered(name)  # torch >= 2.14 registers even its own backends on first use
+    plugin = plugins.get(name.upper())
+    creator = getattr(plugin, "creator_fn", None)
+    if creator is None:
+        return None
+    return creator, bool(getattr(plugin, "extended_api", False))

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 import torch.distributed as torch_dist
 
 from .. import _compat, _exit, info, registry
+from .. import backend as _as_backend
 from ..collectives import transport
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from ..drivers.startup import ensure_torch_backend
@@ -71,7 +72,9 @@ def init_backend(
     """Initialise the default process group on ``backend``'s driver.
 
     Args:
-        backend: a registered backend name, used as named (never replaced).
+        backend: a registered backend name, used as named (never replaced); ``'hwdist'`` or
+            ``'hwdist:<name>'`` for hwdist's own torch backend wrapping that one (torch >= 2.15,
+            ``hwdist.backend``, docs/ddp-fsdp.md).
         rank: global rank.
         world_size: number of ranks.
         local_rank: rank on this node; the device is bound by it.
@@ -86,8 +89,12 @@ def init_backend(
     Raises:
         hwdist.BackendError: unknown or unavailable backend (lists available ones).
     """
-    driver = registry.get_driver(backend)
-    _require_startable(driver)
+    torch_name: Optional[str] = None
+    if _as_backend.wrapped_name(backend) is not None:  # hwdist's own backend around the named one
+        driver, torch_name = _as_backend.prepare(backend)
+    else:
+        driver = registry.get_driver(backend)
+        _require_startable(driver)
     driver.set_device(local_rank)
     if _compat.INIT_HAS_DEVICE_ID and "device_id" not in kwargs:
         device_id = driver.device_id(local_rank)
@@ -100,7 +107,9 @@ def init_backend(
         kwargs["store"] = store
     elif init_method is not None:
         kwargs["init_method"] = init_method
-    torch_dist.init_process_group(backend=driver.torch_name, rank=rank, world_size=world_size, **kwargs)
+    torch_dist.init_process_group(
+        backend=torch_name or driver.torch_name, rank=rank, world_size=world_size, **kwargs
+    )
     registry.record_group(_compat.default_group(), driver)
     _exit.install(registry.forget_groups)
     from .. import flight  # the watchdog starts with the group (idempotent: torch's creation was watched)
@@ -262,7 +271,10 @@ def init_dist(
     name = infer_launcher() if launcher == "auto" else launcher
     resolver = get_launcher(name)
     backend_name = _backend_name(backend)
-    driver = registry.get_driver(backend_name)
+    if _as_backend.wrapped_name(backend_name) is not None:  # hwdist's own backend: torch >= 2.15, raises here
+        driver = _as_backend.prepare(backend_name)[0]
+    else:
+        driver = registry.get_driver(backend_name)
     registry.require_available(driver, f"backend {driver.name!r} is")
     if not getattr(resolver, "distributed", True):  # one process, no group: where it sits, all the same
         single = resolver.resolve(os.environ)

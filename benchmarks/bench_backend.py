@@ -1,0 +1,160 @@
+"""Cost of the ``hwdist`` torch backend around gloo (pass-through plans), paired against plain gloo.
+
+Every rank holds three process groups over the same ranks: ``gloo``, ``gloo (control)`` (a second
+plain gloo group) and ``hwdist`` (``cpu:hwdist`` wrapping gloo: every plan here is a pass-through).
+Rows are interleaved round by round so that a loaded machine slows every row alike; the control row's
+distance to ``gloo`` is the machine's noise.
+
+* DDP step of a small CNN (two conv layers and a linear head, 16 images of 3x32x32);
+* FSDP2 step of a small MLP sharded per layer (``fully_shard`` on a mesh over the group);
+* one 1-element all_reduce on a one-rank group of each kind (no network): the CPU a pass-through adds
+  per collective (torch's call into Python, the plan look-up, the flight recorder's entry).
+
+Usage: ``OMP_NUM_THREADS=1 python -m benchmarks.bench_backend [--rounds 7] [--steps 10] [--calls 300]``
+(torch >= 2.15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+ROWS = ("gloo", "hwdist", "gloo (control)")
+
+
+def _cnn() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(4),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64 * 16, 10),
+    )
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+
+
+def _timed(step: Callable[[], None], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - t0) / n
+
+
+def _trainer(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = F.cross_entropy(out, y) if y.numel() else out.sum()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def _rank(rank: int, world: int, store: str, args: Any, out: str) -> None:
+    import hwdist.backend
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    spec = hwdist.backend.register(wraps="gloo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    groups = {
+        "gloo": dist.new_group(backend="gloo"),
+        "hwdist": dist.new_group(backend=spec),
+        "gloo (control)": dist.new_group(backend="gloo"),
+    }
+    g = torch.Generator().manual_seed(rank)
+    images, labels = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+    feats = torch.randn(32, 512, generator=g)
+    ddp, fsdp, single = {}, {}, {}
+    for name, group in groups.items():
+        model = torch.nn.parallel.DistributedDataParallel(_cnn(), process_group=group)
+        ddp[name] = _trainer(model, images, labels)
+        mesh = DeviceMesh.from_group(group, "cpu")
+        mlp = _mlp()
+        for layer in mlp:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(mlp, mesh=mesh)
+        fsdp[name] = _trainer(mlp, feats, torch.empty(0))
+        backend = spec if name == "hwdist" else "gloo"
+        solo = [dist.new_group([r], backend=backend) for r in range(world)][rank]  # no network: CPU only
+        t = torch.ones(1)
+        single[name] = lambda t=t, group=solo: dist.all_reduce(t, group=group)
+    results: dict[str, dict[str, list[float]]] = {"ddp": {}, "fsdp": {}, "call": {}}
+    for kind, table, n in (
+        ("ddp", ddp, args.steps),
+        ("fsdp", fsdp, args.steps),
+        ("call", single, args.calls),
+    ):
+        for name in ROWS:
+            _timed(table[name], max(2, n // 5))  # warm up
+            results[kind][name] = []
+        for _ in range(args.rounds):
+            for name in ROWS:
+                dist.barrier()
+                results[kind][name].append(_timed(table[name], n))
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: Any = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args(argv)
+    import hwdist.backend
+
+    why = hwdist.backend.unsupported_reason()
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        mp.spawn(_rank, args=(2, os.path.join(tmp, "store"), args, out), nprocs=2)
+        with open(out) as f:
+            results = json.load(f)
+    load = os.getloadavg()
+    print(
+        f"torch {torch.__version__}, 2 ranks, {os.cpu_count()} cores, OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS', '-')}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    print(f"{args.rounds} rounds, interleaved; medians\n")
+    print("| row | DDP step (CNN) | vs gloo | FSDP2 step (MLP) | vs gloo | 1-rank all_reduce | added |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    med = {k: {n: statistics.median(v) for n, v in rows.items()} for k, rows in results.items()}
+    for name in ROWS:
+        d, f, c = med["ddp"][name], med["fsdp"][name], med["call"][name]
+        added = (c - med["call"]["gloo"]) * 1e6
+        print(
+            f"| {name} | {d * 1e3:.2f} ms | {d / med['ddp']['gloo']:.3f}x | {f * 1e3:.2f} ms |"
+            f" {f / med['fsdp']['gloo']:.3f}x | {c * 1e6:.1f} us | {added:+.1f} us |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,478 @@
+"""The ``hwdist`` torch backend: a Python ``Backend`` that wraps a driver's backend and applies its plans.
+
+torch (>= 2.15) calls these methods from ``ProcessGroup`` for every collective on a device type the
+group maps to ``hwdist``. Each method asks the driver's plan for (op, dtype, reduce op): a pass-through
+calls the wrapped backend with the caller's own arguments and returns its Work; anything else goes
+through hwdist/backend/_ops.py; no plan raises [`PlanError`][hwdist.errors.PlanError] before any data
+moves (the plan depends only on the call, so every rank raises it). Every call enters hwdist's flight
+recorder (when it is on and the call is not inside a hwdist collective, which records itself), so the
+hang watchdog covers it.
+
+Methods torch 2.15 calls (measured with a counting backend: DDP, FSDP2, DTensor and the
+torch.distributed functions): ``broadcast``, ``allreduce``, ``allreduce_coalesced``, ``reduce``,
+``allgather``, ``all_gather_single``, ``allgather_coalesced``, ``all_gather_single_coalesced``,
+``gather``, ``scatter``, ``reduce_scatter``, ``reduce_scatter_single``,
+``reduce_scatter_single_coalesced``, ``all_to_all_single``, ``alltoall``, ``send``, ``recv``,
+``recv_anysource``, ``barrier``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as torch_dist
+
+from .. import _compat, _state, registry
+from ..collectives import call_entry, wire
+from ..drivers.base import Plan
+from ..errors import BackendError, PlanError
+from . import _inflight, _ops
+from ._table import NAME, registered_wraps
+from ._ops import GATHER_REDUCE
+
+__all__ = ["HwdistBackend", "Target", "create"]
+
+_Backend, _Work = _compat.python_backend_types()
+Tensor = torch.Tensor
+_RedOp: Any = torch_dist.ReduceOp.RedOpType
+_REDUCE_NAMES = {
+    _RedOp.SUM: "sum",
+    _RedOp.AVG: "mean",
+    _RedOp.PRODUCT: "product",
+    _RedOp.MIN: "min",
+    _RedOp.MAX: "max",
+    _RedOp.BAND: "band",
+    _RedOp.BOR: "bor",
+    _RedOp.BXOR: "bxor",
+}
+_PREMUL = _RedOp.PREMUL_SUM
+_SKIP_DIRS = (
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
+_in_call = call_entry.in_call
+_recorder = call_entry.recorder
+_getframe = sys._getframe
+
+
+def _reduce_op(op: Any) -> tuple[str, Any]:
+    """The hwdist name of torch's reduce op and PREMUL_SUM's factor (None for the others)."""
+    kind = getattr(op, "op", op)
+    if kind == _PREMUL:
+        return "sum", op.factor
+    try:
+        return _REDUCE_NAMES[kind], None
+    except KeyError:
+        raise PlanError(f"op must be a torch.distributed.ReduceOp hwdist knows, got {op!r}") from None
+
+
+class Target:
+    """The driver and the wrapped backend serving one device type of a group."""
+
+    __slots__ = ("driver", "inner", "size", "rank", "caps")
+
+    def __init__(self, driver: Any, inner: Any, size: int, rank: int) -> None:
+        self.driver, self.inner, self.size, self.rank = driver, inner, size, rank
+        self.caps = driver.caps
+
+    def plan(self, op: str, dtype: torch.dtype, rop: Optional[str] = None) -> Plan:
+        """The driver's plan; its PlanError names the wrapper and what to do."""
+        try:
+            return self.driver.plan(op, dtype, rop)  # type: ignore[no-any-return]
+        except PlanError as exc:
+            raise PlanError(
+                f"{exc} (a call through the {NAME!r} backend, wrapping {self.driver.name!r}). HINT: use a"
+                f" dtype or reduce op the backend plans (`hwdist env` lists its table), or cast before the"
+                f" call"
+            ) from None
+
+    def reduce_plan(self, op: str, dtype: torch.dtype, rop: str) -> Any:
+        """A reduction's plan, or ``GATHER_REDUCE`` for a MIN/MAX with no plan but an all_gather one."""
+        try:
+            return self.plan(op, dtype, rop)
+        except PlanError:
+            if rop not in ("min", "max"):
+                raise
+            self.plan("all_gather", dtype)  # raises when even that has no plan
+            return GATHER_REDUCE
+
+    def cdev(self, t: Tensor) -> Optional[torch.device]:
+        """None when ``t`` is on the driver's comm device, else that device (host staging)."""
+        return wire.comm_device(self.driver, t)
+
+    def flat(self, op: str) -> bool:
+        """Whether the wrapped backend has ``op``'s one-tensor form."""
+        return op in self.caps.flat_ops
+
+
+class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
+    """torch's view of hwdist: one per group, wrapping one backend per device type (see the module)."""
+
+    def __init__(self, opts: Any, targets: dict[str, Target]) -> None:
+        super().__init__(opts.group_rank, opts.group_size)
+        self._targets = targets
+        self._only: Optional[Target] = next(iter(targets.values())) if len(targets) == 1 else None
+        self._options = _Backend.Options(NAME, timeout=opts.timeout)
+        try:
+            self._options.global_ranks_in_group = list(opts.global_ranks_in_group)
+            self._options.group_name = opts.group_id
+        except Exception:  # informational only
+            pass
+        pg = getattr(opts, "process_group", None)
+        try:
+            self._pg: Callable[[], Any] = weakref.ref(pg) if pg is not None else (lambda: None)
+        except TypeError:
+            self._pg = lambda: None
+        self._group: Any = self  # the recorder's key of the group, found on the first call
+
+    # ---- what torch asks a backend ---------------------------------------------------------------
+    @property
+    def options(self) -> Any:
+        """The backend's options (a Python backend must give them: torch reads them from C++)."""
+        return self._options
+
+    def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+        """``'hwdist'``."""
+        return NAME
+
+    def wrapped(self, device_type: Optional[str] = None) -> Any:
+        """The wrapped backend of ``device_type`` (None: the only one)."""
+        return (self._only or self._targets[str(device_type)]).inner
+
+    def shutdown(self) -> None:
+        """Shut the wrapped backends down."""
+        for tg in self._targets.values():
+            fn = getattr(tg.inner, "shutdown", None)
+            if fn is not None:
+                try:
+                    fn()
+                except Exception:
+                    pass
+
+    def abort(self) -> None:
+        """Abort the wrapped backends (what torch's abort and hwdist's watchdog call)."""
+        for tg in self._targets.values():
+            fn = getattr(tg.inner, "abort", None)
+            if fn is not None:
+                try:
+                    fn()
+                except Exception:
+                    pass
+
+    # ---- plumbing --------------------------------------------------------------------------------
+    def _target(self, t: Optional[Tensor]) -> Target:
+        if self._only is not None:
+            return self._only
+        device = t.device.type if t is not None else "cpu"
+        tg = self._targets.get(device) or self._targets.get("cpu")
+        if tg is None:
+            raise BackendError(
+                f"tensor: the {NAME!r} backend of this group wraps device types"
+                f" {sorted(self._targets)}, got a tensor on {device!r}. HINT: hwdist.backend.register("
+                f"wraps=[...]) with a backend for {device!r} before creating the group"
+            )
+        return tg
+
+    def _key(self) -> Any:
+        group = self._group
+        if group is self:
+            pg = self._pg()
+            world = _compat.default_group()
+            if world is None:
+                return None
+            group = self._group = None if pg is None or pg is world else pg
+        return group
+
+    def _begin(self, op: str, arg: Any) -> Any:
+        rec = call_entry.recorder()
+        if rec is None or _in_call():  # off, or inside a hwdist collective (recorded as that call)
+            return None
+        group = self._key()
+        hooks = _state.of(group).torch_hooks
+        if hooks is not None and hooks.on:  # torch's hooks record this group's calls already
+            return None
+        entry = rec.begin(op, group, (arg,), {})
+        if entry is None:
+            return None
+        f: Any = _getframe(2)
+        while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
+            f = f.f_back
+        if f is not None:  # the call site: the first frame outside torch and hwdist
+            entry[4], entry[5] = f.f_code, f.f_lasti
+        return rec, entry
+
+    def _run(self, op: str, arg: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (the call's plan and issue), recorded in the flight recorder when it is on."""
+        if _recorder() is None:  # the recorder is off: nothing else to do
+            return fn(*args)
+        token = self._begin(op, arg)
+        try:
+            work = fn(*args)
+        except BaseException as exc:
+            if token is not None:
+                token[0].end(token[1], exc)
+            raise
+        if token is not None:
+            _inflight.add(token[0], token[1], work)  # completed by the sweeper, off this path
+        return work
+
+    # ---- reductions ------------------------------------------------------------------------------
+    def allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
+        """all_reduce (DDP's gradient buckets)."""
+        return self._run("all_reduce", tensors[0], self._allreduce, tensors, opts)
+
+    def _allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
+        t = tensors[0]
+        tg = self._target(t)
+        rop, factor = _reduce_op(opts.reduceOp)
+        plan = tg.reduce_plan("all_reduce", t.dtype, rop)
+        if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.allreduce(tensors, opts)
+        return _ops.all_reduce(tg, tensors, opts, plan, rop, factor)
+
+    def allreduce_coalesced(self, tensors: list[Tensor], opts: Any) -> Any:
+        """all_reduce of several tensors (torch's coalescing manager): one call when every plan passes."""
+        return self._run(
+            "all_reduce_coalesced", tensors[0] if tensors else None, self._allreduce_coalesced, tensors, opts
+        )
+
+    def _allreduce_coalesced(self, tensors: list[Tensor], opts: Any) -> Any:
+        tg = self._target(tensors[0])
+        rop, factor = _reduce_op(opts.reduceOp)
+        plans = [tg.reduce_plan("all_reduce", t.dtype, rop) for t in tensors]
+        if factor is None and all(
+            p is not GATHER_REDUCE and p.passthrough and tg.cdev(t) is None for p, t in zip(plans, tensors)
+        ):
+            return tg.inner.allreduce_coalesced(tensors, opts)
+        works = [_ops.all_reduce(tg, [t], opts, p, rop, factor) for p, t in zip(plans, tensors)]
+        return _ops.coalesced(works, tensors)
+
+    def reduce(self, tensors: list[Tensor], opts: Any) -> Any:
+        """reduce to ``opts.rootRank``."""
+        return self._run("reduce", tensors[0], self._reduce, tensors, opts)
+
+    def _reduce(self, tensors: list[Tensor], opts: Any) -> Any:
+        t = tensors[0]
+        tg = self._target(t)
+        rop, factor = _reduce_op(opts.reduceOp)
+        plan = tg.reduce_plan("reduce", t.dtype, rop)
+        if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.reduce(tensors, opts)
+        return _ops.reduce(tg, tensors, opts, plan, rop, factor)
+
+    def _rs_plan(self, output: Tensor, opts: Any) -> tuple[Target, str, Any, Any, bool]:
+        tg = self._target(output)
+        rop, factor = _reduce_op(opts.reduceOp)
+        plan = tg.reduce_plan("reduce_scatter", output.dtype, rop)
+        passes = factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(output) is None
+        return tg, rop, factor, plan, passes
+
+    def reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
+        """reduce_scatter, list form."""
+        return self._run("reduce_scatter", outputs[0], self._reduce_scatter, outputs, inputs, opts)
+
+    def _reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
+        out = outputs[0]
+        tg, rop, factor, plan, passes = self._rs_plan(out, opts)
+        if passes:
+            return tg.inner.reduce_scatter(outputs, inputs, opts)
+        rows = torch.stack([p.reshape(out.shape) for p in inputs[0]])
+        return _ops.reduce_scatter(tg, out, rows, opts, plan, rop, factor)
+
+    def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
+        """reduce_scatter into one tensor (FSDP2's gradients)."""
+        return self._run("reduce_scatter_tensor", input, self._reduce_scatter_single, output, input, opts)
+
+    def _reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
+        tg, rop, factor, plan, passes = self._rs_plan(output, opts)
+        rows = input.reshape(tg.size, *output.shape)
+        if passes and tg.flat("reduce_scatter"):
+            return tg.inner.reduce_scatter_single(output, input, opts)
+        if passes:  # the list form over the input's rows (views: no copy)
+            return tg.inner.reduce_scatter([output], [list(rows.unbind(0))], opts)
+        return _ops.reduce_scatter(tg, output, rows, opts, plan, rop, factor)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
+        """reduce_scatter of several tensors, one call per pair."""
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _ops.coalesced(works, outputs)
+
+    # ---- moves -------------------------------------------------------------------------------------
+    def broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
+        """broadcast from ``opts.rootRank`` (DDP's start-up, FSDP's and DTensor's replication)."""
+        return self._run("broadcast", tensors[0], self._broadcast, tensors, opts)
+
+    def _broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
+        t = tensors[0]
+        tg = self._target(t)
+        plan = tg.plan("broadcast", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.broadcast(tensors, opts)
+        return _ops.broadcast(tg, tensors, opts, plan)
+
+    def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
+        """all_gather, list form."""
+        return self._run("all_gather", inputs[0], self._allgather, outputs, inputs, opts)
+
+    def _allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
+        t = inputs[0]
+        tg = self._target(t)
+        plan = tg.plan("all_gather", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.allgather(outputs, inputs, opts)
+        return _ops.all_gather(tg, outputs, inputs, opts, plan)
+
+    def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
+        """all_gather into one tensor (FSDP2's parameters, DTensor's Shard -> Replicate)."""
+        return self._run("all_gather_into_tensor", input, self._all_gather_single, output, input, opts)
+
+    def _all_gather_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
+        tg = self._target(input)
+        plan = tg.plan("all_gather", input.dtype)
+        if plan.passthrough and tg.cdev(input) is None and tg.flat("all_gather"):
+            return tg.inner.all_gather_single(output, input, opts)
+        return _ops.all_gather_single(tg, output, input, opts, plan)
+
+    def all_gather_single_coalesced(
+        self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None
+    ) -> Any:
+        """all_gather into one tensor each for several tensors, one call per pair."""
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _ops.coalesced(works, outputs)
+
+    def allgather_coalesced(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
+        """all_gather of several tensors, list form, one call per tensor."""
+        works = [self.allgather([outs], [t], opts) for outs, t in zip(outputs, inputs)]
+        return _ops.coalesced(works, outputs)
+
+    def gather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
+        """gather to ``opts.rootRank``."""
+        return self._run("gather", inputs[0], self._gather, outputs, inputs, opts)
+
+    def _gather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
+        t = inputs[0]
+        tg = self._target(t)
+        plan = tg.plan("gather", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.gather(outputs, inputs, opts)
+        return _ops.gather(tg, outputs, inputs, opts, plan)
+
+    def scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
+        """scatter from ``opts.rootRank``."""
+        return self._run("scatter", outputs[0], self._scatter, outputs, inputs, opts)
+
+    def _scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
+        t = outputs[0]
+        tg = self._target(t)
+        plan = tg.plan("scatter", t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            return tg.inner.scatter(outputs, inputs, opts)
+        return _ops.scatter(tg, outputs, inputs, opts, plan)
+
+    def all_to_all_single(
+        self, output: Tensor, input: Tensor, out_splits: list[int], in_splits: list[int], opts: Any
+    ) -> Any:
+        """all_to_all of one tensor each way (DTensor's Shard(i) -> Shard(j) on accelerators)."""
+        args = (output, input, out_splits, in_splits, opts)
+        return self._run("all_to_all_single", input, self._all_to_all_single, *args)
+
+    def _all_to_all_single(
+        self, output: Tensor, input: Tensor, out_splits: list[int], in_splits: list[int], opts: Any
+    ) -> Any:
+        tg = self._target(input)
+        plan = tg.plan("all_to_all", input.dtype)
+        if plan.passthrough and tg.cdev(input) is None and tg.flat("all_to_all"):
+            return tg.inner.all_to_all_single(output, input, out_splits, in_splits, opts)
+        return _ops.all_to_all_single(tg, output, input, list(out_splits), list(in_splits), opts, plan)
+
+    def alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
+        """all_to_all of lists of tensors."""
+        return self._run("all_to_all", inputs[0], self._alltoall, outputs, inputs, opts)
+
+    def _alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
+        tg = self._target(inputs[0])
+        plan = tg.plan("all_to_all", inputs[0].dtype)
+        if plan.passthrough and tg.cdev(inputs[0]) is None and plan.native_op == "all_to_all":
+            return tg.inner.alltoall(outputs, inputs, opts)
+        return _ops.all_to_all(tg, outputs, inputs, opts, plan)
+
+    def barrier(self, opts: Any) -> Any:
+        """barrier."""
+        return self._run("barrier", None, self._barrier, opts)
+
+    def _barrier(self, opts: Any) -> Any:
+        return self._target(None).inner.barrier(opts)
+
+    # ---- point to point ----------------------------------------------------------------------------
+    def _p2p(self, kind: str, tensors: list[Tensor], peer: int, tag: int) -> Any:
+        t = tensors[0]
+        tg = self._target(t)
+        plan = tg.plan(kind, t.dtype)
+        if plan.passthrough and tg.cdev(t) is None:
+            if kind == "send":
+                return tg.inner.send(tensors, peer, tag)
+            return tg.inner.recv(tensors, peer, tag) if peer >= 0 else tg.inner.recv_anysource(tensors, tag)
+        return _ops.point_to_point(tg, kind, tensors, peer, tag, plan)
+
+    def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Any:
+        """send to ``dst``."""
+        return self._run("send", tensors[0], self._p2p, "send", tensors, dst, tag)
+
+    def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Any:
+        """recv from ``src``."""
+        return self._run("recv", tensors[0], self._p2p, "recv", tensors, src, tag)
+
+    def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Any:
+        """recv from any rank."""
+        return self._run("recv", tensors[0], self._p2p, "recv", tensors, -1, tag)
+
+
+def _inner_backend(driver: Any, opts: Any, backend_options: Any, store: Any) -> Any:
+    """Create the wrapped backend of ``driver`` with torch's own creator for its name."""
+    plugin = _compat.torch_backend_plugin(driver.torch_name)
+    if plugin is None:
+        raise BackendError(
+            f"backend {driver.name!r} (wrapped by {NAME!r}): torch has no creator for {driver.torch_name!r}."
+            f" HINT: hwdist.backend.register(wraps={driver.name!r}) registers it before the group is made"
+        )
+    creator, extended = plugin
+    if not extended:
+        return creator(store, opts.group_rank, opts.group_size, opts.timeout)
+    saved = opts.store, getattr(opts, "split_from", None)
+    opts.store = store
+    if saved[1] is not None:
+        opts.split_from = None  # the wrapped backend is made afresh, never split from the wrapper
+    try:
+        return creator(opts, backend_options)
+    finally:
+        opts.store = saved[0]
+        if saved[1] is not None:
+            opts.split_from = saved[1]
+
+
+def create(opts: Any, backend_options: Any = None) -> Any:
+    """The creator torch calls for a group on ``hwdist`` (``register_backend(extended_api=True)``)."""
+    wraps = registered_wraps()
+    targets: dict[str, Target] = {}
+    for device, name in wraps.items():
+        driver = registry.get_driver(name)
+        store = opts.store if len(wraps) == 1 else torch_dist.PrefixStore(f"{NAME}/{device}/", opts.store)
+        try:
+            inner = _inner_backend(driver, opts, backend_options, store)
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise BackendError(
+                f"backend {NAME!r} could not create the {driver.name!r} backend it wraps on rank"
+                f" {opts.group_rank}: {type(exc).__name__}: {exc}. HINT: check that"
+                f" init_process_group({driver.torch_name!r}) works here alone"
+                f" (`hwdist check --backend {driver.name}`)"
+            ) from exc
+        if inner is None:  # this rank is not a member of the group
+            return None
+        targets[device] = Target(driver, inner, opts.group_size, opts.group_rank)
+    return HwdistBackend(opts, targets)
