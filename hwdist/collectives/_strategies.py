@@ -16,10 +16,10 @@ import torch
 
 from ..drivers.base import Driver, Plan
 from ..drivers.tuning import gather_by_broadcast_floor
-from . import _wire
+from . import wire as _wire
 from .engine import Call, Strategy
 from ._uneven import Gather as Gather  # the gathers' strategy lives with the size agreement
-from ._wire import (
+from .wire import (
     comm_numel,
     copy_source,
     exact_mean,

@@ -48,8 +48,8 @@ from ..errors import CollectiveArgumentError, CollectiveMismatch
 from . import protocol, transport, verify
 from .engine import Call, Strategy, issue, wire_call
 from .protocol import Header
-from ._wire import as_comm_flat, byte_view, comm_numel, copy_bytes, copy_source, dense_flat, from_comm
-from ._wire import itemsize, prepare, restore
+from .wire import as_comm_flat, byte_view, comm_numel, copy_bytes, copy_source, dense_flat, from_comm
+from .wire import itemsize, prepare, restore
 
 __all__ = ["Gather", "gathered_numels", "AllToAll", "ALL_TO_ALL"]
 

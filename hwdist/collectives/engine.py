@@ -40,7 +40,7 @@ from .. import _compat, registry
 from ..drivers.base import Driver, Plan, Post
 from . import call_entry
 from .call_entry import CollectiveHandle
-from ._wire import TORCH_OPS, comm_device, fixed_comm_device
+from .wire import TORCH_OPS, comm_device, fixed_comm_device
 
 __all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check"]
 

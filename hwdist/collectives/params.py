@@ -30,7 +30,7 @@ from ..drivers.tuning import tuning
 from ..errors import ArgumentAssertionError, PlanError
 from . import protocol, transport, verify
 from . import tensor as _t
-from ._wire import divide, not_dense, op_field
+from .wire import divide, not_dense, op_field
 from . import call_entry
 from .call_entry import collective
 from .engine import check

@@ -26,10 +26,10 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from . import _wire
+from . import wire as _wire
 from ._uneven import ALL_TO_ALL
-from ._wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
-from ._wire import ReduceOpLike, normalize_reduce_op
+from .wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
+from .wire import ReduceOpLike, normalize_reduce_op
 from .call_entry import CollectiveHandle, collective
 from .engine import view
 from .verify import TensorFields as _fields

@@ -26,7 +26,7 @@ from .. import registry
 from ..drivers.base import byte_carrier
 from ..errors import PlanError
 from .engine import issue, view, wire_call
-from ._wire import byte_view, itemsize, retype
+from .wire import byte_view, itemsize, retype
 
 Tensor = torch.Tensor
 

@@ -41,7 +41,7 @@ import torch.distributed as torch_dist
 from .. import _compat, _state, registry, settings
 from ..errors import CollectiveMismatch
 from . import call_entry, engine, protocol, transport
-from ._wire import op_field
+from .wire import op_field
 
 __all__ = [
     "CollectiveMismatch",

@@ -287,7 +287,7 @@ def _widest_int(caps: Capabilities, comm: torch.dtype, dtype: torch.dtype) -> to
     # the mean fits, so sum in a wider type: the widest integer the backend reduces, else
     # float64 for integers of 4 bytes or fewer (exact for sums below 2**53: 2**21 ranks of
     # int32). int64 has no wider type: the engine sums it exactly as quotients and remainders
-    # (hwdist/collectives/_wire.py, ``split_mean``).
+    # (hwdist/collectives/wire.py, ``split_mean``).
     # (``comm``: the integer the plan reduces so far, ``dtype`` or a lossless widening of it)
     for wide in (torch.int64, torch.int32):
         if _itemsize(wide) <= _itemsize(comm):

@@ -192,7 +192,7 @@ def test_odd_strides_work_in_every_collective(dist, combo):
 
 
 def test_byte_helpers_accept_any_strides():
-    from hwdist.collectives._wire import byte_view, dense_flat, retype
+    from hwdist.collectives.wire import byte_view, dense_flat, retype
 
     for dtype in DTYPES:
         for kind in KINDS:
@@ -236,7 +236,7 @@ def _floor_mean(dtype: torch.dtype, ws: int) -> list[int]:
 
 
 def test_integer_mean_plans_sum_in_a_wider_type():
-    from hwdist.collectives._wire import exact_mean
+    from hwdist.collectives.wire import exact_mean
     from hwdist.drivers.base import Post
 
     emu, gloo = hwdist.get_driver("emu"), hwdist.get_driver("gloo")
