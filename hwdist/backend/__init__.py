@@ -37,7 +37,8 @@ def unsupported_reason() -> Optional[str]:
     return (
         f"the {NAME!r} backend needs torch >= {need} (torch.distributed backends written in Python);"
         f" this is torch {torch.__version__}. HINT: pip install 'torch>={need}', or name the vendor"
-        f" backend itself (backend='gloo', 'nccl', ...): hwdist's own collectives plan on any torch"
+        f" backend itself (one of {', '.join(registry.list_backends())}): hwdist's own collectives plan"
+        " on any torch"
     )
 
 
@@ -70,8 +71,9 @@ def _driver(wraps: Optional[str]) -> Any:
         wraps = detect().backend
     if wrapped_name(wraps) is not None:
         raise BackendError(
-            f"wraps must name the backend hwdist wraps (e.g. 'gloo'), got {wraps!r}: hwdist cannot wrap"
-            f" itself. HINT: hwdist.backend.register(wraps='gloo')"
+            f"wraps must name the backend hwdist wraps (one of {', '.join(registry.list_backends())}), got"
+            f" {wraps!r}: hwdist cannot wrap itself. HINT: hwdist.backend.register(wraps=<a registered"
+            " backend>), or wraps=None for the one hwdist detects"
         )
     driver = registry.get_driver(wraps)  # BackendError listing the registered backends
     registry.require_available(driver, f"backend {driver.name!r} (wrapped by {NAME!r}) is")
@@ -105,7 +107,10 @@ def register(wraps: Union[None, str, list[str], tuple[str, ...]] = None) -> str:
         raise BackendError(why)
     names = [wraps] if wraps is None or isinstance(wraps, str) else list(wraps)
     if not names:
-        raise BackendError("wraps must name at least one backend, got an empty list. HINT: wraps='gloo'")
+        raise BackendError(
+            "wraps must name at least one backend, got an empty list."
+            f" HINT: one of {', '.join(registry.list_backends())}, or None for the one hwdist detects"
+        )
     chosen: dict[str, Any] = {}
     for name in names:
         driver = _driver(name)

@@ -36,6 +36,18 @@ def visible_cuda(monkeypatch):
     monkeypatch.setattr(type(drv), "device_count", lambda self: 2)
     monkeypatch.setattr(drv, "_looked", False, raising=False)
     monkeypatch.setattr(drv, "_impostor", None, raising=False)
+    # adopting a vendor's table replaces these on the driver: put NVIDIA's back for the tests after this one
+    for attr in (
+        "native_ops",
+        "reduce_ops",
+        "dtypes",
+        "reduce_dtypes",
+        "inexact_reductions",
+        "_caps",
+        "_plans",
+    ):
+        monkeypatch.setattr(drv, attr, getattr(drv, attr), raising=False)
+    monkeypatch.setattr(drv, "_adopted", False, raising=False)
     monkeypatch.setenv("HWDIST_BACKEND", "nccl")
     return drv
 
