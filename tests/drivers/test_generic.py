@@ -347,6 +347,7 @@ def test_a_backend_torch_knows_gets_a_generic_driver(ranks, tmp_path):
             assert "backend 'tonly'" in msg and "hwdist check --backend tonly --write-driver" in msg
 
 
+@pytest.mark.slow  # a full measure run and a written driver's run
 def test_measured_table_is_gloo_less_what_the_wrapper_refuses_and_the_written_driver_works(ranks, tmp_path):
     """``hwdist check --backend tonly`` measures the wrapped backend and writes its driver; the table
     equals gloo's own measured results with exactly the wrapper's refusals applied."""
