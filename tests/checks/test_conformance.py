@@ -134,7 +134,7 @@ def test_conformance_is_clean_on_gloo_and_the_emulated_accelerator(backend):
     assert not [f for f in report["findings"] if f["failure"]]
 
 
-@pytest.mark.slow  # about 40 s: two conformance runs at 3 ranks (the fast lane keeps the 2-rank ones)
+@pytest.mark.slow  # about 40 s at 3 ranks; the fast lane keeps the clean 2-rank runs and the edge-value check
 @pytest.mark.dist
 def test_min_computed_as_sum_is_caught_at_3_ranks_and_the_written_driver_corrects_it(tmp_path):
     """The injected fault (integer MIN issued as SUM) is flagged on exactly the integer MIN cases of
