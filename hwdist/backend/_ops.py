@@ -72,6 +72,21 @@ def all_reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, f
         return _gather_reduce(tg, tensors, rop, keep=True)
     ws = tg.size  # closures keep numbers, never the target: the last reference to a wrapped backend
     # must not be dropped on that backend's own worker thread (its destructor would join itself)
+    sends, aliased = _reduction_sends(tg, tensors, plan, factor)
+    work = tg.inner.allreduce(sends, _opts(torch_dist.AllreduceOptions, opts, reduceOp=torch_op(plan)))
+
+    def finish() -> None:
+        for t, send, alias in zip(tensors, sends, aliased):
+            _finish_reduction(t, send, plan, ws, alias)
+
+    return _work.then([work], finish, tensors)
+
+
+def _reduction_sends(
+    tg: Any, tensors: list[Tensor], plan: Plan, factor: Any
+) -> tuple[list[Tensor], list[bool]]:
+    """A reduction's wire buffers (cast, PREMUL_SUM's factor applied, an int64 mean split in two) and
+    whether each is the caller's tensor itself."""
     sends: list[Tensor] = []
     aliased: list[bool] = []
     for t in tensors:
@@ -81,13 +96,7 @@ def all_reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, f
             send, alias = split_mean(send.reshape(-1), tg.size), False
         sends.append(send)
         aliased.append(alias)
-    work = tg.inner.allreduce(sends, _opts(torch_dist.AllreduceOptions, opts, reduceOp=torch_op(plan)))
-
-    def finish() -> None:
-        for t, send, alias in zip(tensors, sends, aliased):
-            _finish_reduction(t, send, plan, ws, alias)
-
-    return _work.then([work], finish, tensors)
+    return sends, aliased
 
 
 def _finish_reduction(data: Tensor, buf: Tensor, plan: Plan, ws: int, aliased: bool) -> None:
@@ -124,14 +133,7 @@ def reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, facto
     root, ws, me = opts.rootRank, tg.size, tg.rank
     if plan == GATHER_REDUCE:
         return _gather_reduce(tg, tensors, rop, keep=False, root=root)
-    sends, aliased = [], []
-    for t in tensors:
-        send, alias = prepare(t, plan, tg.cdev(t))
-        _premul(send, factor)
-        if exact_mean(plan):
-            send, alias = split_mean(send.reshape(-1), tg.size), False
-        sends.append(send)
-        aliased.append(alias)
+    sends, aliased = _reduction_sends(tg, tensors, plan, factor)
     if plan.native_op == "reduce":
         work = tg.inner.reduce(
             sends, _opts(torch_dist.ReduceOptions, opts, reduceOp=torch_op(plan), rootRank=root)

@@ -109,6 +109,12 @@ class Target:
         return op in self.caps.flat_ops
 
 
+def _passes(plan: Any, factor: Any, tg: Any, t: Tensor) -> bool:
+    """Whether a reduction goes to the wrapped backend as it is: no PREMUL_SUM factor, no MIN/MAX by
+    all_gather, a pass-through plan and the tensor already on the comm device."""
+    return factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None
+
+
 class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     """torch's view of hwdist: one per group, wrapping one backend per device type (see the module)."""
 
@@ -230,7 +236,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         tg = self._target(t)
         rop, factor = _reduce_op(opts.reduceOp)
         plan = tg.reduce_plan("all_reduce", t.dtype, rop)
-        if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
+        if _passes(plan, factor, tg, t):
             return tg.inner.allreduce(tensors, opts)
         return _ops.all_reduce(tg, tensors, opts, plan, rop, factor)
 
@@ -244,9 +250,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         tg = self._target(tensors[0])
         rop, factor = _reduce_op(opts.reduceOp)
         plans = [tg.reduce_plan("all_reduce", t.dtype, rop) for t in tensors]
-        if factor is None and all(
-            p is not GATHER_REDUCE and p.passthrough and tg.cdev(t) is None for p, t in zip(plans, tensors)
-        ):
+        if factor is None and all(_passes(p, None, tg, t) for p, t in zip(plans, tensors)):
             return tg.inner.allreduce_coalesced(tensors, opts)
         works = [_ops.all_reduce(tg, [t], opts, p, rop, factor) for p, t in zip(plans, tensors)]
         return _ops.coalesced(works, tensors)
@@ -260,7 +264,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         tg = self._target(t)
         rop, factor = _reduce_op(opts.reduceOp)
         plan = tg.reduce_plan("reduce", t.dtype, rop)
-        if factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None:
+        if _passes(plan, factor, tg, t):
             return tg.inner.reduce(tensors, opts)
         return _ops.reduce(tg, tensors, opts, plan, rop, factor)
 
@@ -268,7 +272,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         tg = self._target(output)
         rop, factor = _reduce_op(opts.reduceOp)
         plan = tg.reduce_plan("reduce_scatter", output.dtype, rop)
-        passes = factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(output) is None
+        passes = _passes(plan, factor, tg, output)
         return tg, rop, factor, plan, passes
 
     def reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
