@@ -22,8 +22,8 @@ import torch
 import torch.distributed as torch_dist
 
 from ..collectives import wire as _wire
-from ..collectives.wire import comm_numel, exact_mean, finish_reduction, from_comm, join_mean, prepare
-from ..collectives.wire import restore, split_mean, torch_op
+from ..collectives.wire import comm_numel, exact_mean, finish_reduction, from_comm, prepare
+from ..collectives.wire import reduction_send, restore, split_mean, torch_op
 from ..drivers.base import Plan
 from . import _work
 
@@ -77,7 +77,7 @@ def all_reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, f
 
     def finish() -> None:
         for t, send, alias in zip(tensors, sends, aliased):
-            _finish_reduction(t, send, plan, ws, alias)
+            finish_reduction(t, send, plan, ws, alias)
 
     return _work.then([work], finish, tensors)
 
@@ -85,25 +85,16 @@ def all_reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, f
 def _reduction_sends(
     tg: Any, tensors: list[Tensor], plan: Plan, factor: Any
 ) -> tuple[list[Tensor], list[bool]]:
-    """A reduction's wire buffers (cast, PREMUL_SUM's factor applied, an int64 mean split in two) and
-    whether each is the caller's tensor itself."""
+    """A reduction's wire buffers (``wire.reduction_send``, then PREMUL_SUM's factor: it comes with
+    ``sum``, never with the int64 mean that splits a buffer) and whether each is the caller's tensor."""
     sends: list[Tensor] = []
     aliased: list[bool] = []
     for t in tensors:
-        send, alias = prepare(t, plan, tg.cdev(t))
+        send, alias = reduction_send(t, plan, tg.cdev(t), tg.size)
         _premul(send, factor)
-        if exact_mean(plan):
-            send, alias = split_mean(send.reshape(-1), tg.size), False
         sends.append(send)
         aliased.append(alias)
     return sends, aliased
-
-
-def _finish_reduction(data: Tensor, buf: Tensor, plan: Plan, ws: int, aliased: bool) -> None:
-    if exact_mean(plan):
-        restore(data, join_mean(buf, ws), plan)
-    else:
-        finish_reduction(data, buf, plan, ws, aliased)
 
 
 def _gather_reduce(tg: Any, tensors: list[Tensor], rop: str, keep: bool, root: Optional[int] = None) -> Any:
@@ -144,7 +135,7 @@ def reduce(tg: Any, tensors: list[Tensor], opts: Any, plan: Any, rop: str, facto
     def finish() -> None:
         if me == root:
             for t, send, alias in zip(tensors, sends, aliased):
-                _finish_reduction(t, send, plan, ws, alias)
+                finish_reduction(t, send, plan, ws, alias)
 
     return _work.then([work], finish, tensors)
 
@@ -171,7 +162,7 @@ def reduce_scatter(tg: Any, output: Tensor, rows: Tensor, opts: Any, plan: Any, 
             work = tg.inner.reduce_scatter_single(flat_out, ins.reshape(-1), rs_opts)
         else:
             work = tg.inner.reduce_scatter([flat_out], [list(ins.unbind(0))], rs_opts)
-        return _work.then([work], lambda: _finish_reduction(output, flat_out, plan, ws, True), [output])
+        return _work.then([work], lambda: finish_reduction(output, flat_out, plan, ws, True), [output])
     flat = torch.empty(
         (ws, comm_numel(output.shape, plan)), dtype=plan.comm_dtype, device=cdev or rows.device
     )
@@ -191,7 +182,7 @@ def reduce_scatter(tg: Any, output: Tensor, rows: Tensor, opts: Any, plan: Any, 
         recv = flat[me]
 
     def finish() -> None:
-        _finish_reduction(output, recv, plan, ws, False)
+        finish_reduction(output, recv, plan, ws, False)
 
     return _work.then([work], finish, [output])
 

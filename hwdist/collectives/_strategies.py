@@ -25,8 +25,8 @@ from .wire import (
     exact_mean,
     finish_reduction,
     itemsize,
-    join_mean,
     prepare,
+    reduction_send,
     restore,
     split_mean,
     torch_op,
@@ -50,18 +50,13 @@ class AllReduce(Strategy):
 
 
 def _reduction_wire(c: Call) -> None:
-    """all_reduce's and reduce's send buffer; an int64 mean's as quotients and remainders."""
-    c.send, c.aliased = prepare(c.data, c.plan, c.cdev)
+    """all_reduce's and reduce's send buffer (an int64 mean's as quotients and remainders)."""
+    c.send, c.aliased = reduction_send(c.data, c.plan, c.cdev, c.view.size)
     c.torch_op = torch_op(c.plan)
-    if exact_mean(c.plan):
-        c.send, c.aliased = split_mean(c.send.reshape(-1), c.view.size), False
 
 
 def _finish(c: Call) -> None:
-    if exact_mean(c.plan):
-        restore(c.data, join_mean(c.send, c.view.size), c.plan)
-    else:
-        finish_reduction(c.data, c.send, c.plan, c.view.size, c.aliased)
+    finish_reduction(c.data, c.send, c.plan, c.view.size, c.aliased)
 
 
 class Reduce(Strategy):
@@ -181,10 +176,7 @@ class ReduceScatter(Strategy):
             c.send, c.recv, c.aliased = flat, flat[g.index(g.rank)], False
 
     def finish(self, c: Call) -> None:
-        if exact_mean(c.plan):
-            restore(c.data, join_mean(c.recv, c.view.size), c.plan)
-        else:
-            finish_reduction(c.data, c.recv, c.plan, c.view.size, c.aliased)
+        finish_reduction(c.data, c.recv, c.plan, c.view.size, c.aliased)
 
     def serial(self, data: Optional[Tensor], extra: Any) -> None:
         assert data is not None

@@ -196,8 +196,21 @@ def join_mean(two: Tensor, ws: int) -> Tensor:
     return q + torch.div(r, ws, rounding_mode="floor")
 
 
+def reduction_send(data: Tensor, plan: Plan, cdev: Optional[torch.device], ws: int) -> tuple[Tensor, bool]:
+    """A reduction's send buffer and whether it is ``data`` itself; an int64 mean's as quotients and
+    remainders (``split_mean``), undone by [`finish_reduction`][hwdist.collectives.wire.finish_reduction]."""
+    send, aliased = prepare(data, plan, cdev)
+    if exact_mean(plan):
+        return split_mean(send.reshape(-1), ws), False
+    return send, aliased
+
+
 def finish_reduction(data: Tensor, buf: Tensor, plan: Plan, ws: int, aliased: bool) -> None:
-    """After a reduction: the mean's division, then the copy back unless ``buf`` is ``data``."""
+    """After a reduction: an int64 mean joined from its halves, or the mean's division; then the copy
+    back unless ``buf`` is ``data``."""
+    if exact_mean(plan):
+        restore(data, join_mean(buf, ws), plan)
+        return
     if plan.post is Post.DIVIDE:
         divide(buf, ws, plan.dtype)
     if not aliased:
