@@ -1,16 +1,10 @@
-"""Many tensors in few collectives: metric dicts and model parameters.
+"""Many tensors in few collectives: flat buffers, metric dicts and model parameters.
 
-Both functions pack their tensors into flat buffers (hwdist.collectives.flat),
-one per communication dtype, so a dict of twenty metrics or a whole model
-costs about one all_reduce. Dispatch goes through the group's driver exactly
-as in [`hwdist.collectives.tensor`][hwdist.collectives.tensor].
-
-``all_reduce_dict`` keeps its layouts (``DictLayout``: which values travel in
-which flat buffer, usually one) per group. While verification is on (the
-default) a call starts with the one header round
-(``collectives.protocol``): every rank's fingerprint of the
-call (op, keys, shapes, dtypes) and, where a rank's arguments were bad, its
-message; every rank raises together before any value moves.
+The flat-buffer helpers (``flatten_tensors``, ``unflatten_tensors``, ``copy_from_flat``,
+``bucket_tensors``) pack tensors into one 1-D buffer and split it back; they communicate nothing
+and are shared with the training helpers. ``all_reduce_dict`` and ``all_reduce_params`` pack their
+tensors with them, one buffer per communication dtype, so a dict of twenty metrics or a whole model
+costs about one all_reduce (docs/collectives.md).
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as torch_dist
@@ -27,22 +21,202 @@ import torch.distributed as torch_dist
 from .. import _compat, _state, registry
 from ..drivers.base import Plan, Post
 from ..drivers.tuning import tuning
-from ..errors import ArgumentAssertionError, PlanError
-from . import protocol, transport, verify
+from ..errors import ArgumentAssertionError
+from . import call_entry, protocol, transport, verify
 from . import tensor as _t
-from .wire import divide, not_dense, op_field
-from . import call_entry
 from .call_entry import collective
 from .engine import check
-from .flat import FlatLayout, bucket_tensors, copy_from_flat, flatten_tensors, unique_tensors
 from .protocol import check_same_dicts  # noqa: F401 (re-exported)
 from .verify import describe_tensor
+from .wire import divide, not_dense, op_field
 
-__all__ = ["all_reduce_dict", "all_reduce_params"]
+__all__ = [
+    "all_reduce_dict", "all_reduce_params", "FlatLayout", "flatten_tensors", "unflatten_tensors",
+    "copy_from_flat", "bucket_tensors",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 
 
+# ---------------------------------------------------------------------------
+# flat buffers (no communication)
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each tensor lives in a flat buffer.
+
+    Attributes:
+        shapes: shape of each tensor.
+        dtypes: original dtype of each tensor.
+        offsets: start of each tensor in the buffer, in elements.
+        numels: number of elements of each tensor.
+    """
+
+    shapes: tuple[torch.Size, ...]
+    dtypes: tuple[torch.dtype, ...]
+    offsets: tuple[int, ...]
+    numels: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        """Number of elements of the whole buffer."""
+        return (self.offsets[-1] + self.numels[-1]) if self.offsets else 0
+
+    @classmethod
+    def of(cls, tensors: Sequence[Tensor]) -> "FlatLayout":
+        """The layout of ``tensors`` packed back to back in order."""
+        shapes, dtypes, offsets, numels = [], [], [], []
+        pos = 0
+        for t in tensors:
+            n = t.numel()
+            shapes.append(t.shape)
+            dtypes.append(t.dtype)
+            offsets.append(pos)
+            numels.append(n)
+            pos += n
+        return cls(tuple(shapes), tuple(dtypes), tuple(offsets), tuple(numels))
+
+
+def flatten_tensors(
+    tensors: Sequence[Tensor],
+    dtype: Optional[torch.dtype] = None,
+    device: Union[torch.device, str, None] = None,
+) -> tuple[Tensor, FlatLayout]:
+    """Copy ``tensors`` into one new contiguous 1-D buffer (one copy per tensor, no more).
+
+    Args:
+        tensors: tensors of any shapes (and contiguity).
+        dtype: dtype of the buffer; values are cast (choose a lossless one).
+            Default: the tensors' common dtype (TypeError if they differ).
+        device: device of the buffer; default: the first tensor's device.
+
+    Returns:
+        ``(flat, layout)``; ``flat`` has ``layout.total`` elements.
+
+    Examples:
+        >>> flat, layout = flatten_tensors([torch.tensor([1, 2]), torch.tensor([[3]])])
+        >>> flat
+        tensor([1, 2, 3])
+    """
+    tensors = list(tensors)
+    layout = FlatLayout.of(tensors)
+    if dtype is None:
+        found = set(layout.dtypes)
+        if len(found) > 1:
+            raise TypeError(
+                f"flatten_tensors: tensors have several dtypes ({', '.join(sorted(map(str, found)))});"
+                " pass dtype= (a lossless one) or bucket them by dtype first (bucket_tensors)"
+            )
+        dtype = found.pop() if found else torch.float32
+    if device is None:
+        device = tensors[0].device if tensors else torch.empty(0).device  # torch's default device
+    device = torch.device(device)
+    if not tensors:
+        return torch.empty(0, dtype=dtype, device=device), layout
+    with torch.no_grad():
+        if all(t.device == device for t in tensors):
+            d0, s0 = layout.dtypes[0], layout.shapes[0]
+            if all(d == d0 for d in layout.dtypes):  # one dtype: no promotion inside cat/stack
+                if all(sh == s0 for sh in layout.shapes):  # e.g. scalar metrics: stack is one cheap call
+                    flat = torch.stack(tensors).reshape(-1)
+                else:
+                    flat = torch.cat([t.reshape(-1) for t in tensors])
+                return (flat if d0 == dtype else flat.to(dtype)), layout
+            flat = torch.empty(layout.total, dtype=dtype, device=device)
+            torch.cat([t.reshape(-1) for t in tensors], out=flat)  # casts each input into dtype
+            return flat, layout
+        flat = torch.empty(layout.total, dtype=dtype, device=device)
+        for t, off, n in zip(tensors, layout.offsets, layout.numels):
+            flat[off : off + n].copy_(t.reshape(-1))
+    return flat, layout
+
+
+def unflatten_tensors(flat: Tensor, layout: FlatLayout) -> list[Tensor]:
+    """Views of ``flat`` with the layout's shapes (``flat``'s dtype and device, no copy).
+
+    Examples:
+        >>> flat, layout = flatten_tensors([torch.ones(2, 2), torch.ones(3)])
+        >>> [t.shape for t in unflatten_tensors(flat, layout)]
+        [torch.Size([2, 2]), torch.Size([3])]
+    """
+    if flat.dim() != 1 or flat.numel() != layout.total:
+        raise ValueError(
+            f"unflatten_tensors: flat must be 1-D with {layout.total} elements, got shape {tuple(flat.shape)}"
+        )
+    pieces = zip(layout.offsets, layout.numels, layout.shapes)
+    return [flat[off : off + n].view(shape) for off, n, shape in pieces]
+
+
+def copy_from_flat(flat: Tensor, tensors: Sequence[Tensor], layout: Optional[FlatLayout] = None) -> None:
+    """Write the pieces of ``flat`` back into ``tensors`` in place (their own dtype and device).
+
+    Works on parameters that require grad (copies under ``torch.no_grad``).
+    ``layout`` defaults to the layout of ``tensors`` packed in order.
+    """
+    tensors = list(tensors)
+    layout = layout if layout is not None else FlatLayout.of(tensors)
+    if len(tensors) != len(layout.shapes):
+        raise ValueError(f"copy_from_flat: layout has {len(layout.shapes)} tensors, got {len(tensors)}")
+    with torch.no_grad():
+        for t, piece in zip(tensors, unflatten_tensors(flat, layout)):
+            t.copy_(piece)
+
+
+def bucket_tensors(tensors: Iterable[Tensor], bucket_bytes: int = -1) -> list[list[int]]:
+    """Group tensor indices by (dtype, device), split so no bucket exceeds ``bucket_bytes``.
+
+    Order is kept inside each bucket; buckets come in order of first
+    appearance. A tensor larger than ``bucket_bytes`` gets a bucket of its
+    own. ``bucket_bytes <= 0``: one bucket per (dtype, device).
+
+    Examples:
+        >>> bucket_tensors([torch.ones(2), torch.ones(2, dtype=torch.int64), torch.ones(3)])
+        [[0, 2], [1]]
+    """
+    open_buckets: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+    out: list[list[int]] = []
+    for i, t in enumerate(tensors):
+        key = (t.dtype, t.device)
+        nbytes = t.numel() * t.element_size()
+        bucket = open_buckets.get(key)
+        if bucket is None or (bucket_bytes > 0 and sizes[key] + nbytes > bucket_bytes and bucket):
+            bucket = []
+            open_buckets[key] = bucket
+            sizes[key] = 0
+            out.append(bucket)
+        bucket.append(i)
+        sizes[key] += nbytes
+    return out
+
+
+def unique_tensors(tensors: Iterable[Tensor], *, same_memory: bool = False) -> list[Tensor]:
+    """``tensors`` with repeats dropped (the first one kept), in order.
+
+    A repeat is the same tensor object, or with ``same_memory=True`` any
+    tensor that views the same memory the same way (data pointer, dtype,
+    shape, strides and device): tied weights seen twice through
+    ``state_dict().values()`` are two objects over one storage. Reducing such
+    a tensor twice in place would count it twice.
+
+    Examples:
+        >>> w = torch.ones(2)
+        >>> len(unique_tensors([w, w, w.detach()])), len(unique_tensors([w, w.detach()], same_memory=True))
+        (2, 1)
+    """
+    seen: set[object] = set()
+    out: list[Tensor] = []
+    for t in tensors:
+        key: object = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.device) if same_memory else id(t)
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# all_reduce_params
+# ---------------------------------------------------------------------------
 MiB = 1024 * 1024
 
 
@@ -63,17 +237,13 @@ def all_reduce_params(
 ) -> None:
     """All-reduce parameters (or buffers, or any tensors) in place.
 
-    ``coalesce=True`` packs the tensors into flat buffers, one per dtype (and device), split into buckets of
-    at most ``bucket_size_mb`` MiB when it is positive, and reduces each buffer with one all_reduce; buckets
-    are issued asynchronously so packing the next one overlaps the communication of the previous. Tensors of
-    at least the driver's ``pack_max_bytes`` (1 MiB on CPU backends, where a packing copy costs as much as
-    the wire; 0 = pack everything on accelerators) are reduced in place, asynchronously, instead of being
-    copied. Results are written back into the tensors (``.data``, so parameters that require grad work).
-    ``coalesce=False`` runs one [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce] per tensor. Same
-    ops, casts and mean rule as [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce]. Every rank must
-    pass the same tensors (shapes, dtypes, order). A tensor given twice (``[p, p]``, or tied weights seen
-    twice through ``state_dict().values()``) is reduced once. Non-distributed or a one-rank group: does
-    nothing.
+    ``coalesce=True`` packs the tensors into flat buffers, one per dtype and device (buckets of at most
+    ``bucket_size_mb`` MiB when positive), one asynchronous all_reduce each; tensors of at least the driver's
+    ``pack_max_bytes`` are reduced in place instead of copied (docs/collectives.md). Results go back into
+    the tensors' ``.data``. ``coalesce=False`` runs one
+    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce] per tensor; same ops, casts and mean rule.
+    Every rank must pass the same tensors (shapes, dtypes, order); a tensor given twice (``[p, p]``, tied
+    weights) is reduced once. Non-distributed or a one-rank group: does nothing.
 
     Args:
         params: a list or generator of tensors (e.g. ``model.parameters()``).
@@ -386,9 +556,6 @@ def _describe_dict_call(data: Any, op: Any) -> tuple[Any, dict[str, Any]]:
     return first, {"data": fields, "reduce_op": op_field(op)}
 
 
-_KINDS = (TypeError, ValueError, ArgumentAssertionError, PlanError)
-
-
 def _agree(data: Any, op: Any, problem: Optional[Exception], group: Any) -> None:
     """The header round of a verified call: every rank raises together when some rank's arguments were
     bad (naming each such rank) or the ranks' dicts differ (CollectiveMismatch naming the difference)."""
@@ -406,16 +573,8 @@ def _agree(data: Any, op: Any, problem: Optional[Exception], group: Any) -> None
     headers = protocol.exchange(head, group, driver)
     failed = {h.rank: h.message.partition(": ") for h in headers if h.framed and h.status != protocol.OK}
     if failed:
-        texts = [msg for _, _, msg in failed.values()]
-        if len(failed) == len(headers) and len(set(texts)) == 1:
-            explained = texts[0]  # the same bad argument on every rank: no rank list needed
-        else:
-            explained = "; ".join(f"rank {r}: {msg}" for r, (_, _, msg) in sorted(failed.items()))
-        mine = type(problem) if problem is not None else None
-        kind: type[Exception] = mine if mine is not None and mine in _KINDS else ValueError
-        if all(name == "PlanError" for name, _, _ in failed.values()):
-            kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
-        raise kind(f"all_reduce_dict: {explained}")
+        failures = {r: (name, msg) for r, (name, _, msg) in failed.items()}
+        raise protocol.argument_error("all_reduce_dict", problem, failures, len(headers))
     verify.raise_if_mismatch("all_reduce_dict", headers, st, group, driver)
 
 
@@ -429,29 +588,18 @@ def all_reduce_dict(
 ) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
-    Keys are processed in sorted order. Tensors are packed into one flat
-    buffer per communication dtype (usually exactly one: all float32 metrics
-    travel together); mixed dtypes are never merged lossily (an int64 counter
-    does not go through float32). Each key is replaced by its reduced tensor
-    in the key's own dtype, shape and device (as in mmengine). Same ops and
-    mean rule as [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce].
+    The values are packed into one flat buffer per communication dtype (usually one; an int64 counter
+    does not go through float32), in the keys' sorted order (the same on every rank, whatever the
+    insertion order); each key is replaced by its reduced tensor in its own dtype, shape and device (as in
+    mmengine). Same ops and mean rule as [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce].
 
-    Keys are ordered the same way on every rank: ``sorted()`` for str or int keys, else by type and a
-    canonical text (sets by their sorted items), so equal dicts pair their values whatever the order
-    their keys were inserted in.
-
-    With verification on (the default; ``verify=False`` turns it off for this call and ``verify=True``
-    on, as for every collective) the call starts with one header round: every rank's fingerprint of op,
-    keys, shapes and dtypes. When a value on some rank is not a dense tensor with data, ``op`` or
-    ``data`` is bad there, or the dicts differ, every rank raises before any value moves: a ValueError
-    (PlanError where no rank's backend can reduce a dtype) naming each failing rank, or
-    [`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] (a ValueError) naming each
-    rank's keys, shapes or dtypes where they differ. Then one all_reduce per flat buffer: two
-    collectives in all. Without verification: one collective; a mismatch is undefined (mmengine's
-    behaviour) and a bad value raises on its own rank only, before that rank communicates. ``verify``
-    must be the same on every rank.
-
-    Non-distributed or a one-rank group: does nothing.
+    With verification on (the default) the call starts with one header round: every rank's fingerprint
+    of op, keys, shapes and dtypes. When some rank's arguments are bad or the dicts differ, every rank
+    raises before any value moves: a ValueError (PlanError where no rank's backend can reduce a dtype)
+    naming each failing rank, or [`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch].
+    Without verification: one collective per buffer; a mismatch is undefined (mmengine's behaviour) and a
+    bad value raises on its own rank only. ``verify`` must be the same on every rank; docs/collectives.md
+    has the details. Non-distributed or a one-rank group: does nothing.
 
     Args:
         data: ``{key: Tensor}``, updated in place.

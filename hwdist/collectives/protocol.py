@@ -61,7 +61,8 @@ __all__ = [
     "HEADER_BYTES", "INLINE_BYTES", "MAGIC", "OK", "INLINE_CUT", "DESCRIBED", "OPS", "OP_NAMES", "Header",
     "encode", "decode", "parse_rows", "exchange", "dtype_code", "dtype_name", "digest",
     "op_code", "op_name", "stamp", "set_inline_length", "INLINE_AT", "exchange_rows", "rows_agree",
-    "Agreement", "agree", "Raiser", "check_same_dicts", "dict_fingerprint", "max_over_ranks",
+    "Agreement", "agree", "Raiser", "argument_error", "check_same_dicts", "dict_fingerprint",
+    "max_over_ranks",
 ]  # fmt: skip
 
 HEADER_BYTES = 1024
@@ -401,6 +402,24 @@ def dict_fingerprint(op: Optional[str], keys: Sequence[Any], values: Sequence[An
     return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
 
 
+def argument_error(
+    fn: str, mine: Optional[BaseException], failures: dict[int, tuple[str, str]], world: int
+) -> BaseException:
+    """The error every rank raises when some ranks' arguments were bad (``failures``: rank -> (exception
+    type name, message)): ``mine``'s type where this rank's was bad, PlanError where every failure was
+    one, else ValueError; the message alone when every rank gave the same one."""
+    texts = [msg for _, msg in failures.values()]
+    if len(failures) == world and len(set(texts)) == 1:
+        explained = texts[0]  # the same bad argument on every rank: no rank list needed
+    else:
+        explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
+    kinds = (TypeError, ValueError, ArgumentAssertionError, PlanError)
+    kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
+    if all(name == "PlanError" for name, _ in failures.values()):
+        kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
+    return kind(f"{fn}: {explained}")
+
+
 def check_same_dicts(
     fn: str,
     keys: Sequence[Any],
@@ -439,16 +458,7 @@ def check_same_dicts(
         words = dict_fingerprint(op, keys, values)
 
     def raise_as(mine: Optional[BaseException], failures: dict[int, tuple[str, str]]) -> BaseException:
-        texts = [msg for _, msg in failures.values()]
-        if len(failures) == torch_dist.get_world_size(group) and len(set(texts)) == 1:
-            explained = texts[0]  # the same bad argument on every rank: no rank list needed
-        else:
-            explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
-        kinds = (TypeError, ValueError, ArgumentAssertionError, PlanError)
-        kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
-        if all(name == "PlanError" for name, _ in failures.values()):
-            kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
-        return kind(f"{fn}: {explained}")
+        return argument_error(fn, mine, failures, torch_dist.get_world_size(group))
 
     same = agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same
     if same:
