@@ -27,25 +27,13 @@ import numpy as np
 import torch
 
 from . import wire as _wire
-from ._uneven import ALL_TO_ALL
-from .wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
-from .wire import ReduceOpLike, normalize_reduce_op
+from ._strategies import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE
+from ._strategies import REDUCE_SCATTER, SCATTER, SEND, gathered_numels
 from .call_entry import CollectiveHandle, collective
 from .engine import view
 from .verify import TensorFields as _fields
-from ._uneven import gathered_numels
-from ._strategies import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    BARRIER,
-    BROADCAST,
-    GATHER,
-    RECV,
-    REDUCE,
-    REDUCE_SCATTER,
-    SCATTER,
-    SEND,
-)
+from .wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
+from .wire import ReduceOpLike, normalize_reduce_op
 
 __all__ = [
     "all_reduce",

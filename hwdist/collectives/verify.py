@@ -523,7 +523,7 @@ class TensorFields:
         check: bool = False,
     ) -> Fields:
         # piece sizes may differ by design: dtype and count here, sizes in the strategy's header round
-        # (_uneven), which verifies well-formed calls itself (``check``: the fields it stamps)
+        # (_strategies.AllToAll), which verifies well-formed calls itself (``check``: the fields it stamps)
         first = input_list[0] if isinstance(input_list, (list, tuple)) and input_list else input_list
         pieces = [
             len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in (input_list, output_list)
