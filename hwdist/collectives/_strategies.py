@@ -17,7 +17,7 @@ import torch
 from ..drivers.base import Driver, Plan, byte_carrier
 from ..drivers.tuning import gather_by_broadcast_floor, tuning
 from ..errors import CollectiveArgumentError, CollectiveMismatch
-from . import protocol, transport, verify
+from . import protocol, verify
 from . import wire as _wire
 from .engine import Call, Strategy, issue, wire_call
 from .protocol import Header
@@ -241,7 +241,7 @@ def _shapes(headers: Sequence[Header], data: Tensor, group: Any, driver: Driver)
     if all(h.shape is not None for h in headers):
         return [h.shape for h in headers]  # type: ignore[misc]
     width = max(h.ndim for h in headers)
-    rows = transport.gather_ints((list(data.shape) + [0] * width)[:width], group, driver)
+    rows = protocol.gather_ints((list(data.shape) + [0] * width)[:width], group, driver)
     return [torch.Size(rows[r][: h.ndim]) for r, h in enumerate(headers)]
 
 
@@ -431,7 +431,7 @@ def _table(c: Call, in_sizes: list[int], out_sizes: list[int], st: Optional[veri
     if fits:
         table = [h.inline.copy().view("<i8").tolist() for h in headers]
     else:
-        table = transport.gather_ints(in_sizes + out_sizes, c.group, c.driver)
+        table = protocol.gather_ints(in_sizes + out_sizes, c.group, c.driver)
     bad = "; ".join(_piece_size_errors(table, ws)[:4])
     if bad and st is not None:
         raise CollectiveMismatch(

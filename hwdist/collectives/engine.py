@@ -2,7 +2,7 @@
 
 Every tensor collective is a thin public function (argument checks, then one
 call of [`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every
-internal exchange (``transport``) issues through [`issue`][hwdist.collectives.engine.issue].
+internal exchange (``protocol``) issues through [`issue`][hwdist.collectives.engine.issue].
 One call goes through the same steps whatever the op (docs/architecture.md):
 
 1. **resolve**: [`view`][hwdist.collectives.engine.view] gives the group's view:
@@ -480,7 +480,7 @@ def wire_call(
     driver: Optional[Driver] = None,
     reduce_op: Optional[str] = None,
 ) -> Call:
-    """A ``Call`` for hwdist's own traffic (``transport``), for [`issue`][hwdist.collectives.engine.issue].
+    """A ``Call`` for hwdist's own traffic (``protocol``), for [`issue`][hwdist.collectives.engine.issue].
 
     ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions.
     """

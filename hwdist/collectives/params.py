@@ -22,7 +22,7 @@ from .. import _compat, _state, registry
 from ..drivers.base import Plan, Post
 from ..drivers.tuning import tuning
 from ..errors import ArgumentAssertionError
-from . import call_entry, protocol, transport, verify
+from . import call_entry, protocol, verify
 from . import tensor as _t
 from .call_entry import collective
 from .engine import check
@@ -430,7 +430,7 @@ class _Part:
 
     def reduce(self, wire: Tensor, group: Any) -> None:
         """Reduce ``wire`` (a packed buffer as it travels) in place: one all_reduce."""
-        transport.reduce_flat(wire, self.plan.reduce_op or "sum", group)
+        protocol.reduce_flat(wire, self.plan.reduce_op or "sum", group)
 
     def finish(
         self, buf: tuple[Tensor, Tensor, bool], keys: list[Any], values: list[Any], data: Any, ws: int

@@ -40,7 +40,7 @@ import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry, settings
 from ..errors import CollectiveMismatch
-from . import call_entry, engine, protocol, transport
+from . import call_entry, engine, protocol
 from .wire import op_field
 
 __all__ = [
@@ -245,7 +245,7 @@ def _carries_headers(driver: Any) -> bool:
     one warning per backend, rather than failing."""
     known = _HEADERLESS.get(driver)
     if known is None:
-        known = _HEADERLESS[driver] = transport.carries(driver, "all_gather")
+        known = _HEADERLESS[driver] = protocol.carries(driver, "all_gather")
         if not known:
             warnings.warn(
                 f"hwdist: backend '{driver.name}' moves no integer dtype, so its collectives cannot be"
@@ -325,15 +325,13 @@ def raise_if_mismatch(op: str, headers: list[protocol.Header], own: Stamp, group
     if agrees(headers):
         return
     if not all(h.framed for h in headers):
-        raise CollectiveMismatch(
-            f"collective mismatch in '{op}' across ranks: "
-            + protocol.listing(headers, lambda h: "this call" if h.framed else "another kind of exchange")
-        )
+        sides = (f"rank {h.rank}: {'this call' if h.framed else 'another kind of exchange'}" for h in headers)
+        raise CollectiveMismatch(f"collective mismatch in '{op}' across ranks: " + "; ".join(sides))
     whole = all(h.flags & protocol.DESCRIBED and not h.flags & protocol.INLINE_CUT for h in headers)
     if whole:
         texts = [h.message for h in headers]
     else:
-        texts = [t.decode() for t in transport.gather_bytes(own.text.encode(), group, driver)]
+        texts = [t.decode() for t in protocol.gather_bytes(own.text.encode(), group, driver)]
     everyone = []
     for h, t in zip(headers, texts):
         try:
