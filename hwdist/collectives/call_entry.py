@@ -1,40 +1,23 @@
-"""The one entry every public collective goes through: the one-thread guard and the call observers.
+"""The one entry every public collective goes through: the one-thread guard, the observers, the hook.
 
-Every public collective (tensor, object, results, dict/params, barrier, p2p)
-is decorated with [`collective`][hwdist.collectives.call_entry.collective]. The
-decorator does two things, and nothing else:
+Every public collective is decorated with [`collective`][hwdist.collectives.call_entry.collective],
+which builds one wrapper per function, once at import:
 
-1. **One thread per process group at a time.** torch.distributed pairs the
-   ranks' calls on a group by their order. Two threads issuing collectives on
-   one group make that order a race: the ranks can pair different calls and
-   return wrong values silently. A call from a second thread, while the first
-   thread's call on the same group is still in flight, raises
-   [`ConcurrentGroupUse`][hwdist.errors.ConcurrentGroupUse] at once. Detection,
-   not prevention: the check sees only calls that overlap in time on this rank.
-   The default group is tracked under ``group=None``; passing the default
-   group object explicitly is tracked apart from ``None``.
-2. **Observers.** Objects registered with
-   [`add_observer`][hwdist.collectives.call_entry.add_observer] see the outermost
-   public call of each thread: ``begin(op, group, args, kwargs)`` before it
-   runs, ``end(token, error)`` after it returned or raised (``error`` is None
-   on success). A collective built on another (``broadcast_object`` on
-   ``broadcast_object_list``, ...) is seen once, as the outer call. Observers
-   must never raise; one that does is removed and a warning printed. The flight
-   recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives.call_entry.set_recorder]), called
-   first without the generic loop; verification mode is an observer. The slot's ``end`` may
-   return an exception for a call that raised: the call raises that one instead (chained to its
-   own). The hang doctor's ``raise`` action uses it so that a call failing because the hang's
-   other ranks already acted raises [`HangDetected`][hwdist.flight.watchdog.HangDetected] too.
-3. **The verification hook.** A collective decorated with a ``describe``
-   function hands the hook in the hook slot ([`set_hook`][hwdist.collectives.call_entry.set_hook],
-   filled by ``collectives.verify`` while verification is on) each call's
-   ``(group, sample tensor, fields)`` before its own argument checks run.
+1. **One thread per process group at a time.** torch.distributed pairs the ranks' calls on a group by
+   their order, so a call from a second thread while another thread's call on the same group is in
+   flight raises [`ConcurrentGroupUse`][hwdist.errors.ConcurrentGroupUse] at once (detection, not
+   prevention). The default group is tracked under ``group=None``.
+2. **Observers** ([`add_observer`][hwdist.collectives.call_entry.add_observer]) see the outermost
+   public call of each thread: ``begin(op, group, args, kwargs)``, then ``end(token, error)``. One
+   that raises is removed with a warning. The flight recorder has a slot of its own
+   ([`set_recorder`][hwdist.collectives.call_entry.set_recorder]), called first; its ``end`` may return
+   an exception for the call to raise instead (the hang doctor's
+   [`HangDetected`][hwdist.flight.watchdog.HangDetected]).
+3. **The verification hook** ([`set_hook`][hwdist.collectives.call_entry.set_hook], filled by
+   ``collectives.verify`` while the mode is on) gets each call's ``(group, sample tensor, fields)`` from
+   the decorator's ``describe`` before the call's own argument checks run.
 
-The decorator builds one wrapper per public function, once at import: the
-guard, the recorder slot, the observers and the hook in one Python frame.
-With no observer registered, the recorder slot and the hook slot empty, the
-cost is a dictionary look-up and a ``try``/``finally`` per call
-(docs/reliability.md); the flight recorder's own cost is in docs/benchmarks.md.
+Costs: docs/reliability.md and docs/benchmarks.md.
 """
 
 from __future__ import annotations

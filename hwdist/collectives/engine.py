@@ -1,30 +1,12 @@
 """The collective engine: the one module of ``hwdist.collectives`` that calls torch.distributed collectives.
 
 Every tensor collective is a thin public function (argument checks, then one
-call of [`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every
-internal exchange (``protocol``) issues through [`issue`][hwdist.collectives.engine.issue].
-One call goes through the same steps whatever the op (docs/architecture.md):
-
-1. **resolve**: [`view`][hwdist.collectives.engine.view] gives the group's view:
-   the serial null object [`SERIAL`][hwdist.collectives.engine.SERIAL] when
-   torch.distributed is not initialised (each strategy's ``serial`` gives
-   mmengine's single-process result), else a [`GroupView`][hwdist.collectives.engine.GroupView];
-   then ``registry.resolve(group, device)`` gives the driver.
-2. **plan**: ``driver.plan(op, dtype, reduce_op)`` (cached by the driver).
-3. **to wire format**: the strategy's ``to_wire`` fills a [`Call`][hwdist.collectives.engine.Call]
-   with the buffers and the torch op to issue (no copy where none is needed).
-4. **issue**: one torch.distributed call, chosen by ``call.native`` (async where the driver supports it).
-5. **finish**: the strategy's ``finish`` (division, copy back, the result).
-6. **handle**: ``async_op=True`` always returns a
-   [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle].
-
-A pure pass-through (the plan changes nothing, the tensor is contiguous and on
-the comm device) issues torch's function on the caller's tensor directly.
-
-Verification mode is a hook: a public collective's entry
-(``@collective(..., describe=...)``, hwdist/collectives/call_entry.py) hands the
-call's description to it, while a hook is set (``collectives.verify`` sets it when
-the mode is on), before the argument checks run.
+[`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every internal exchange (``protocol``)
+issues through [`issue`][hwdist.collectives.engine.issue]. One call goes through the same steps whatever
+the op: resolve ([`view`][hwdist.collectives.engine.view], then the driver), plan, the strategy's
+``to_wire``, issue, the strategy's ``finish``, and with ``async_op=True`` a
+[`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle] (docs/architecture.md). Without
+torch.distributed the view is the serial null object [`SERIAL`][hwdist.collectives.engine.SERIAL].
 """
 
 from __future__ import annotations
@@ -42,7 +24,7 @@ from . import call_entry
 from .call_entry import CollectiveHandle
 from .wire import TORCH_OPS, comm_device, fixed_comm_device
 
-__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check"]
+__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "check"]
 
 Tensor = torch.Tensor
 
@@ -51,13 +33,8 @@ _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_
 
 
 # ---------------------------------------------------------------------------
-# the verification hook (its slot is the call entry's: ``call_entry``)
+# the verification hook (its slot is the call entry's: ``call_entry.set_hook``)
 # ---------------------------------------------------------------------------
-def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) -> None:
-    """Install (or with None remove) the hook every described collective calls first (verification mode)."""
-    call_entry.set_hook(hook)
-
-
 def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]]) -> bool:
     """Hand the hook one call of a collective that is not described by its decorator (``all_reduce_params``,
     whose ``params`` may be an iterator the call itself consumes).
@@ -176,7 +153,6 @@ class GroupView:
     """
 
     __slots__ = ("group", "world", "generation", "ws", "drivers")
-    distributed = True
 
     def __init__(self, group: Any, world: Any = None) -> None:
         self.group = group
@@ -321,7 +297,6 @@ class _Serial:
     """The serial null object: torch.distributed is not initialised; every collective is local."""
 
     __slots__ = ()
-    distributed = False
     group = None
     size = 1
     rank = 0
@@ -387,52 +362,11 @@ def view(group: Any) -> Any:
 # ---------------------------------------------------------------------------
 # issue: every torch.distributed collective hwdist makes
 # ---------------------------------------------------------------------------
-def _all_reduce(c: Call, a: bool) -> Any:
-    return torch_dist.all_reduce(c.send, c.torch_op, c.group, a)
-
-
-def _reduce(c: Call, a: bool) -> Any:
-    return torch_dist.reduce(c.send, c.root, c.torch_op, c.group, a)
-
-
-def _broadcast(c: Call, a: bool) -> Any:
-    return torch_dist.broadcast(c.send, c.root, c.group, a)
-
-
-def _all_gather(c: Call, a: bool) -> Any:
-    return torch_dist.all_gather(c.recv, c.send, c.group, a)
-
-
 def _all_gather_flat(c: Call, a: bool) -> Any:
     if "all_gather" in c.driver.caps.flat_ops:
         return _compat.all_gather_into_tensor(c.recv, c.send, c.group, a)  # type: ignore[misc]
     # no flat form on this backend and torch (gloo on torch 2.1)
     return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group, a)
-
-
-def _gather(c: Call, a: bool) -> Any:
-    return torch_dist.gather(c.send, c.recv, c.root, c.group, a)
-
-
-def _scatter(c: Call, a: bool) -> Any:
-    return torch_dist.scatter(c.recv, c.send, c.root, c.group, a)
-
-
-def _reduce_scatter(c: Call, a: bool) -> Any:
-    return torch_dist.reduce_scatter(c.recv, c.send, c.torch_op, c.group, a)
-
-
-def _all_to_all(c: Call, a: bool) -> Any:
-    return torch_dist.all_to_all(c.recv, c.send, c.group, a)
-
-
-def _all_to_all_single(c: Call, a: bool) -> Any:
-    out_splits, in_splits = c.splits
-    return torch_dist.all_to_all_single(c.recv, c.send, out_splits, in_splits, c.group, a)
-
-
-def _barrier(c: Call, a: bool) -> Any:
-    return torch_dist.barrier(c.group, a)
 
 
 def _send(c: Call, a: bool) -> Any:
@@ -449,18 +383,21 @@ def _recv(c: Call, a: bool) -> Any:
     return None
 
 
+#: ``call.native`` -> how it is issued (``a``: async); torch's ``Work`` when async, else None.
 _ISSUE: dict[str, Callable[[Call, bool], Any]] = {
-    "all_reduce": _all_reduce,
-    "reduce": _reduce,
-    "broadcast": _broadcast,
-    "all_gather": _all_gather,
+    "all_reduce": lambda c, a: torch_dist.all_reduce(c.send, c.torch_op, c.group, a),
+    "reduce": lambda c, a: torch_dist.reduce(c.send, c.root, c.torch_op, c.group, a),
+    "broadcast": lambda c, a: torch_dist.broadcast(c.send, c.root, c.group, a),
+    "all_gather": lambda c, a: torch_dist.all_gather(c.recv, c.send, c.group, a),
     "all_gather_flat": _all_gather_flat,
-    "gather": _gather,
-    "scatter": _scatter,
-    "reduce_scatter": _reduce_scatter,
-    "all_to_all": _all_to_all,
-    "all_to_all_single": _all_to_all_single,
-    "barrier": _barrier,
+    "gather": lambda c, a: torch_dist.gather(c.send, c.recv, c.root, c.group, a),
+    "scatter": lambda c, a: torch_dist.scatter(c.recv, c.send, c.root, c.group, a),
+    "reduce_scatter": lambda c, a: torch_dist.reduce_scatter(c.recv, c.send, c.torch_op, c.group, a),
+    "all_to_all": lambda c, a: torch_dist.all_to_all(c.recv, c.send, c.group, a),
+    "all_to_all_single": lambda c, a: torch_dist.all_to_all_single(
+        c.recv, c.send, c.splits[0], c.splits[1], c.group, a
+    ),
+    "barrier": lambda c, a: torch_dist.barrier(c.group, a),
     "send": _send,
     "recv": _recv,
 }

@@ -1,22 +1,9 @@
 """Tensor collectives with mmengine.dist's names: thin operations on the collective engine.
 
-Each public function checks its arguments (on every rank, before any
-communication) and makes one call of the engine
-(hwdist/collectives/engine.py), which resolves the group's driver, plans the
-call (pass-through, a lossless cast, a byte view, an emulation with another
-op, or a [`hwdist.PlanError`][hwdist.drivers.base.PlanError]), moves the data
-to the wire format only when needed, issues the torch.distributed call,
-finishes (mean = SUM / n, copy back into the caller's tensor in its own dtype
-and device) and, with ``async_op=True``, always returns a
-[`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]. Without a
-process group every function has mmengine's single-process result
-(``all_gather`` returns ``[data]``, ``all_reduce`` does nothing, ...).
-
-With verification on ([`verify`][hwdist.collectives.verify], the default) every collective except
-send/recv first checks that every rank makes the same call.
-
-No function here looks at a backend name. ``src``/``dst`` are global ranks, as
-in torch.distributed.
+Each public function checks its arguments (on every rank, before any communication) and makes one call
+of the engine (hwdist/collectives/engine.py: resolve, plan, wire format, issue, finish; docs/architecture.md).
+Without a process group every function has mmengine's single-process result. ``src``/``dst`` are global
+ranks, as in torch.distributed.
 """
 
 from __future__ import annotations
@@ -36,51 +23,29 @@ from .wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read i
 from .wire import ReduceOpLike, normalize_reduce_op
 
 __all__ = [
-    "all_reduce",
-    "all_gather",
-    "gather",
-    "broadcast",
-    "reduce",
-    "scatter",
-    "reduce_scatter",
-    "all_to_all",
-    "barrier",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "sync_random_seed",
-    "reduce_mean",
-    "pad_to_largest_tensor",
-    "CollectiveHandle",
-]
+    "all_reduce", "all_gather", "gather", "broadcast", "reduce", "scatter", "reduce_scatter", "all_to_all",
+    "barrier", "send", "recv", "isend", "irecv", "sync_random_seed", "reduce_mean", "pad_to_largest_tensor",
+    "CollectiveHandle", "all_gather_single", "all_gather_into_tensor", "gather_single", "gather_into_tensor",
+    "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all_single",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 _check_tensor = _wire.check_tensor
 
 
-# ---------------------------------------------------------------------------
-# all_reduce / reduce
-# ---------------------------------------------------------------------------
+# ---- all_reduce / reduce -----------------------------------------------------------------------------
 @collective(2, describe=_fields.all_reduce)
 def all_reduce(
     data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False
 ) -> Any:
     """Reduce ``data`` across all ranks so that every rank gets the result, in place.
 
-    ``op`` is one of ``'sum', 'mean', 'product', 'min', 'max', 'band', 'bor',
-    'bxor'`` (case-insensitive) or a ``torch.distributed.ReduceOp``
-    (``ReduceOp.AVG`` means ``'mean'``). ``'mean'`` uses the backend's native
-    AVG where the driver says it is correct for the dtype, else SUM / world
-    size. For integer tensors the mean keeps the integer dtype and rounds
-    toward minus infinity (floor division; mmengine truncates toward zero,
-    which differs only for negative means); the sum is taken in a wider
-    integer where the backend has one, so it does not overflow.
-
-    Dtypes the backend cannot reduce are widened losslessly (bf16 -> fp32,
-    bool -> uint8 with SUM -> MAX, ...); when no lossless plan exists
-    (e.g. int64 on a backend without it) [`hwdist.PlanError`][hwdist.drivers.base.PlanError] is raised
-    on every rank before any communication. Non-distributed: does nothing.
+    ``op`` is one of ``'sum', 'mean', 'product', 'min', 'max', 'band', 'bor', 'bxor'``
+    (case-insensitive) or a ``torch.distributed.ReduceOp`` (``ReduceOp.AVG`` means ``'mean'``). An
+    integer mean keeps the dtype and floors (mmengine truncates toward zero); its sum is taken in a
+    wider integer where the backend has one. Dtypes the backend cannot reduce are widened losslessly;
+    without a lossless plan [`hwdist.PlanError`][hwdist.drivers.base.PlanError] is raised on every rank
+    before any communication (the rules: docs/architecture.md). Non-distributed: does nothing.
 
     Args:
         data: input and output, modified in place (any device the group's
@@ -153,26 +118,18 @@ def reduce(
     return g.run(REDUCE, data, async_op, rop, dst)
 
 
-# ---------------------------------------------------------------------------
-# all_gather / gather
-# ---------------------------------------------------------------------------
+# ---- all_gather / gather -----------------------------------------------------------------------------
 @collective(1, describe=_fields.all_gather)
 def all_gather(
     data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False
 ) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
-    Shapes may differ across ranks (any ndim). The ranks agree on the sizes
-    in the one header round (each rank's byte size, dtype and shape; with
-    verification on, the call's fingerprint in the same header), then the
-    data moves at exactly the largest rank's size: two collectives, nothing
-    predicted from earlier calls. Pass ``same_shape=True`` to skip the
-    header round when every rank is known to pass the same shape (as in
-    mmengine). Every rank raises the same TypeError when the dtypes differ.
-    Dtypes the backend cannot move travel as a byte view (``Tensor.view``),
-    exactly. Where the driver's tuning says the backend's all_gather is slow
-    for large tensors, they move as one
-    broadcast per rank instead (``same_shape=True`` too). Costs and routes:
+    Shapes may differ across ranks (any ndim): the ranks agree on the sizes in the one header round,
+    then the data moves at the largest rank's size (two collectives). ``same_shape=True`` skips the
+    header round when every rank passes the same shape (as in mmengine). Every rank raises the same
+    TypeError when the dtypes differ. Dtypes the backend cannot move travel as a byte view, exactly.
+    Costs and routes (one broadcast per rank for large tensors where the driver says so):
     docs/collectives.md.
 
     Non-distributed or a one-rank group: returns ``[data]``.
@@ -275,9 +232,7 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
     return numels, flat
 
 
-# ---------------------------------------------------------------------------
-# broadcast / scatter / reduce_scatter / all_to_all
-# ---------------------------------------------------------------------------
+# ---- broadcast / scatter / reduce_scatter / all_to_all -----------------------------------------------
 @collective(2, describe=_fields.broadcast)
 def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Broadcast ``data`` from rank ``src`` to every rank, in place.
@@ -318,12 +273,10 @@ def scatter(
 ) -> Any:
     """Send ``scatter_list[i]`` from rank ``src`` to rank ``i``'s ``data``, in place.
 
-    torch's signature. Backends without a native scatter run it as one
-    broadcast of the whole list (the driver's plan says so). The ``src`` rank
-    validates ``scatter_list`` (one tensor per rank, each of ``data``'s shape
-    and dtype); when it is wrong, ``src`` still joins the collective with a
-    failure flag so that EVERY rank raises instead of waiting forever (the
-    flag is one extra element per rank on the wire).
+    torch's signature. Backends without a native scatter run it as one broadcast of the whole list
+    (the driver's plan says so). When ``scatter_list`` is wrong on ``src`` (one tensor per rank, each
+    of ``data``'s shape and dtype), ``src`` still joins the collective with a failure flag (one extra
+    element per rank on the wire), so EVERY rank raises instead of waiting forever.
 
     Non-distributed: ``data`` gets ``scatter_list[0]``.
 
@@ -441,9 +394,7 @@ def barrier(group: Optional[Any] = None) -> None:
     view(group).run(BARRIER, None)
 
 
-# ---------------------------------------------------------------------------
-# point to point (not fingerprinted in verification mode: one partner, not the group)
-# ---------------------------------------------------------------------------
+# ---- point to point (not fingerprinted in verification mode: one partner, not the group) -------------
 @collective(2)
 def send(data: Tensor, dst: int, group: Optional[Any] = None, tag: int = 0) -> None:
     """Send ``data`` to rank ``dst`` (blocking), through the driver's dtype/device plan.
@@ -499,9 +450,7 @@ def irecv(
     return g.run(RECV, data, True, root=src, extra=("irecv", tag))  # type: ignore[no-any-return]
 
 
-# ---------------------------------------------------------------------------
-# helpers from mmengine / vis4d
-# ---------------------------------------------------------------------------
+# ---- helpers from mmengine / vis4d -------------------------------------------------------------------
 @collective(0)
 def sync_random_seed(group: Optional[Any] = None) -> int:
     """A random seed drawn on the group's first rank and shared with every rank.
@@ -595,7 +544,7 @@ def gather_single(
         raise ValueError(f"gather_single: give dst or group_dst, not both (got {dst=}, {group_dst=})")
     g = view(group)
     if group_dst is not None:
-        ranks = g.ranks() if hasattr(g, "ranks") else None
+        ranks = g.ranks()
         dst = group_dst if ranks is None else ranks[group_dst]
     root = 0 if dst is None else dst
     if g.rank == root and not isinstance(gather_tensor, Tensor):
@@ -647,13 +596,3 @@ gather_into_tensor = gather_single
 """torch's older name of [`gather_single`][hwdist.collectives.tensor.gather_single] (no warning)."""
 reduce_scatter_tensor = reduce_scatter_single
 """torch's older name of [`reduce_scatter_single`][hwdist.collectives.tensor.reduce_scatter_single]."""
-
-__all__ += [
-    "all_gather_single",
-    "all_gather_into_tensor",
-    "gather_single",
-    "gather_into_tensor",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "all_to_all_single",
-]

@@ -2,26 +2,13 @@
 
 On by default (``HWDIST_VERIFY=0`` turns it off for the process,
 [`set_verification`][hwdist.collectives.verify.set_verification] /
-[`verification`][hwdist.collectives.verify.verification] in code, ``verify=False``
-for one call): every hwdist collective first runs the one header round
-(``collectives.protocol``) carrying a fingerprint of the call:
-op name, the group's call number, dtypes, shapes (where the op needs them
-equal), reduce op, root, dict keys, object-collective role. The header also
-carries the call's description, so when the ranks disagree every rank raises
-[`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing each
-rank's value (``rank 0: float32[4, 3]; rank 1: float64[4, 3]``) from the same
-collective, before any data moves, and the group stays usable.
-
-Debug mode (``HWDIST_DEBUG=1``, or ``call_sites=True``) also compares the line of
-user code each rank calls from: correct code may issue one collective from
-different lines on different ranks, so that is off by default.
-
-Every collective reaches the check through the collective engine's hook
-(``collectives.engine.set_hook``), installed while verification is on: the
-tensor collectives through ``@collective(..., describe=...)``, the object,
-results, dict and params collectives through ``engine.check``. Cost when off:
-one global read per call; when on: one all_gather of one 1 KiB header per rank
-(figures in docs/benchmarks.md).
+[`verification`][hwdist.collectives.verify.verification] in code, ``verify=False`` for one call): every
+collective first runs the one header round carrying a fingerprint and a description of the call, so
+when the ranks disagree every rank raises
+[`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing each rank's value, before
+any data moves. Debug mode (``HWDIST_DEBUG=1``, or ``call_sites=True``) also compares the line of user
+code each rank calls from. Collectives reach the check through the hook in ``call_entry``'s slot,
+installed while the mode is on (docs/architecture.md, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -40,19 +27,13 @@ import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry, settings
 from ..errors import CollectiveMismatch
-from . import call_entry, engine, protocol
+from . import call_entry, protocol
 from .wire import op_field
 
 __all__ = [
-    "CollectiveMismatch",
-    "verification",
-    "set_verification",
-    "verification_enabled",
-    "describe_tensor",
-    "describe_dtype",
-    "check_call",
-    "ENV_DEBUG",
-]
+    "CollectiveMismatch", "verification", "set_verification", "verification_enabled", "describe_tensor",
+    "describe_dtype", "check_call", "ENV_DEBUG",
+]  # fmt: skip
 
 ENV_DEBUG = "HWDIST_DEBUG"
 ENV_VERIFY = "HWDIST_VERIFY"
@@ -69,9 +50,8 @@ def _env_flag(name: str) -> bool:
         on = settings.flag(name)
     if caught:
         warnings.warn(
-            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off)"
-            " or 1/2/.../true/yes/on (on);"
-            " debug mode (call-site comparison) is ON",
+            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off) or 1/2/.../true/yes/on"
+            " (on); debug mode (call-site comparison) is ON",
             stacklevel=2,
         )
     return on
@@ -84,10 +64,10 @@ def _check_mode(value: Any) -> tuple[bool, bool]:
 
 def _mode_changed() -> None:
     """The switch moved: mirror it, restart the call numbers, install or remove the engine's hook."""
-    global _enabled, _call_sites, _generation
-    _enabled, _call_sites = _MODE.get()
+    global _call_sites, _generation
+    enabled, _call_sites = _MODE.get()
     _generation += 1
-    engine.set_hook(_hook if _enabled else None)
+    call_entry.set_hook(_hook if enabled else None)
 
 
 def _initial() -> tuple[bool, bool]:
@@ -98,7 +78,6 @@ def _initial() -> tuple[bool, bool]:
 
 #: Verification as (enabled, call_sites): ``HWDIST_VERIFY`` and ``HWDIST_DEBUG`` give the initial value.
 _MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(_initial, _check_mode, _mode_changed)
-_enabled: bool  # mirror of _MODE (read by check_call; other modules reach the mode through the engine's hook)
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
 _call_sites: bool
 _generation = 0  # bumped on every switch: a group's call numbers restart
@@ -282,11 +261,11 @@ def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
         site_text = _call_site()
         text = json.dumps({**fields, "op": op, "call site": site_text}, sort_keys=True, default=str)
         return Stamp(seq, protocol.digest(text), protocol.digest(site_text), text)
+    items = tuple(fields.items())
     try:
-        text, fingerprint = _described(op, tuple(fields.items()))
+        text, fingerprint = _described(op, items)
     except TypeError:  # a field value that is not hashable (a dict's keys): described afresh
-        text = json.dumps({**fields, "op": op}, sort_keys=True, default=str)
-        fingerprint = protocol.digest(text)
+        text, fingerprint = _described.__wrapped__(op, items)
     return Stamp(seq, fingerprint, 0, text)
 
 
@@ -408,15 +387,6 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def seq_reset(group: Optional[Any] = None) -> None:
-    """Forget call sequence numbers (all groups, or one)."""
-    global _generation
-    if group is None:
-        _generation += 1
-    else:
-        _state.of(group).verify_seq = None
-
-
 _mode_changed()  # the initial value (HWDIST_VERIFY, HWDIST_DEBUG): mirrors and the engine's hook
 call_entry.set_verifier(_hook)  # what verify=True calls while the mode is off
 
@@ -437,13 +407,10 @@ def _describe_many(value: Any) -> Any:
 class TensorFields:
     """What verification mode compares for each tensor collective: one describer per op.
 
-    Each takes the collective's own arguments and returns ``(group, sample,
-    fields)``: the group, a tensor of the call (it picks the driver the digest
-    travels with) and the fields every rank must agree on. They run only while
-    verification mode is on (the engine's hook), before the argument checks, so
-    a rank with bad arguments still takes part and every rank raises.
-    Point-to-point calls are not described: they have one partner, not the
-    whole group (docs/reliability.md).
+    Each takes the collective's own arguments and returns ``(group, sample, fields)``: a tensor of the
+    call picks the driver; ``fields`` is what every rank must agree on. They run before the argument
+    checks, so a rank with bad arguments still takes part and every rank raises. Point-to-point calls
+    are not described (one partner, not the group).
     """
 
     @staticmethod

@@ -1,15 +1,10 @@
-"""The wire format and the argument checks of the tensor collectives.
+"""The wire format and the argument checks of the tensor collectives; nothing here communicates.
 
-Public to the rest of hwdist: the ``hwdist`` torch backend (hwdist/backend/) applies a driver's plan
-around torch's own calls with the same helpers, so a call travels exactly as the same hwdist
-collective would.
-
-A [`Plan`][hwdist.drivers.base.Plan] says how one call travels (comm device,
-comm dtype, byte view); these helpers apply it without a copy where none is
-needed. The argument checks at the end run on every rank before any
-communication: a bad argument raises on the rank that passed it, with a message
-naming the argument, what was expected and what was given. Nothing here
-communicates.
+A [`Plan`][hwdist.drivers.base.Plan] says how one call travels (comm device, comm dtype, byte view);
+these helpers apply it without a copy where none is needed. The ``hwdist`` torch backend
+(hwdist/backend/) uses them too, so a call travels exactly as the same hwdist collective would. The
+argument checks run on every rank before any communication, naming the argument, what was expected and
+what was given.
 """
 
 from __future__ import annotations
