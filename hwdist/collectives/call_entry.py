@@ -253,7 +253,7 @@ def collective(
         name: the op name observers see (default: the function's name).
         describe: for the verification hook: takes the collective's own arguments and returns the
             call's ``(group, sample tensor or None, fields)``; it runs only while a hook is set.
-            None: the hook is not called (the function reaches it itself, through ``engine.check``).
+            None: the hook is not called (the function hands it the call itself, as ``all_reduce_params``).
 
     Every decorated collective accepts ``verify=`` (a keyword its own signature need not have): False:
     the call, and what it calls, skips verification; True: it is verified even while the mode is off;

@@ -19,39 +19,15 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, registry
-from ..drivers.base import Driver, Plan, Post
-from . import call_entry
+from ..drivers.base import Driver, Plan
 from .call_entry import CollectiveHandle
 from .wire import TORCH_OPS, comm_device, fixed_comm_device
 
-__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "check"]
+__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call"]
 
 Tensor = torch.Tensor
 
-_NO_POST = Post.NONE
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
-
-
-# ---------------------------------------------------------------------------
-# the verification hook (its slot is the call entry's: ``call_entry.set_hook``)
-# ---------------------------------------------------------------------------
-def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]]) -> bool:
-    """Hand the hook one call of a collective that is not described by its decorator (``all_reduce_params``,
-    whose ``params`` may be an iterator the call itself consumes).
-
-    ``describe()`` gives the call's ``(sample tensor or None, fields)``; it runs only while the call is
-    verified (the mode is on and the call did not pass ``verify=False``, or it passed ``verify=True``),
-    so the call pays one look-up otherwise.
-
-    Returns:
-        Whether a hook saw the call (the caller may then skip a check of its own that the hook made).
-    """
-    hook = call_entry.active_hook()
-    if hook is None:
-        return False
-    sample, fields = describe()
-    hook(op, group, sample, fields)
-    return True
 
 
 # ---------------------------------------------------------------------------

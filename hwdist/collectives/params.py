@@ -1,14 +1,13 @@
 """Many tensors in few collectives: flat buffers, metric dicts and model parameters.
 
-The flat-buffer helpers (``flatten_tensors``, ``unflatten_tensors``, ``copy_from_flat``,
-``bucket_tensors``) pack tensors into one 1-D buffer and split it back; they communicate nothing
-and are shared with the training helpers. ``all_reduce_dict`` and ``all_reduce_params`` pack their
-tensors with them, one buffer per communication dtype, so a dict of twenty metrics or a whole model
-costs about one all_reduce (docs/collectives.md).
+The flat-buffer helpers pack tensors into one 1-D buffer and split it back (no communication; the
+training helpers use them too). ``all_reduce_dict`` and ``all_reduce_params`` pack one buffer per
+communication dtype, so a dict of metrics or a whole model costs about one all_reduce (docs/collectives.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import MutableMapping
@@ -25,7 +24,6 @@ from ..errors import ArgumentAssertionError
 from . import call_entry, protocol, verify
 from . import tensor as _t
 from .call_entry import collective
-from .engine import check
 from .protocol import check_same_dicts  # noqa: F401 (re-exported)
 from .verify import describe_tensor
 from .wire import divide, not_dense, op_field
@@ -38,9 +36,7 @@ __all__ = [
 Tensor = torch.Tensor
 
 
-# ---------------------------------------------------------------------------
-# flat buffers (no communication)
-# ---------------------------------------------------------------------------
+# ---- flat buffers (no communication) -----------------------------------------------------------------
 @dataclass(frozen=True)
 class FlatLayout:
     """Where each tensor lives in a flat buffer.
@@ -65,16 +61,9 @@ class FlatLayout:
     @classmethod
     def of(cls, tensors: Sequence[Tensor]) -> "FlatLayout":
         """The layout of ``tensors`` packed back to back in order."""
-        shapes, dtypes, offsets, numels = [], [], [], []
-        pos = 0
-        for t in tensors:
-            n = t.numel()
-            shapes.append(t.shape)
-            dtypes.append(t.dtype)
-            offsets.append(pos)
-            numels.append(n)
-            pos += n
-        return cls(tuple(shapes), tuple(dtypes), tuple(offsets), tuple(numels))
+        numels = tuple(t.numel() for t in tensors)
+        offsets = tuple(itertools.accumulate(numels, initial=0))[:-1]
+        return cls(tuple(t.shape for t in tensors), tuple(t.dtype for t in tensors), offsets, numels)
 
 
 def flatten_tensors(
@@ -113,22 +102,30 @@ def flatten_tensors(
     device = torch.device(device)
     if not tensors:
         return torch.empty(0, dtype=dtype, device=device), layout
+    home = all(t.device == device for t in tensors)
+    d0, s0 = layout.dtypes[0], layout.shapes[0]
+    if home and all(d == d0 for d in layout.dtypes):  # one dtype: no promotion inside cat/stack
+        with torch.no_grad():
+            if all(sh == s0 for sh in layout.shapes):  # e.g. scalar metrics: stack is one cheap call
+                flat = torch.stack(tensors).reshape(-1)
+            else:
+                flat = torch.cat([t.reshape(-1) for t in tensors])
+        return (flat if d0 == dtype else flat.to(dtype)), layout
+    return _pack(tensors, layout.offsets, layout.numels, dtype, device, home), layout
+
+
+def _pack(tensors: Sequence[Tensor], offsets: Sequence[int], numels: Sequence[int], dtype: torch.dtype,
+          device: torch.device, home: bool) -> Tensor:  # fmt: skip
+    """``tensors`` copied into a new 1-D buffer of ``dtype`` on ``device``, cast on the way (one ``cat``
+    when ``home``: every tensor is on ``device``)."""
+    flat = torch.empty(sum(numels), dtype=dtype, device=device)
     with torch.no_grad():
-        if all(t.device == device for t in tensors):
-            d0, s0 = layout.dtypes[0], layout.shapes[0]
-            if all(d == d0 for d in layout.dtypes):  # one dtype: no promotion inside cat/stack
-                if all(sh == s0 for sh in layout.shapes):  # e.g. scalar metrics: stack is one cheap call
-                    flat = torch.stack(tensors).reshape(-1)
-                else:
-                    flat = torch.cat([t.reshape(-1) for t in tensors])
-                return (flat if d0 == dtype else flat.to(dtype)), layout
-            flat = torch.empty(layout.total, dtype=dtype, device=device)
-            torch.cat([t.reshape(-1) for t in tensors], out=flat)  # casts each input into dtype
-            return flat, layout
-        flat = torch.empty(layout.total, dtype=dtype, device=device)
-        for t, off, n in zip(tensors, layout.offsets, layout.numels):
-            flat[off : off + n].copy_(t.reshape(-1))
-    return flat, layout
+        if home:
+            torch.cat([t.reshape(-1) for t in tensors], out=flat)
+        else:
+            for t, off, n in zip(tensors, offsets, numels):
+                flat[off : off + n].copy_(t.reshape(-1))
+    return flat
 
 
 def unflatten_tensors(flat: Tensor, layout: FlatLayout) -> list[Tensor]:
@@ -193,11 +190,9 @@ def bucket_tensors(tensors: Iterable[Tensor], bucket_bytes: int = -1) -> list[li
 def unique_tensors(tensors: Iterable[Tensor], *, same_memory: bool = False) -> list[Tensor]:
     """``tensors`` with repeats dropped (the first one kept), in order.
 
-    A repeat is the same tensor object, or with ``same_memory=True`` any
-    tensor that views the same memory the same way (data pointer, dtype,
-    shape, strides and device): tied weights seen twice through
-    ``state_dict().values()`` are two objects over one storage. Reducing such
-    a tensor twice in place would count it twice.
+    A repeat is the same tensor object, or with ``same_memory=True`` any tensor that views the same
+    memory the same way (data pointer, dtype, shape, strides, device), such as tied weights seen twice
+    through ``state_dict().values()``: reduced twice in place, it would count twice.
 
     Examples:
         >>> w = torch.ones(2)
@@ -214,9 +209,7 @@ def unique_tensors(tensors: Iterable[Tensor], *, same_memory: bool = False) -> l
     return out
 
 
-# ---------------------------------------------------------------------------
-# all_reduce_params
-# ---------------------------------------------------------------------------
+# ---- all_reduce_params -------------------------------------------------------------------------------
 MiB = 1024 * 1024
 
 
@@ -238,12 +231,10 @@ def all_reduce_params(
     """All-reduce parameters (or buffers, or any tensors) in place.
 
     ``coalesce=True`` packs the tensors into flat buffers, one per dtype and device (buckets of at most
-    ``bucket_size_mb`` MiB when positive), one asynchronous all_reduce each; tensors of at least the driver's
-    ``pack_max_bytes`` are reduced in place instead of copied (docs/collectives.md). Results go back into
-    the tensors' ``.data``. ``coalesce=False`` runs one
-    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce] per tensor; same ops, casts and mean rule.
-    Every rank must pass the same tensors (shapes, dtypes, order); a tensor given twice (``[p, p]``, tied
-    weights) is reduced once. Non-distributed or a one-rank group: does nothing.
+    ``bucket_size_mb`` MiB when positive), one asynchronous all_reduce each; tensors of at least the
+    driver's ``pack_max_bytes`` are reduced in place (docs/collectives.md). ``coalesce=False`` runs one
+    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce] per tensor. Every rank must pass the same
+    tensors; one given twice (tied weights) is reduced once. Non-distributed or one rank: does nothing.
 
     Args:
         params: a list or generator of tensors (e.g. ``model.parameters()``).
@@ -263,19 +254,12 @@ def all_reduce_params(
         >>> # rank 0: [3., 5.], [7.]   rank 1: [3., 5.], [7.]
     """
     items = params if isinstance(params, (list, tuple)) else list(params)
-    check(
-        "all_reduce_params",
-        group,
-        lambda: (
-            next((p for p in items if isinstance(p, torch.Tensor)), None),
-            {
-                "params": [describe_tensor(p) for p in items],
-                "reduce_op": op_field(op),
-                "coalesce": bool(coalesce),
-                "bucket_size_mb": bucket_size_mb,
-            },
-        ),
-    )
+    hook = call_entry.active_hook()
+    if hook is not None:  # verified here, not by the decorator: ``params`` may be an iterator it consumes
+        sample = next((p for p in items if isinstance(p, torch.Tensor)), None)
+        fields = {"params": [describe_tensor(p) for p in items], "reduce_op": op_field(op),
+                  "coalesce": bool(coalesce), "bucket_size_mb": bucket_size_mb}  # fmt: skip
+        hook("all_reduce_params", group, sample, fields)
     rop = _t.normalize_reduce_op(op, "op", "all_reduce_params")
     bucket_bytes = mib_bytes(bucket_size_mb, "bucket_size_mb", "all_reduce_params")
     tensors: list[Tensor] = []
@@ -287,10 +271,8 @@ def all_reduce_params(
         tensors.append(p.data)
     if not torch_dist.is_initialized() or not tensors:
         return
-    # a tensor given twice (or tied weights from state_dict().values()) is reduced once
-    tensors = unique_tensors(tensors, same_memory=True)
-    ws = torch_dist.get_world_size(group)
-    if ws == 1:
+    tensors = unique_tensors(tensors, same_memory=True)  # a tensor given twice is reduced once
+    if torch_dist.get_world_size(group) == 1:
         return
     if not coalesce:
         for t in tensors:
@@ -328,9 +310,7 @@ def all_reduce_params(
         h.wait()
 
 
-# ---------------------------------------------------------------------------
-# all_reduce_dict: its layouts and its check
-# ---------------------------------------------------------------------------
+# ---- all_reduce_dict: its layouts and its check ------------------------------------------------------
 def _canon(key: Any) -> str:
     """A text of ``key`` that is the same on every rank for equal keys: sets and frozensets by their sorted
     items (their own order follows the hash seed of each process), tuples item by item, else ``repr``."""
@@ -341,10 +321,6 @@ def _canon(key: Any) -> str:
     return repr(key)
 
 
-def _key_order(key: Any) -> tuple[str, str]:
-    return type(key).__name__, _canon(key)
-
-
 def sorted_keys(data: Any) -> list[Any]:
     """The dict's keys in one order on every rank: ``sorted()``'s for str keys and for int keys, else by type
     name and a canonical text (``sorted()`` alone orders sets only partly: by inclusion)."""
@@ -352,7 +328,7 @@ def sorted_keys(data: Any) -> list[Any]:
     kinds = {type(k) for k in keys}
     if kinds <= {str} or kinds <= {int}:
         return sorted(keys)
-    return sorted(keys, key=_key_order)
+    return sorted(keys, key=lambda k: (type(k).__name__, _canon(k)))
 
 
 def _value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
@@ -375,8 +351,8 @@ class _Part:
     one ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
     """
 
-    __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "size",
-                 "cdev", "cpu", "rows")  # fmt: skip
+    __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "cdev", "cpu",
+                 "rows")  # fmt: skip
 
     def __init__(
         self, idx: list[int], plan: Plan, shapes: list[torch.Size], dtypes: list[torch.dtype], cdev: Any
@@ -385,23 +361,16 @@ class _Part:
         self.shapes = [shapes[i] for i in idx]
         self.numels = [math.prod(s) for s in self.shapes]
         self.offsets = [sum(self.numels[:j]) for j in range(len(idx))]
-        self.size = sum(self.numels)  #: elements of the buffer
         self.pack_dtype = plan.dtype if plan.view else plan.comm_dtype
         self.own = all(dtypes[i] == self.pack_dtype for i in idx)  #: no value changes dtype
         one = self.shapes[0]
         same = self.own and self.numels[0] and all(s == one for s in self.shapes)
-        #: the stacked values' shape, or None: concatenated
-        self.stacked = torch.Size((len(idx), *one)) if same else None
-        #: the stacked values are not 0-d (a 1-D buffer is viewed back into their stacked shape)
-        self.rows = same and len(one) > 0
+        self.stacked = torch.Size((len(idx), *one)) if same else None  #: or None: concatenated
+        self.rows = same and len(one) > 0  #: not 0-d: a 1-D buffer is viewed back into ``stacked``
 
     def pack(self, values: Sequence[Tensor]) -> tuple[Tensor, Tensor, bool]:
-        """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``.
-
-        Raises:
-            RuntimeError, NotImplementedError, TypeError: a value that does not fit (another shape,
-                sparse, meta); only where the values were not checked first.
-        """
+        """``(buffer, wire, home)``: the buffer, as it travels, and whether every value was on ``cdev``;
+        RuntimeError, NotImplementedError or TypeError for a value that does not fit (unchecked values)."""
         members = [values[i] for i in self.idx]
         cdev = self.cdev
         if self.stacked is not None:
@@ -418,19 +387,9 @@ class _Part:
             if not home:
                 flat = flat.to(cdev)
         else:
-            flat = torch.empty(self.size, dtype=self.pack_dtype, device=cdev)
             home = all(m.is_cpu for m in members) if self.cpu else all(m.device == cdev for m in members)
-            with torch.no_grad():
-                if home:  # casts into pack_dtype
-                    torch.cat([m.reshape(-1) for m in members], out=flat)
-                else:
-                    for m, off, n in zip(members, self.offsets, self.numels):
-                        flat[off : off + n].copy_(m.reshape(-1))
+            flat = _pack(members, self.offsets, self.numels, self.pack_dtype, cdev, home)
         return flat, (flat.view(self.plan.comm_dtype) if self.plan.view else flat), home
-
-    def reduce(self, wire: Tensor, group: Any) -> None:
-        """Reduce ``wire`` (a packed buffer as it travels) in place: one all_reduce."""
-        protocol.reduce_flat(wire, self.plan.reduce_op or "sum", group)
 
     def finish(
         self, buf: tuple[Tensor, Tensor, bool], keys: list[Any], values: list[Any], data: Any, ws: int
@@ -485,11 +444,8 @@ class DictLayout:
         return [part.pack(values) for part in self.parts]
 
     def try_pack(self, op: str, keys: list[Any], values: list[Any]) -> Optional[Buffers]:
-        """The buffers of ``values`` when this call has this layout, with dense tensors that have data.
-
-        Else None (the caller then checks the values and builds the call's layout). Cheaper than the
-        checks and the signature: the path of every call whose dict is the one of the call before.
-        """
+        """The buffers of ``values`` when this call has this layout, with dense tensors that have data, else
+        None: cheaper than the checks, the path of every call whose dict is the one of the call before."""
         if op != self.op or keys != self.keys:
             return None
         try:
@@ -504,13 +460,10 @@ class DictLayout:
         except Exception:  # noqa: BLE001 - not tensors, sparse or meta (older torch: AssertionError from
             return None  # its meta kernels): the checks name it
 
-    def reduce(self, bufs: Buffers, group: Any) -> None:
-        """Reduce the buffers in place: one all_reduce each."""
+    def reduce(self, bufs: Buffers, keys: list[Any], values: list, data: Any, group: Any, ws: int) -> None:
+        """Reduce the buffers in place (one all_reduce each), then write every reduced value back."""
         for part, (_, wire, _) in zip(self.parts, bufs):
-            part.reduce(wire, group)
-
-    def finish(self, bufs: Buffers, keys: list[Any], values: list[Tensor], data: Any, ws: int) -> None:
-        """Write every reduced value back (``reduce`` first)."""
+            protocol.reduce_flat(wire, part.plan.reduce_op or "sum", group)
         for part, buf in zip(self.parts, bufs):
             part.finish(buf, keys, values, data, ws)
 
@@ -526,12 +479,8 @@ class _DictState:
     def layout(
         self, group: Any, op: str, keys: list[Any], values: list[Any], kind: type[Exception]
     ) -> DictLayout:
-        """This call's layout (built once per layout and driver), its values checked.
-
-        Raises:
-            ``kind``: a value that is not a dense tensor with data.
-            PlanError: no plan for a value's dtype and ``op`` on this backend.
-        """
+        """This call's layout (built once per layout and driver), its values checked: ``kind`` for a value
+        that is not a dense tensor with data, PlanError for a dtype this backend cannot reduce."""
         text = _value_problem(keys, values)
         if text is not None:
             raise kind(text)
@@ -546,21 +495,16 @@ class _DictState:
         return found
 
 
-def _describe_dict_call(data: Any, op: Any) -> tuple[Any, dict[str, Any]]:
-    """What verification compares (keys, shapes, dtypes, op); the sample picks the device."""
-    if isinstance(data, MutableMapping):
-        fields: Any = {_canon(k): describe_tensor(data[k]) for k in sorted_keys(data)}
-        first = next((v for v in data.values() if isinstance(v, torch.Tensor)), None)
-    else:
-        fields, first = type(data).__name__, None
-    return first, {"data": fields, "reduce_op": op_field(op)}
-
-
 def _agree(data: Any, op: Any, problem: Optional[Exception], group: Any) -> None:
     """The header round of a verified call: every rank raises together when some rank's arguments were
     bad (naming each such rank) or the ranks' dicts differ (CollectiveMismatch naming the difference)."""
-    sample, fields = _describe_dict_call(data, op)
-    st = verify.stamp("all_reduce_dict", group, fields)
+    # what verification compares (keys, shapes, dtypes, op); the sample picks the device
+    described: Any = type(data).__name__
+    sample = None
+    if isinstance(data, MutableMapping):
+        described = {_canon(k): describe_tensor(data[k]) for k in sorted_keys(data)}
+        sample = next((v for v in data.values() if isinstance(v, torch.Tensor)), None)
+    st = verify.stamp("all_reduce_dict", group, {"data": described, "reduce_op": op_field(op)})
     if st is None:
         if problem is not None:
             raise _alone(problem)
@@ -588,18 +532,14 @@ def all_reduce_dict(
 ) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
-    The values are packed into one flat buffer per communication dtype (usually one; an int64 counter
-    does not go through float32), in the keys' sorted order (the same on every rank, whatever the
-    insertion order); each key is replaced by its reduced tensor in its own dtype, shape and device (as in
-    mmengine). Same ops and mean rule as [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce].
-
-    With verification on (the default) the call starts with one header round: every rank's fingerprint
-    of op, keys, shapes and dtypes. When some rank's arguments are bad or the dicts differ, every rank
-    raises before any value moves: a ValueError (PlanError where no rank's backend can reduce a dtype)
-    naming each failing rank, or [`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch].
-    Without verification: one collective per buffer; a mismatch is undefined (mmengine's behaviour) and a
-    bad value raises on its own rank only. ``verify`` must be the same on every rank; docs/collectives.md
-    has the details. Non-distributed or a one-rank group: does nothing.
+    One flat buffer per communication dtype (usually one; an int64 counter does not go through float32),
+    keys in one sorted order on every rank; each key is replaced by its reduced tensor in its own dtype,
+    shape and device (as in mmengine). Same ops and mean rule as
+    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce]. Verified (the default), the call starts
+    with one header round, and bad arguments or dicts that differ make every rank raise before any value
+    moves ([`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] for a mismatch); without
+    verification a mismatch is undefined (mmengine's behaviour). ``verify`` must be the same on every
+    rank (docs/collectives.md). Non-distributed or a one-rank group: does nothing.
 
     Args:
         data: ``{key: Tensor}``, updated in place.
@@ -628,16 +568,14 @@ def all_reduce_dict(
         rop = "sum"
     if problem is None and type(data) is not dict and not isinstance(data, MutableMapping):
         problem = ArgumentAssertionError(f"data must be a dict of tensors, got {type(data).__name__}")
-    if not torch_dist.is_initialized():
-        if problem is not None:
-            raise _alone(problem)
-        return
-    # kept by the group object (not None): a default group made by a new init gets new layouts
-    st = _state.of(group if group is not None else _compat.default_group())
-    state: Optional[_DictState] = st.all_reduce_dict
-    if state is None:
-        state = st.all_reduce_dict = _DictState(torch_dist.get_world_size(group))
-    if state.ws == 1:
+    state: Optional[_DictState] = None
+    if torch_dist.is_initialized():
+        # kept by the group object (not None): a default group made by a new init gets new layouts
+        st = _state.of(group if group is not None else _compat.default_group())
+        state = st.all_reduce_dict
+        if state is None:
+            state = st.all_reduce_dict = _DictState(torch_dist.get_world_size(group))
+    if state is None or state.ws == 1:
         if problem is not None:
             raise _alone(problem)
         return
@@ -648,8 +586,7 @@ def all_reduce_dict(
     if problem is None:
         keys = sorted_keys(data)
         values = [data[k] for k in keys]
-        layout = state.last if values else None
-        # the dict of the last call
+        layout = state.last if values else None  # the dict of the last call
         bufs = layout.try_pack(rop, keys, values) if layout is not None else None
         if values and bufs is None:
             # a bad value: ValueError on every rank when verified, else TypeError on this rank
@@ -663,8 +600,7 @@ def all_reduce_dict(
                 problem, layout = kind(f"{type(exc).__name__}: {exc}"), None
     _agree(data, op, problem, group)
     if layout is not None and bufs is not None:
-        layout.reduce(bufs, group)
-        layout.finish(bufs, keys, values, data, state.ws)
+        layout.reduce(bufs, keys, values, data, group, state.ws)
         state.last = layout
 
 

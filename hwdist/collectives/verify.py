@@ -359,21 +359,14 @@ def _format_mismatch(op: str, everyone: list[dict[str, Any]]) -> str:
 def _diff(name: str, values: list[Any]) -> list[str]:
     """Lines naming each rank's value of ``name``; dicts and equal-length lists item by item."""
     if all(isinstance(v, dict) for v in values):
-        subkeys = sorted({s for v in values for s in v})
-        out = []
-        for s in subkeys:
-            items = [v.get(s, _MISSING) for v in values]
-            if any(i != items[0] for i in items):
-                out.append(_line(f"{name}[{s}]", items))
-        return out
-    if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
-        out = []
-        for i in range(len(values[0])):
-            items = [v[i] for v in values]
-            if any(x != items[0] for x in items):
-                out.append(_line(f"{name}[{i}]", items))
-        return out
-    return [_line(name, values)]
+        subs: Any = sorted({s for v in values for s in v})
+        rows = [[v.get(s, _MISSING) for v in values] for s in subs]
+    elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
+        subs = range(len(values[0]))
+        rows = [[v[i] for v in values] for i in subs]
+    else:
+        return [_line(name, values)]
+    return [_line(f"{name}[{s}]", items) for s, items in zip(subs, rows) if any(x != items[0] for x in items)]
 
 
 def _line(name: str, values: list[Any]) -> str:

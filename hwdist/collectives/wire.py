@@ -9,6 +9,7 @@ what was given.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Optional, Sequence, Union
 
@@ -103,14 +104,8 @@ def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Ten
         aliased = cdev is None and data.is_contiguous()
         return retype(t, plan.comm_dtype), aliased
     if plan.comm_dtype != plan.dtype or cdev is not None:
-        return (
-            data.to(
-                device=cdev if cdev is not None else data.device,
-                dtype=plan.comm_dtype,
-                memory_format=torch.contiguous_format,
-            ),
-            False,
-        )
+        device = cdev if cdev is not None else data.device
+        return data.to(device=device, dtype=plan.comm_dtype, memory_format=torch.contiguous_format), False
     if not data.is_contiguous():
         return data.contiguous(), False
     return data, True
@@ -118,9 +113,7 @@ def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Ten
 
 def comm_numel(shape: Sequence[int], plan: Plan) -> int:
     """Number of comm-dtype elements a tensor of ``shape`` occupies on the wire."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if plan.view:
         return n * itemsize(plan.dtype) // itemsize(plan.comm_dtype)
     return n
