@@ -68,13 +68,9 @@ class Broadcast(Strategy):
 
 
 class Scatter(Strategy):
-    """scatter from ``root`` (``extra``: the scatter_list); where the backend has no scatter, one broadcast
-    of every row.
-
-    The root validates the list; when it is wrong the root still joins the
-    collective with a failure flag in every row (a status slot as wide as one
-    element of data, so byte views stay aligned), so every rank raises.
-    """
+    """scatter from ``root`` (``extra``: the scatter_list); without a native scatter, one broadcast of
+    every row. A wrong list on the root still joins the collective, with a failure flag in every row (a
+    status slot as wide as one element of data, so byte views stay aligned): every rank raises."""
 
     op = "scatter"
 
@@ -208,15 +204,9 @@ class PointToPoint(Strategy):
 # ---------------------------------------------------------------------------
 _GRANULE = 64  # the broadcasts' slots are multiples of this (any dtype's view stays aligned)
 
-_REAL_OF_COMPLEX = {
-    d: r
-    for d, r in (
-        (getattr(torch, "complex32", None), torch.float16),
-        (torch.complex64, torch.float32),
-        (torch.complex128, torch.float64),
-    )
-    if d is not None
-}
+_REAL_OF_COMPLEX = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+if hasattr(torch, "complex32"):
+    _REAL_OF_COMPLEX[torch.complex32] = torch.float16
 
 
 def _raise_if_dtypes_differ(fn: str, headers: Sequence[Header], kind: type[Exception] = TypeError) -> None:
@@ -263,8 +253,8 @@ def _round(n: int, k: int) -> int:
 class Gather(Strategy):
     """all_gather (``root`` None) or gather to ``root``; uneven shapes through the size agreement.
 
-    ``extra`` is ``(same_shape, async_op)``. With ``same_shape`` nothing is agreed
-    (the caller's promise), as in mmengine.
+    ``extra`` is ``(same_shape, async_op)``. With ``same_shape`` nothing is agreed (the caller's promise), as
+    in mmengine.
     """
 
     def __init__(self, op: str, direct: bool = False) -> None:

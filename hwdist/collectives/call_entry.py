@@ -1,7 +1,7 @@
 """The one entry every public collective goes through: the one-thread guard, the observers, the hook.
 
-Every public collective is decorated with [`collective`][hwdist.collectives.call_entry.collective],
-which builds one wrapper per function, once at import:
+Every public collective is decorated with [`collective`][hwdist.collectives.call_entry.collective], which
+builds one wrapper per function, once at import:
 
 1. **One thread per process group at a time.** torch.distributed pairs the ranks' calls on a group by
    their order, so a call from a second thread while another thread's call on the same group is in
@@ -46,11 +46,8 @@ class Observer(Protocol):
         """Called before the outermost public call runs; returns a token handed to ``end``."""
 
     def end(self, token: Any, error: Optional[BaseException]) -> Optional[BaseException]:
-        """Called after the call returned (``error`` None) or raised; returns None.
-
-        The recorder slot's observer alone may return an exception for a call that raised: the call
-        raises it instead (chained to ``error``).
-        """
+        """Called after the call returned (``error`` None) or raised; returns None (the recorder slot's
+        observer may return an exception for a failed call to raise instead)."""
 
 
 #: The registered observers, in registration order (a tuple: replaced, never mutated, so reads need no lock).
@@ -77,8 +74,8 @@ def hook() -> Optional[Callable[[str, Any, Any, dict[str, Any]], None]]:
 def set_recorder(recorder: Optional[Observer]) -> Optional[Observer]:
     """Put ``recorder`` in the recorder slot (None empties it); returns the previous one.
 
-    The slot's observer is called like any other (``begin``/``end``, outermost calls
-    only), before the registered observers; it must never raise.
+    The slot's observer is called like any other (``begin``/``end``, outermost calls only), before the
+    registered observers; it must never raise.
     """
     global _recorder
     old, _recorder = _recorder, recorder
@@ -251,9 +248,9 @@ def collective(
     Args:
         group_index: position of the ``group`` parameter.
         name: the op name observers see (default: the function's name).
-        describe: for the verification hook: takes the collective's own arguments and returns the
-            call's ``(group, sample tensor or None, fields)``; it runs only while a hook is set.
-            None: the hook is not called (the function hands it the call itself, as ``all_reduce_params``).
+        describe: for the verification hook: takes the collective's own arguments and returns the call's
+            ``(group, sample tensor or None, fields)``; it runs only while a hook is set. None: the hook is
+            not called (the function hands it the call itself, as ``all_reduce_params``).
 
     Every decorated collective accepts ``verify=`` (a keyword its own signature need not have): False:
     the call, and what it calls, skips verification; True: it is verified even while the mode is off;
@@ -323,15 +320,13 @@ def collective(
 class CollectiveHandle:
     """What every hwdist collective returns with ``async_op=True``, on every backend and plan.
 
-    ``wait()`` finishes the communication *and* the copy back into the
-    caller's tensors (dtype, device, the mean's division), and returns what
-    the synchronous call returns: None for in-place collectives, the list of
-    tensors for gathers, the sender's rank for ``irecv``. It is safe to call
-    more than once (later calls return the same result). ``is_completed()``
-    tells whether the communication has finished without blocking.
+    ``wait()`` finishes the communication *and* the copy back into the caller's tensors (dtype, device, the
+    mean's division), and returns what the synchronous call returns: None for in-place collectives, the list
+    of tensors for gathers, the sender's rank for ``irecv``. It is safe to call more than once (later calls
+    return the same result). ``is_completed()`` tells whether the communication has finished without blocking.
 
-    On a backend without async support (the driver says so) the collective
-    has already completed when the handle is returned.
+    On a backend without async support (the driver says so) the collective has already completed when the
+    handle is returned.
 
     Examples:
         >>> h = dist.all_reduce(t, "mean", async_op=True)

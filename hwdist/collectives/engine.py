@@ -1,10 +1,10 @@
 """The collective engine: the one module of ``hwdist.collectives`` that calls torch.distributed collectives.
 
 Every tensor collective is a thin public function (argument checks, then one
-[`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every internal exchange (``protocol``)
-issues through [`issue`][hwdist.collectives.engine.issue]. One call goes through the same steps whatever
-the op: resolve ([`view`][hwdist.collectives.engine.view], then the driver), plan, the strategy's
-``to_wire``, issue, the strategy's ``finish``, and with ``async_op=True`` a
+[`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every internal exchange (``protocol``) issues
+through [`issue`][hwdist.collectives.engine.issue]. One call goes through the same steps whatever the op:
+resolve ([`view`][hwdist.collectives.engine.view], then the driver), plan, the strategy's ``to_wire``, issue,
+the strategy's ``finish``, and with ``async_op=True`` a
 [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle] (docs/architecture.md). Without
 torch.distributed the view is the serial null object [`SERIAL`][hwdist.collectives.engine.SERIAL].
 """
@@ -36,11 +36,10 @@ _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_
 class Call:
     """Everything one collective call needs, from its arguments to its wire buffers.
 
-    Set by the engine: ``view``, ``group``, ``driver``, ``plan``, ``cdev`` (None:
-    ``data`` is on the comm device), ``data``, ``root``, ``rop``, ``extra`` (the
-    op's other arguments). Set by the strategy's ``to_wire``: ``native`` (the
-    torch op to issue, None for nothing), ``send``, ``recv``, ``splits``, ``torch_op`` (reductions),
-    ``tag`` (point to point), ``aliased`` (the wire buffer is ``data``) and
+    Set by the engine: ``view``, ``group``, ``driver``, ``plan``, ``cdev`` (None: ``data`` is on the comm
+    device), ``data``, ``root``, ``rop``, ``extra`` (the op's other arguments). Set by the strategy's
+    ``to_wire``: ``native`` (the torch op to issue, None for nothing), ``send``, ``recv``, ``splits``,
+    ``torch_op`` (reductions), ``tag`` (point to point), ``aliased`` (the wire buffer is ``data``) and
     ``state`` (its own). ``work`` is torch's ``Work`` of an async issue.
     """
 
@@ -109,10 +108,6 @@ def _done(async_op: bool, result: Any) -> Any:
     return CollectiveHandle(result=result) if async_op else result
 
 
-def _no_world() -> None:
-    return None
-
-
 def _weak(obj: Any) -> Callable[[], Any]:
     try:
         return weakref.ref(obj)
@@ -123,9 +118,9 @@ def _weak(obj: Any) -> Callable[[], Any]:
 class GroupView:
     """A process group as the collectives see it (distributed).
 
-    The default group's view is kept between calls (see [`view`][hwdist.collectives.engine.view]):
-    it holds its world size and the group's driver (and comm device) per device, so a call on the
-    default group asks the registry nothing. Another group's view is made per call and holds neither.
+    The default group's view is kept between calls (see [`view`][hwdist.collectives.engine.view]): it holds
+    its world size and the group's driver (and comm device) per device, so a call on the default group asks
+    the registry nothing. Another group's view is made per call and holds neither.
     """
 
     __slots__ = ("group", "world", "generation", "ws", "drivers")
@@ -134,7 +129,7 @@ class GroupView:
         self.group = group
         # the default group's torch object (the cache's key), held weakly: a view kept after the group is
         # destroyed must not keep torch's group alive until exit (gloo aborts destroying it then)
-        self.world: Callable[[], Any] = _no_world if world is None else _weak(world)
+        self.world: Callable[[], Any] = (lambda: None) if world is None else _weak(world)
         #: the world size, cached in the default group's view (a group's size never changes)
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
@@ -158,8 +153,8 @@ class GroupView:
     def target(self, data: Any) -> tuple[Driver, Optional[torch.device]]:
         """The group's driver for ``data`` (None: no data) and the comm device to move it to (None: stay).
 
-        ``registry.resolve`` and ``comm_device``'s answers; the default group's view keeps them per
-        device where they cannot change (a comm device without an index: not the current GPU).
+        ``registry.resolve`` and ``comm_device``'s answers; the default group's view keeps them per device
+        where they cannot change (a comm device without an index: not the current GPU).
         """
         device = None if data is None else data.device
         drivers = self.drivers

@@ -1,8 +1,8 @@
 """Many tensors in few collectives: flat buffers, metric dicts and model parameters.
 
-The flat-buffer helpers pack tensors into one 1-D buffer and split it back (no communication; the
-training helpers use them too). ``all_reduce_dict`` and ``all_reduce_params`` pack one buffer per
-communication dtype, so a dict of metrics or a whole model costs about one all_reduce (docs/collectives.md).
+The flat-buffer helpers pack tensors into one 1-D buffer and split it back (no communication; the training
+helpers use them too). ``all_reduce_dict`` and ``all_reduce_params`` pack one buffer per communication dtype,
+so a dict of metrics or a whole model costs about one all_reduce (docs/collectives.md).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def flatten_tensors(
 
     Args:
         tensors: tensors of any shapes (and contiguity).
-        dtype: dtype of the buffer; values are cast (choose a lossless one).
-            Default: the tensors' common dtype (TypeError if they differ).
+        dtype: dtype of the buffer; values are cast (choose a lossless one). Default: the tensors' common
+            dtype (TypeError if they differ).
         device: device of the buffer; default: the first tensor's device.
 
     Returns:
@@ -147,8 +147,8 @@ def unflatten_tensors(flat: Tensor, layout: FlatLayout) -> list[Tensor]:
 def copy_from_flat(flat: Tensor, tensors: Sequence[Tensor], layout: Optional[FlatLayout] = None) -> None:
     """Write the pieces of ``flat`` back into ``tensors`` in place (their own dtype and device).
 
-    Works on parameters that require grad (copies under ``torch.no_grad``).
-    ``layout`` defaults to the layout of ``tensors`` packed in order.
+    Works on parameters that require grad (copies under ``torch.no_grad``). ``layout`` defaults to the layout
+    of ``tensors`` packed in order.
     """
     tensors = list(tensors)
     layout = layout if layout is not None else FlatLayout.of(tensors)
@@ -162,9 +162,8 @@ def copy_from_flat(flat: Tensor, tensors: Sequence[Tensor], layout: Optional[Fla
 def bucket_tensors(tensors: Iterable[Tensor], bucket_bytes: int = -1) -> list[list[int]]:
     """Group tensor indices by (dtype, device), split so no bucket exceeds ``bucket_bytes``.
 
-    Order is kept inside each bucket; buckets come in order of first
-    appearance. A tensor larger than ``bucket_bytes`` gets a bucket of its
-    own. ``bucket_bytes <= 0``: one bucket per (dtype, device).
+    Order is kept inside each bucket; buckets come in order of first appearance. A tensor larger than
+    ``bucket_bytes`` gets a bucket of its own. ``bucket_bytes <= 0``: one bucket per (dtype, device).
 
     Examples:
         >>> bucket_tensors([torch.ones(2), torch.ones(2, dtype=torch.int64), torch.ones(3)])
@@ -190,9 +189,9 @@ def bucket_tensors(tensors: Iterable[Tensor], bucket_bytes: int = -1) -> list[li
 def unique_tensors(tensors: Iterable[Tensor], *, same_memory: bool = False) -> list[Tensor]:
     """``tensors`` with repeats dropped (the first one kept), in order.
 
-    A repeat is the same tensor object, or with ``same_memory=True`` any tensor that views the same
-    memory the same way (data pointer, dtype, shape, strides, device), such as tied weights seen twice
-    through ``state_dict().values()``: reduced twice in place, it would count twice.
+    A repeat is the same tensor object, or with ``same_memory=True`` any tensor that views the same memory the
+    same way (data pointer, dtype, shape, strides, device), such as tied weights seen twice through
+    ``state_dict().values()``: reduced twice in place, it would count twice.
 
     Examples:
         >>> w = torch.ones(2)
@@ -210,14 +209,11 @@ def unique_tensors(tensors: Iterable[Tensor], *, same_memory: bool = False) -> l
 
 
 # ---- all_reduce_params -------------------------------------------------------------------------------
-MiB = 1024 * 1024
-
-
 def mib_bytes(value: Any, argname: str, fn: str) -> int:
     """A size in MiB as bytes (``<= 0`` -> -1); TypeError for anything but a number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise TypeError(f"{fn}: {argname} must be a number of MiB, got {value!r}")
-    return int(value * MiB) if value > 0 else -1
+    return int(value * 1024 * 1024) if value > 0 else -1
 
 
 @collective(4)
@@ -231,8 +227,8 @@ def all_reduce_params(
     """All-reduce parameters (or buffers, or any tensors) in place.
 
     ``coalesce=True`` packs the tensors into flat buffers, one per dtype and device (buckets of at most
-    ``bucket_size_mb`` MiB when positive), one asynchronous all_reduce each; tensors of at least the
-    driver's ``pack_max_bytes`` are reduced in place (docs/collectives.md). ``coalesce=False`` runs one
+    ``bucket_size_mb`` MiB when positive), one asynchronous all_reduce each; tensors of at least the driver's
+    ``pack_max_bytes`` are reduced in place (docs/collectives.md). ``coalesce=False`` runs one
     [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce] per tensor. Every rank must pass the same
     tensors; one given twice (tied weights) is reduced once. Non-distributed or one rank: does nothing.
 
@@ -244,8 +240,8 @@ def all_reduce_params(
         group: process group.
 
     Raises:
-        TypeError: an item of ``params`` is not a tensor, or
-            ``bucket_size_mb`` is not a number (on every rank).
+        TypeError: an item of ``params`` is not a tensor, or ``bucket_size_mb`` is not a number (on every
+            rank).
 
     Examples:
         >>> params = [torch.tensor([1.0, 2.0]) + rank, torch.tensor([3.0]) + rank]
@@ -347,8 +343,8 @@ def _value_problem(keys: Sequence[Any], values: Sequence[Any]) -> Optional[str]:
 class _Part:
     """One flat buffer of a dict layout: which values (``idx``), packed in which dtype, reduced how.
 
-    Values of one non-empty shape that travel in their own dtype are stacked (one ``torch.stack``,
-    one ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
+    Values of one non-empty shape that travel in their own dtype are stacked (one ``torch.stack``, one
+    ``unbind``); others are concatenated into a 1-D buffer, cast into the plan's dtype on the way.
     """
 
     __slots__ = ("idx", "plan", "shapes", "numels", "offsets", "pack_dtype", "own", "stacked", "cdev", "cpu",
@@ -408,15 +404,14 @@ class _Part:
             data[keys[i]] = piece if home and self.own else piece.to(values[i].device, values[i].dtype)
 
 
-#: One call's packed buffers: ``(buffer, wire, home)`` per part (``_Part.pack``).
-Buffers = list[tuple[Tensor, Tensor, bool]]
+Buffers = list[tuple[Tensor, Tensor, bool]]  #: ``(buffer, wire, home)`` per part (``_Part.pack``)
 
 
 class DictLayout:
     """One dict layout (op, sorted keys, dtypes, shapes, device type) and how its values travel.
 
-    Built once per layout and group (``_DictState``), reused call after call: one flat buffer per
-    way of reducing (communication dtype, issued op, mean division, integer floor), usually one.
+    Built once per layout and group (``_DictState``), reused call after call: one flat buffer per way of
+    reducing (communication dtype, issued op, mean division, integer floor), usually one.
     """
 
     __slots__ = ("op", "keys", "dtypes", "shapes", "device_type", "driver", "cdev", "parts", "stacked")
@@ -507,7 +502,7 @@ def _agree(data: Any, op: Any, problem: Optional[Exception], group: Any) -> None
     st = verify.stamp("all_reduce_dict", group, {"data": described, "reduce_op": op_field(op)})
     if st is None:
         if problem is not None:
-            raise _alone(problem)
+            raise type(problem)(f"all_reduce_dict: {problem}")  # this rank alone
         return
     driver = registry.resolve(group, sample.device.type if sample is not None else None)
     head = verify.call_header("all_reduce_dict", st)
@@ -532,27 +527,27 @@ def all_reduce_dict(
 ) -> None:
     """Reduce every tensor of a dict across ranks with one flattened collective.
 
-    One flat buffer per communication dtype (usually one; an int64 counter does not go through float32),
-    keys in one sorted order on every rank; each key is replaced by its reduced tensor in its own dtype,
-    shape and device (as in mmengine). Same ops and mean rule as
-    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce]. Verified (the default), the call starts
-    with one header round, and bad arguments or dicts that differ make every rank raise before any value
-    moves ([`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] for a mismatch); without
-    verification a mismatch is undefined (mmengine's behaviour). ``verify`` must be the same on every
-    rank (docs/collectives.md). Non-distributed or a one-rank group: does nothing.
+    One flat buffer per communication dtype (usually one; an int64 counter does not go through float32), keys
+    in one sorted order on every rank; each key is replaced by its reduced tensor in its own dtype, shape and
+    device (as in mmengine). Same ops and mean rule as
+    [`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce]. Verified (the default), the call starts with
+    one header round, and bad arguments or dicts that differ make every rank raise before any value moves
+    ([`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] for a mismatch); without
+    verification a mismatch is undefined (mmengine's behaviour). ``verify`` must be the same on every rank
+    (docs/collectives.md). Non-distributed or a one-rank group: does nothing.
 
     Args:
         data: ``{key: Tensor}``, updated in place.
         op: the reduce op.
         group: process group.
-        verify: False: no header round for this call; True: a header round even while verification is
-            off; None: as ``hwdist.verification_enabled()`` says.
+        verify: False: no header round for this call; True: a header round even while verification is off;
+            None: as ``hwdist.verification_enabled()`` says.
 
     Raises:
-        ValueError: unknown ``op``; the dicts differ across ranks, or a
-            value on some rank is not a dense tensor with data (verify).
-        TypeError: ``data`` is not a dict (on that rank; ValueError on the
-            others), or a value is not a tensor (``verify=False``).
+        ValueError: unknown ``op``; the dicts differ across ranks, or a value on some rank is not a dense
+            tensor with data (verify).
+        TypeError: ``data`` is not a dict (on that rank; ValueError on the others), or a value is not a tensor
+            (``verify=False``).
 
     Examples:
         >>> data = {"loss": torch.tensor(1.0 + rank), "n": torch.tensor([2 * rank])}
@@ -564,8 +559,7 @@ def all_reduce_dict(
     try:
         rop = _t.normalize_reduce_op(op, "op", "all_reduce_dict")
     except ValueError as exc:
-        problem = exc
-        rop = "sum"
+        problem, rop = exc, "sum"
     if problem is None and type(data) is not dict and not isinstance(data, MutableMapping):
         problem = ArgumentAssertionError(f"data must be a dict of tensors, got {type(data).__name__}")
     state: Optional[_DictState] = None
@@ -577,7 +571,7 @@ def all_reduce_dict(
             state = st.all_reduce_dict = _DictState(torch_dist.get_world_size(group))
     if state is None or state.ws == 1:
         if problem is not None:
-            raise _alone(problem)
+            raise type(problem)(f"all_reduce_dict: {problem}")  # this rank alone
         return
     keys: list[Any] = []
     values: list[Any] = []
@@ -603,7 +597,3 @@ def all_reduce_dict(
         layout.reduce(bufs, keys, values, data, group, state.ws)
         state.last = layout
 
-
-def _alone(problem: Exception) -> Exception:
-    """``problem`` as this rank raises it when no other rank is told (the op's name first)."""
-    return type(problem)(f"all_reduce_dict: {problem}")

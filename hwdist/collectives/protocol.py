@@ -2,13 +2,13 @@
 
 Every exchange in which the ranks of a group must agree (verification, the sizes of an uneven gather or
 ``all_to_all``, object records, ``all_reduce_dict``'s layout, a rank's failure) is one all_gather of one
-fixed-size ``Header`` per rank (24 int64 words, then inline bytes: docs/architecture.md), then the data
-where there is any; every rank reaches the same verdict. ``agree`` is that round for a collective's
-arguments: every rank raises the same error together, or none does.
+fixed-size ``Header`` per rank (24 int64 words, then inline bytes: docs/architecture.md), then the data where
+there is any; every rank reaches the same verdict. ``agree`` is that round for a collective's arguments: every
+rank raises the same error together, or none does.
 
-hwdist's own traffic (small ints, byte strings, header rows, flat buffers) never goes through a
-user-facing op; it travels as the driver's plan says (a lossless widening, a byte view), issued by the
-engine ([`issue`][hwdist.collectives.engine.issue]).
+hwdist's own traffic (small ints, byte strings, header rows, flat buffers) never goes through a user-facing
+op; it travels as the driver's plan says (a lossless widening, a byte view), issued by the engine
+([`issue`][hwdist.collectives.engine.issue]).
 """
 
 from __future__ import annotations
@@ -238,19 +238,13 @@ INLINE_CUT = 1
 DESCRIBED = 2
 
 #: Every op that exchanges headers, by code (a header's op word; 0: none).
-OPS = {
-    name: code
-    for code, name in enumerate(
-        (
-            "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
-            "collect_results", "collect_results(tmpdir)", "create_tmpdir",
-            "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",
-            "all_to_all", "barrier", "pad_to_largest_tensor", "all_reduce_dict", "all_reduce_params",
-            "agree",
-        ),
-        start=1,
-    )
-}  # fmt: skip
+_OP_ORDER = (
+    "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list", "collect_results",
+    "collect_results(tmpdir)", "create_tmpdir", "all_reduce", "reduce", "broadcast", "all_gather", "gather",
+    "scatter", "reduce_scatter", "all_to_all", "barrier", "pad_to_largest_tensor", "all_reduce_dict",
+    "all_reduce_params", "agree",
+)  # fmt: skip
+OPS = {name: code for code, name in enumerate(_OP_ORDER, start=1)}
 OP_NAMES = {v: k for k, v in OPS.items()}
 
 _KNOWN_DTYPES = [
@@ -295,8 +289,8 @@ def digest(text: str) -> int:
 class Header:
     """One rank's header (its words: docs/architecture.md, "The one protocol").
 
-    ``rank`` is the sender's group rank, set by ``parse_rows``;
-    ``framed`` is False for a row without the magic (that rank is in another kind of exchange).
+    ``rank`` is the sender's group rank, set by ``parse_rows``; ``framed`` is False for a row without the
+    magic (that rank is in another kind of exchange).
     """
 
     status: int = OK
@@ -462,8 +456,8 @@ def agree(
         words: integers every rank should hold the same (reduced to 31 bits each; at most 100).
         flag: a small non-negative int; the result carries its maximum over the ranks.
         driver: the group's driver when the caller already has it.
-        raise_as: on the error path every rank (those that gave a ``problem`` too) raises
-            ``raise_as(problem, failures)`` instead of the default below.
+        raise_as: on the error path every rank (those that gave a ``problem`` too) raises ``raise_as(problem,
+            failures)`` instead of the default below.
 
     Returns:
         An ``Agreement``; deciding what a difference in ``words`` means is the caller's job.
@@ -544,10 +538,10 @@ def check_same_dicts(
 ) -> None:
     """Every rank raises together unless every rank holds the same keys, shapes and dtypes.
 
-    One ``agree`` round of a fingerprint of the dict and of ``problem``. When some rank's argument was
-    bad, every rank raises [`argument_error`][hwdist.collectives.protocol.argument_error]'s error; when
-    the dicts differ, the descriptions are exchanged (error path only) and every rank raises a ValueError
-    naming the difference.
+    One ``agree`` round of a fingerprint of the dict and of ``problem``. When some rank's argument was bad,
+    every rank raises [`argument_error`][hwdist.collectives.protocol.argument_error]'s error; when the dicts
+    differ, the descriptions are exchanged (error path only) and every rank raises a ValueError naming the
+    difference.
 
     Args:
         fn: the public op's name (starts every message).

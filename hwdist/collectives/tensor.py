@@ -1,9 +1,9 @@
 """Tensor collectives with mmengine.dist's names: thin operations on the collective engine.
 
-Each public function checks its arguments (on every rank, before any communication) and makes one call
-of the engine (hwdist/collectives/engine.py: resolve, plan, wire format, issue, finish; docs/architecture.md).
-Without a process group every function has mmengine's single-process result. ``src``/``dst`` are global
-ranks, as in torch.distributed.
+Each public function checks its arguments (on every rank, before any communication) and makes one call of the
+engine (hwdist/collectives/engine.py: resolve, plan, wire format, issue, finish; docs/architecture.md).
+Without a process group every function has mmengine's single-process result. ``src``/``dst`` are global ranks,
+as in torch.distributed.
 """
 
 from __future__ import annotations
@@ -40,22 +40,20 @@ def all_reduce(
 ) -> Any:
     """Reduce ``data`` across all ranks so that every rank gets the result, in place.
 
-    ``op`` is one of ``'sum', 'mean', 'product', 'min', 'max', 'band', 'bor', 'bxor'``
-    (case-insensitive) or a ``torch.distributed.ReduceOp`` (``ReduceOp.AVG`` means ``'mean'``). An
-    integer mean keeps the dtype and floors (mmengine truncates toward zero); its sum is taken in a
-    wider integer where the backend has one. Dtypes the backend cannot reduce are widened losslessly;
-    without a lossless plan [`hwdist.PlanError`][hwdist.drivers.base.PlanError] is raised on every rank
-    before any communication (the rules: docs/architecture.md). Non-distributed: does nothing.
+    ``op`` is one of ``'sum', 'mean', 'product', 'min', 'max', 'band', 'bor', 'bxor'`` (case-insensitive) or a
+    ``torch.distributed.ReduceOp`` (``ReduceOp.AVG`` means ``'mean'``). An integer mean keeps the dtype and
+    floors (mmengine truncates toward zero); its sum is taken in a wider integer where the backend has one.
+    Dtypes the backend cannot reduce are widened losslessly; without a lossless plan
+    [`hwdist.PlanError`][hwdist.drivers.base.PlanError] is raised on every rank before any communication (the
+    rules: docs/architecture.md). Non-distributed: does nothing.
 
     Args:
-        data: input and output, modified in place (any device the group's
-            driver can reach; it is moved to the comm device and back only
-            when needed).
+        data: input and output, modified in place (any device the group's driver can reach; it is moved to the
+            comm device and back only when needed).
         op: the reduce op.
         group: process group (default group if None).
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]
-            whose ``wait()`` also finishes the copy back (always a handle,
-            whatever the plan and backend).
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle] whose ``wait()``
+            also finishes the copy back (always a handle, whatever the plan and backend).
 
     Returns:
         None, or a handle when ``async_op`` is True.
@@ -90,9 +88,8 @@ def reduce(
     """Reduce ``data`` across ranks into rank ``dst``'s tensor, in place.
 
     Same ops, casts and mean rule as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without a
-    native reduce get it as an all_reduce (the driver's plan says so). On
-    ranks other than ``dst``, ``data`` is unspecified afterwards (torch's
-    rule; hwdist leaves it unchanged when a cast was needed).
+    native reduce get it as an all_reduce (the driver's plan says so). On ranks other than ``dst``, ``data``
+    is unspecified afterwards (torch's rule; hwdist leaves it unchanged when a cast was needed).
     Non-distributed: does nothing.
 
     Args:
@@ -125,12 +122,11 @@ def all_gather(
 ) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
-    Shapes may differ across ranks (any ndim): the ranks agree on the sizes in the one header round,
-    then the data moves at the largest rank's size (two collectives). ``same_shape=True`` skips the
-    header round when every rank passes the same shape (as in mmengine). Every rank raises the same
-    TypeError when the dtypes differ. Dtypes the backend cannot move travel as a byte view, exactly.
-    Costs and routes (one broadcast per rank for large tensors where the driver says so):
-    docs/collectives.md.
+    Shapes may differ across ranks (any ndim): the ranks agree on the sizes in the one header round, then the
+    data moves at the largest rank's size (two collectives). ``same_shape=True`` skips the header round when
+    every rank passes the same shape (as in mmengine). Every rank raises the same TypeError when the dtypes
+    differ. Dtypes the backend cannot move travel as a byte view, exactly. Costs and routes (one broadcast per
+    rank for large tensors where the driver says so): docs/collectives.md.
 
     Non-distributed or a one-rank group: returns ``[data]``.
 
@@ -138,8 +134,8 @@ def all_gather(
         data: this rank's tensor.
         group: process group (default group if None).
         same_shape: promise that every rank's ``data`` has the same shape.
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle];
-            ``wait()`` returns the list.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()``
+            returns the list.
 
     Returns:
         ``list[Tensor]`` in rank order, in ``data``'s dtype and device.
@@ -167,9 +163,8 @@ def gather(
     """Gather ``data`` from every rank into a list on rank ``dst``.
 
     Shapes may differ across ranks (see [`all_gather`][hwdist.collectives.tensor.all_gather] for the cost and
-    ``same_shape``). Backends without a native gather (the driver's plan
-    says so) run it as an all_gather, keeping the result on ``dst`` only.
-    The data is always the comm-ready (moved/cast) tensor.
+    ``same_shape``). Backends without a native gather (the driver's plan says so) run it as an all_gather,
+    keeping the result on ``dst`` only. The data is always the comm-ready (moved/cast) tensor.
 
     Non-distributed or a one-rank group: returns ``[data]``.
 
@@ -178,8 +173,8 @@ def gather(
         dst: global rank that receives the list.
         group: process group.
         same_shape: skip the size agreement.
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle];
-            ``wait()`` returns the list.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()``
+            returns the list.
 
     Returns:
         On ``dst``: ``list[Tensor]`` in rank order; on other ranks: ``[]``.
@@ -204,9 +199,8 @@ def gather(
 def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[list[int], Tensor]:
     """Flatten ``tensor`` and pad it with zeros to the largest element count of any rank.
 
-    The building block of uneven gathers (vis4d's helper, any ndim and
-    dtype). Costs one header round (every rank's size, one small
-    all_gather); every rank raises the same TypeError when the dtypes differ.
+    The building block of uneven gathers (vis4d's helper, any ndim and dtype). Costs one header round (every
+    rank's size, one small all_gather); every rank raises the same TypeError when the dtypes differ.
 
     Returns:
         ``(numels, padded)``: every rank's ``tensor.numel()`` in rank order,
@@ -237,9 +231,8 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
 def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Broadcast ``data`` from rank ``src`` to every rank, in place.
 
-    ``data`` must have the same shape on every rank. Non-contiguous tensors
-    and dtypes the backend cannot move (byte view) are handled; the caller's
-    tensor keeps its dtype and device. Non-distributed: does nothing.
+    ``data`` must have the same shape on every rank. Non-contiguous tensors and dtypes the backend cannot move
+    (byte view) are handled; the caller's tensor keeps its dtype and device. Non-distributed: does nothing.
 
     Args:
         data: sent from ``src``, overwritten elsewhere.
@@ -273,10 +266,10 @@ def scatter(
 ) -> Any:
     """Send ``scatter_list[i]`` from rank ``src`` to rank ``i``'s ``data``, in place.
 
-    torch's signature. Backends without a native scatter run it as one broadcast of the whole list
-    (the driver's plan says so). When ``scatter_list`` is wrong on ``src`` (one tensor per rank, each
-    of ``data``'s shape and dtype), ``src`` still joins the collective with a failure flag (one extra
-    element per rank on the wire), so EVERY rank raises instead of waiting forever.
+    torch's signature. Backends without a native scatter run it as one broadcast of the whole list (the
+    driver's plan says so). When ``scatter_list`` is wrong on ``src`` (one tensor per rank, each of ``data``'s
+    shape and dtype), ``src`` still joins the collective with a failure flag (one extra element per rank on
+    the wire), so EVERY rank raises instead of waiting forever.
 
     Non-distributed: ``data`` gets ``scatter_list[0]``.
 
@@ -288,11 +281,9 @@ def scatter(
         async_op: return a handle whose ``wait()`` also copies back.
 
     Raises:
-        ValueError: bad ``src`` (every rank); bad ``scatter_list`` on
-            ``src`` (every rank, after the collective; ranks other than
-            ``src`` raise ValueError naming ``src`` whatever its error was).
-        TypeError: non-tensor ``data``; non-tensor ``scatter_list`` items
-            (on ``src``).
+        ValueError: bad ``src`` (every rank); bad ``scatter_list`` on ``src`` (every rank, after the
+            collective; ranks other than ``src`` raise ValueError naming ``src`` whatever its error was).
+        TypeError: non-tensor ``data``; non-tensor ``scatter_list`` items (on ``src``).
 
     Examples:
         >>> data = torch.zeros(2)
@@ -317,18 +308,17 @@ def reduce_scatter(
 ) -> Any:
     """Reduce ``input_list[i]`` across ranks into rank ``i``'s ``output``, in place.
 
-    ``input_list`` is a list of one tensor per rank (each of ``output``'s
-    shape and dtype), or one tensor holding them concatenated along dim 0
-    (torch's ``reduce_scatter_tensor`` layout). Same ops, casts and mean rule
-    as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without reduce_scatter get it as an
-    all_reduce of the whole input followed by a slice (world-size times the
-    traffic; the driver's plan says when). ``input_list`` is not modified.
+    ``input_list`` is a list of one tensor per rank (each of ``output``'s shape and dtype), or one tensor
+    holding them concatenated along dim 0 (torch's ``reduce_scatter_tensor`` layout). Same ops, casts and mean
+    rule as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without reduce_scatter get it as an
+    all_reduce of the whole input followed by a slice (world-size times the traffic; the driver's plan says
+    when). ``input_list`` is not modified.
 
     Non-distributed: ``output`` gets ``input_list[0]``.
 
     Raises:
-        ValueError: unknown ``op``, wrong number/shape/dtype of inputs
-            (on every rank, before any communication).
+        ValueError: unknown ``op``, wrong number/shape/dtype of inputs (on every rank, before any
+            communication).
         TypeError: non-tensor inputs (on every rank).
 
     Examples:
@@ -355,9 +345,8 @@ def all_to_all(
 ) -> Any:
     """Send ``input_list[j]`` to rank ``j``; receive rank ``j``'s piece into ``output_list[j]``.
 
-    torch's signature; pieces may have different sizes. Backends without
-    all_to_all get it through one exchange of the piece sizes plus one
-    all_gather of every rank's pieces (world-size times the traffic; the
+    torch's signature; pieces may have different sizes. Backends without all_to_all get it through one
+    exchange of the piece sizes plus one all_gather of every rank's pieces (world-size times the traffic; the
     driver's plan says when); there, size mismatches raise on every rank.
 
     Non-distributed: ``output_list[0]`` gets ``input_list[0]``.
@@ -455,8 +444,7 @@ def irecv(
 def sync_random_seed(group: Optional[Any] = None) -> int:
     """A random seed drawn on the group's first rank and shared with every rank.
 
-    Travels as an int32 on the driver's comm device. Non-distributed: a
-    fresh random int in ``[0, 2**31)``.
+    Travels as an int32 on the driver's comm device. Non-distributed: a fresh random int in ``[0, 2**31)``.
 
     Examples:
         >>> dist.sync_random_seed()

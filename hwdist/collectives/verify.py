@@ -3,12 +3,11 @@
 On by default (``HWDIST_VERIFY=0`` turns it off for the process,
 [`set_verification`][hwdist.collectives.verify.set_verification] /
 [`verification`][hwdist.collectives.verify.verification] in code, ``verify=False`` for one call): every
-collective first runs the one header round carrying a fingerprint and a description of the call, so
-when the ranks disagree every rank raises
-[`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing each rank's value, before
-any data moves. Debug mode (``HWDIST_DEBUG=1``, or ``call_sites=True``) also compares the line of user
-code each rank calls from. Collectives reach the check through the hook in ``call_entry``'s slot,
-installed while the mode is on (docs/architecture.md, docs/reliability.md).
+collective first runs the one header round carrying a fingerprint and a description of the call, so when the
+ranks disagree every rank raises [`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing
+each rank's value, before any data moves. Debug mode (``HWDIST_DEBUG=1``, or ``call_sites=True``) also
+compares the line of user code each rank calls from. Collectives reach the check through the hook in
+``call_entry``'s slot, installed while the mode is on (docs/architecture.md, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ ENV_VERIFY = "HWDIST_VERIFY"
 def _env_flag(name: str) -> bool:
     """``settings.flag(name)``: off for unset, empty, 0, false, no, off; on for 1, 2, ..., true, yes, on.
 
-    A value that is none of those words turns the mode on with a warning: asking for debugging
-    and silently not getting it is the worse mistake (docs/reliability.md).
+    A value that is none of those words turns the mode on with a warning: asking for debugging and silently
+    not getting it is the worse mistake (docs/reliability.md).
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -55,11 +54,6 @@ def _env_flag(name: str) -> bool:
             stacklevel=2,
         )
     return on
-
-
-def _check_mode(value: Any) -> tuple[bool, bool]:
-    enabled, call_sites = value
-    return bool(enabled), bool(call_sites)
 
 
 def _mode_changed() -> None:
@@ -77,7 +71,9 @@ def _initial() -> tuple[bool, bool]:
 
 
 #: Verification as (enabled, call_sites): ``HWDIST_VERIFY`` and ``HWDIST_DEBUG`` give the initial value.
-_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(_initial, _check_mode, _mode_changed)
+_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
+    _initial, lambda value: (bool(value[0]), bool(value[1])), _mode_changed
+)
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
 _call_sites: bool
 _generation = 0  # bumped on every switch: a group's call numbers restart
@@ -98,9 +94,9 @@ def set_verification(enabled: bool, *, call_sites: Optional[bool] = None) -> boo
 
     Args:
         enabled: on or off.
-        call_sites: also compare the line of user code each rank calls the
-            collective from (None: as ``HWDIST_DEBUG`` says; off by default,
-            since correct code may call one collective from different lines).
+        call_sites: also compare the line of user code each rank calls the collective from (None: as
+            ``HWDIST_DEBUG`` says; off by default, since correct code may call one collective from different
+            lines).
 
     Examples:
         >>> hwdist.set_verification(False)   # same on every rank: collectives skip the header round
@@ -124,8 +120,8 @@ def verification(enabled: bool = True, *, call_sites: Optional[bool] = None) -> 
 def _hook(op: str, group: Any, sample: Any, fields: dict[str, Any]) -> None:
     """The engine's hook while the mode is on: check the call described by a tensor collective.
 
-    A rank outside the group (torch's ``GroupMember.NON_GROUP_MEMBER``) has no one to compare with: the
-    call's own checks decide what it does there.
+    A rank outside the group (torch's ``GroupMember.NON_GROUP_MEMBER``) has no one to compare with: the call's
+    own checks decide what it does there.
     """
     if not torch_dist.is_initialized() or group is _compat.NON_GROUP_MEMBER:
         return
@@ -192,16 +188,16 @@ def _next_seq(group: Any) -> int:
 def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     """Verify that every rank of ``group`` makes the same call; no-op when off.
 
-    The collectives reach it through the engine's hook, installed only
-    while verification is on. Every rank of the group must reach this call (it is
-    itself a collective: the header round, one all_gather of one header per rank).
+    The collectives reach it through the engine's hook, installed only while verification is on. Every rank of
+    the group must reach this call (it is itself a collective: the header round, one all_gather of one header
+    per rank).
 
     Args:
         op: the collective's name.
         group: the process group (None: default).
         driver: the group's driver (decides the device the header travels on).
-        **fields: what must agree across ranks (JSON-able values; dicts and
-            lists are compared item by item in the error message).
+        **fields: what must agree across ranks (JSON-able values; dicts and lists are compared item by item in
+            the error message).
 
     Raises:
         CollectiveMismatch: on every rank, listing each rank's differing values.
@@ -249,10 +245,10 @@ def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
     """The [`Stamp`][hwdist.collectives.verify.Stamp] of this call while verification is on (it takes the
     group's next call number), else None.
 
-    An op that runs a header round of its own (an uneven gather, an object collective's records) puts it
-    in that header (``protocol.stamp``) and calls
-    [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch] on what it received:
-    verification then costs it no collective of its own.
+    An op that runs a header round of its own (an uneven gather, an object collective's records) puts it in
+    that header (``protocol.stamp``) and calls
+    [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch] on what it received: verification then
+    costs it no collective of its own.
     """
     if not call_entry.verifying() or _compat.is_compiling():
         return None  # (while torch.compile traces, the header's bytes would be traced, not exchanged)
@@ -298,8 +294,8 @@ def raise_if_mismatch(op: str, headers: list[protocol.Header], own: Stamp, group
     header fingerprints the same call (``headers``: every rank's, from one header round; ``own``: this
     rank's stamp).
 
-    The descriptions come from the headers where each carries its own whole; otherwise (a payload
-    inline, a description cut) from one more exchange, on this error path only, the same on every rank.
+    The descriptions come from the headers where each carries its own whole; otherwise (a payload inline, a
+    description cut) from one more exchange, on this error path only, the same on every rank.
     """
     if agrees(headers):
         return
@@ -400,10 +396,10 @@ def _describe_many(value: Any) -> Any:
 class TensorFields:
     """What verification mode compares for each tensor collective: one describer per op.
 
-    Each takes the collective's own arguments and returns ``(group, sample, fields)``: a tensor of the
-    call picks the driver; ``fields`` is what every rank must agree on. They run before the argument
-    checks, so a rank with bad arguments still takes part and every rank raises. Point-to-point calls
-    are not described (one partner, not the group).
+    Each takes the collective's own arguments and returns ``(group, sample, fields)``: a tensor of the call
+    picks the driver; ``fields`` is what every rank must agree on. They run before the argument checks, so a
+    rank with bad arguments still takes part and every rank raises. Point-to-point calls are not described
+    (one partner, not the group).
     """
 
     @staticmethod
