@@ -184,8 +184,7 @@ def _drop(obs: Observer, exc: Exception) -> None:
     )
 
 
-#: Verification's hook, registered once by ``verify`` at import: what ``verify=True`` calls while the mode
-#: is off.
+#: Verification's hook, registered by ``verify`` at import: what ``verify=True`` calls while the mode is off.
 _verifier: Optional[Callable[[str, Any, Any, dict[str, Any]], None]] = None
 
 

@@ -287,10 +287,8 @@ class _Serial:
     def run(
         self, strategy: Strategy, data: Any, async_op: bool = False, *_: Any, extra: Any = None, **__: Any
     ) -> Any:
-        """``GroupView.run`` without a group: the strategy's result (a finished handle when ``async_op``).
-
-        ``rop`` and ``root`` (positional or keyword) do not matter here; ``extra`` is always a keyword.
-        """
+        """``GroupView.run`` without a group: the strategy's result (a finished handle when ``async_op``);
+        ``rop`` and ``root`` do not matter here, ``extra`` is always a keyword."""
         return _done(async_op, strategy.serial(data, extra))
 
 
@@ -311,12 +309,8 @@ _world: Callable[[], Any] = _compat.default_group if _compat.DIST_AVAILABLE else
 
 def view(group: Any) -> Any:
     """The view of ``group`` (None: the default group); [`SERIAL`][hwdist.collectives.engine.SERIAL]
-    when torch.distributed is not initialised.
-
-    The default group's view is made once per default group object and registry generation
-    (``registry.generation``: bumped when a backend is (un)registered, a group recorded, and by
-    ``hwdist.destroy``), so what it caches never outlives the group or a registry change.
-    """
+    when torch.distributed is not initialised. The default group's view is made once per default group
+    object and ``registry.generation``, so what it caches never outlives the group or a registry change."""
     if group is not None:
         return GroupView(group) if _is_initialized() else SERIAL
     global _default_view
@@ -388,10 +382,8 @@ def wire_call(
     driver: Optional[Driver] = None,
     reduce_op: Optional[str] = None,
 ) -> Call:
-    """A ``Call`` for hwdist's own traffic (``protocol``), for [`issue`][hwdist.collectives.engine.issue].
-
-    ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions.
-    """
+    """A ``Call`` for hwdist's own traffic (``protocol``), for [`issue`][hwdist.collectives.engine.issue];
+    ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions."""
     c = Call()
     c.group, c.native, c.send, c.recv, c.root = group, native, send, recv, root
     if driver is not None:

@@ -481,10 +481,8 @@ def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     return out
 
 
-# ---------------------------------------------------------------------------
-# torch's one-tensor spellings (torch 2.15 names ``*_single`` first and keeps ``*_into_tensor`` and
-# ``reduce_scatter_tensor`` as plain aliases, neither warning): the same calls on the functions above
-# ---------------------------------------------------------------------------
+# ---- torch's one-tensor spellings (torch 2.15 names ``*_single`` first; ``*_into_tensor`` and --------
+# ``reduce_scatter_tensor`` stay as aliases, neither warning): the same calls on the functions above
 def _into(output: Tensor, pieces: Any, name: str) -> None:
     """Copy the gathered ``pieces`` (one per rank) into torch's single output tensor: ``ws * n`` along dim
     0, or stacked ``(ws, *shape)``."""

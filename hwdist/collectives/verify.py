@@ -39,11 +39,8 @@ ENV_VERIFY = "HWDIST_VERIFY"
 
 
 def _env_flag(name: str) -> bool:
-    """``settings.flag(name)``: off for unset, empty, 0, false, no, off; on for 1, 2, ..., true, yes, on.
-
-    A value that is none of those words turns the mode on with a warning: asking for debugging and silently
-    not getting it is the worse mistake (docs/reliability.md).
-    """
+    """``settings.flag(name)``; a value that is none of its words turns the mode on, with a warning (asking
+    for debugging and silently not getting it is the worse mistake)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         on = settings.flag(name)
@@ -118,11 +115,8 @@ def verification(enabled: bool = True, *, call_sites: Optional[bool] = None) -> 
 
 
 def _hook(op: str, group: Any, sample: Any, fields: dict[str, Any]) -> None:
-    """The engine's hook while the mode is on: check the call described by a tensor collective.
-
-    A rank outside the group (torch's ``GroupMember.NON_GROUP_MEMBER``) has no one to compare with: the call's
-    own checks decide what it does there.
-    """
+    """The hook while the mode is on: check the described call (a rank outside the group, torch's
+    ``NON_GROUP_MEMBER``, has no one to compare with: the call's own checks decide)."""
     if not torch_dist.is_initialized() or group is _compat.NON_GROUP_MEMBER:
         return
     device = sample.device if isinstance(sample, torch.Tensor) else None
@@ -133,16 +127,12 @@ def describe_tensor(t: Any) -> str:
     """A short description such as ``float32[4, 3]@cpu`` (the type name for a non-tensor)."""
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
-    dtype = str(t.dtype)[6:]  # drop "torch."
-    text = f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
+    text = f"{str(t.dtype)[6:]}[{', '.join(map(str, t.shape))}]@{t.device.type}"  # [6:]: no "torch."
     return text if t.layout is torch.strided else f"{text}/{str(t.layout)[6:]}"  # a sparse value differs too
 
 
 def rank_field(value: Any) -> Any:
-    """A ``src``/``dst`` argument as the fingerprint shows it.
-
-    An int for any integer (``np.int64(0)`` is ``0``), else its repr.
-    """
+    """A ``src``/``dst`` argument as the fingerprint shows it: an int for any integer, else its repr."""
     if not isinstance(value, bool):
         try:
             return operator.index(value)
@@ -173,10 +163,7 @@ def _call_site() -> str:
 
 
 def _next_seq(group: Any) -> int:
-    """This group's next call number, counted from 1 as the flight recorder counts (``#1`` is the first call).
-
-    Kept in the group's state; restarts when the mode is switched.
-    """
+    """This group's next call number from 1, as the flight recorder counts (restarts with the mode)."""
     state = _state.of(group if group is not None else torch_dist.GroupMember.WORLD)
     gen, seq = state.verify_seq or (-1, 0)
     if gen != _generation:
@@ -291,12 +278,8 @@ def agrees(headers: list[protocol.Header]) -> bool:
 
 def raise_if_mismatch(op: str, headers: list[protocol.Header], own: Stamp, group: Any, driver: Any) -> None:
     """Raise [`CollectiveMismatch`][hwdist.errors.CollectiveMismatch] on every rank unless every rank's
-    header fingerprints the same call (``headers``: every rank's, from one header round; ``own``: this
-    rank's stamp).
-
-    The descriptions come from the headers where each carries its own whole; otherwise (a payload inline, a
-    description cut) from one more exchange, on this error path only, the same on every rank.
-    """
+    header (from one header round) fingerprints the same call as ``own``, this rank's stamp. The
+    descriptions come from the headers where each carries its own whole, else from one more exchange."""
     if agrees(headers):
         return
     if not all(h.framed for h in headers):

@@ -147,10 +147,8 @@ def restore(data: Tensor, buf: Tensor, plan: Plan) -> None:
 
 
 def divide(buf: Tensor, n: int, dtype: Optional[torch.dtype] = None) -> None:
-    """In-place mean from a sum: true division for floats, floor division for integers.
-
-    ``dtype`` is the caller's (default: ``buf``'s): an integer summed in float64 is floor-divided.
-    """
+    """In-place mean from a sum: true division for floats, floor division for integers (``dtype``: the
+    caller's, default ``buf``'s; an integer summed in float64 is floor-divided)."""
     with torch.no_grad():
         kind = buf if dtype is None else torch.empty(0, dtype=dtype)
         if kind.is_floating_point() or kind.is_complex():
@@ -208,9 +206,8 @@ _WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
 def copy_bytes(dst: Tensor, src: Tensor) -> None:
     """``dst.copy_(src)`` for two flat uint8 tensors of one length, copied as the widest word that fits.
 
-    torch splits a copy over its intra-op threads by element count; a byte copy of 32 KiB or more is split
-    where the same bytes as int64 are not, and on ranks sharing a host those threads wait for each other
-    (measured in docs/benchmarks.md: a 64 KiB all_to_all slot took 3.4 ms to fill).
+    torch splits a copy over its intra-op threads by element count, so a byte copy of 32 KiB or more is
+    split where the same bytes as int64 are not (docs/benchmarks.md: ranks sharing a host wait on it).
     """
     n = src.numel()
     if n > 1 and dst.is_contiguous() and src.is_contiguous():
