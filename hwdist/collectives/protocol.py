@@ -353,8 +353,8 @@ def encode(h: Header) -> np.ndarray:
 
 
 def set_inline_length(row: np.ndarray, n: int) -> np.ndarray:
-    """Declare the first ``n`` bytes after ``INLINE_AT`` of encoded header ``row`` its inline bytes (a
-    payload written there in place); returns those bytes' view."""
+    """Declare the first ``n`` bytes of encoded header ``row``'s inline room its inline bytes (a payload
+    written there in place); returns those bytes' view."""
     row[:_HEAD].view("<i8")[22] = n
     return row[_HEAD : _HEAD + n]
 
