@@ -552,9 +552,9 @@ def check_same_dicts(
         driver: the group's driver when the caller has it.
         what: what every rank must pass the same of, in the mismatch message.
     """
-    desc = _describe_dict(keys, values)
-    words = (0, 0)
-    if problem is None:
+    words, desc = (0, 0), []
+    if problem is None:  # (a bad value may have no shape)
+        desc = _describe_dict(keys, values)
         digest = hashlib.blake2b(repr(desc).encode(), digest_size=8).digest()
         words = (int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1)
 
