@@ -23,7 +23,7 @@ Groups (each its own interleaving):
   ``gather_object`` / ``broadcast_object_list`` (baselines) and hwdist's.
 
 The last column counts the collectives hwdist issued per call (its internal
-transport's ``issue``, wrapped in the rank process; rank 0's count).
+``protocol.issue``, wrapped in the rank process; rank 0's count).
 
 Usage::
 
@@ -95,18 +95,18 @@ def _mm() -> Callable[[list, int], Any]:
 
 
 class _Counter:
-    """Counts the collectives hwdist's transport issues (wraps its ``issue`` in this process)."""
+    """Counts the collectives hwdist's own traffic issues (wraps ``protocol.issue`` in this process)."""
 
     def __init__(self) -> None:
-        from hwdist.collectives import transport
+        from hwdist.collectives import protocol
 
-        self.mod, self.orig, self.n = transport, transport.issue, 0
+        self.mod, self.orig, self.n = protocol, protocol.issue, 0
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.n += 1
             return self.orig(*args, **kwargs)
 
-        transport.issue = counted  # type: ignore[assignment]
+        protocol.issue = counted  # type: ignore[assignment]
 
     def per_call(self, fn: Callable[[], Any], calls: int = 5) -> float:
         fn()

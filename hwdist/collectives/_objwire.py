@@ -14,7 +14,7 @@ error, of the right kind, naming the failed ranks
 
 **Link.** [`Link`][hwdist.collectives._objwire.Link] is one call's group, on the
 engine's [`view`][hwdist.collectives.engine.view] (size, driver): the rank
-mapping and the byte exchanges through [`transport`][hwdist.collectives.transport].
+mapping and the byte exchanges through [`protocol`][hwdist.collectives.protocol].
 A rank whose exchange fails (a peer died), or that is interrupted between two
 steps, posts a notice on the group's store before it raises; the others wait in
 slices (50 ms, doubling up to 0.5 s), read the store between slices and raise
@@ -49,7 +49,7 @@ from ..errors import (
 )
 from .. import serialization as _ser
 from ..serialization import weights_only as _weights_only
-from . import protocol, transport, verify
+from . import protocol, verify
 from .engine import view
 from ..serialization import Frame, MapLocation, PickleSerializer, Serializer
 
@@ -242,35 +242,35 @@ class Link:
 
     def has(self, op: str) -> bool:
         """Whether the driver can move bytes for ``op`` (natively or emulated)."""
-        return transport.carries(self.driver, op)
+        return protocol.carries(self.driver, op)
 
     def all_gather(self, data: np.ndarray) -> np.ndarray:
         """All-gather ``data`` (uint8, the same size on every rank) -> array of shape (world, n)."""
-        return self._call(transport.gather_rows, data)
+        return self._call(protocol.gather_rows, data)
 
     def gather(self, data: np.ndarray, root: int) -> Optional[list[np.ndarray]]:
         """Gather ``data`` (uint8, the same size on every rank) on group rank ``root``: one array per rank
         there, None elsewhere. Only where ``gathers`` is True."""
-        return self._call(transport.gather_rows_to, data, self.global_rank(root))
+        return self._call(protocol.gather_rows_to, data, self.global_rank(root))
 
     @property
     def gathers(self) -> bool:
         """Whether the driver issues gather itself (a gather to one rank moves each payload once)."""
-        return transport.gathers(self.driver)
+        return protocol.gathers(self.driver)
 
     def broadcast(self, data: Optional[np.ndarray], n: int, src: int) -> np.ndarray:
         """Broadcast ``n`` bytes from group rank ``src``; ``data`` is used on ``src`` only."""
         return self._call(
-            transport.broadcast_sized, data if self.rank == src else None, n, self.global_rank(src)
+            protocol.broadcast_sized, data if self.rank == src else None, n, self.global_rank(src)
         )
 
     def send(self, data: np.ndarray, dst: int) -> None:
         """Send ``data`` to group rank ``dst``."""
-        self._call(transport.send_bytes, data, self.global_rank(dst))
+        self._call(protocol.send_bytes, data, self.global_rank(dst))
 
     def recv(self, n: int, src: int) -> np.ndarray:
         """Receive ``n`` bytes from group rank ``src``."""
-        return self._call(transport.recv_bytes, n, self.global_rank(src))
+        return self._call(protocol.recv_bytes, n, self.global_rank(src))
 
     @property
     def verifying(self) -> bool:

@@ -1,40 +1,23 @@
-"""The one entry every public collective goes through: the one-thread guard and the call observers.
+"""The one entry every public collective goes through: the one-thread guard, the observers, the hook.
 
-Every public collective (tensor, object, results, dict/params, barrier, p2p)
-is decorated with [`collective`][hwdist.collectives.call_entry.collective]. The
-decorator does two things, and nothing else:
+Every public collective is decorated with [`collective`][hwdist.collectives.call_entry.collective], which
+builds one wrapper per function, once at import:
 
-1. **One thread per process group at a time.** torch.distributed pairs the
-   ranks' calls on a group by their order. Two threads issuing collectives on
-   one group make that order a race: the ranks can pair different calls and
-   return wrong values silently. A call from a second thread, while the first
-   thread's call on the same group is still in flight, raises
-   [`ConcurrentGroupUse`][hwdist.errors.ConcurrentGroupUse] at once. Detection,
-   not prevention: the check sees only calls that overlap in time on this rank.
-   The default group is tracked under ``group=None``; passing the default
-   group object explicitly is tracked apart from ``None``.
-2. **Observers.** Objects registered with
-   [`add_observer`][hwdist.collectives.call_entry.add_observer] see the outermost
-   public call of each thread: ``begin(op, group, args, kwargs)`` before it
-   runs, ``end(token, error)`` after it returned or raised (``error`` is None
-   on success). A collective built on another (``broadcast_object`` on
-   ``broadcast_object_list``, ...) is seen once, as the outer call. Observers
-   must never raise; one that does is removed and a warning printed. The flight
-   recorder sits in a slot of its own ([`set_recorder`][hwdist.collectives.call_entry.set_recorder]), called
-   first without the generic loop; verification mode is an observer. The slot's ``end`` may
-   return an exception for a call that raised: the call raises that one instead (chained to its
-   own). The hang doctor's ``raise`` action uses it so that a call failing because the hang's
-   other ranks already acted raises [`HangDetected`][hwdist.flight.watchdog.HangDetected] too.
-3. **The verification hook.** A collective decorated with a ``describe``
-   function hands the hook in the hook slot ([`set_hook`][hwdist.collectives.call_entry.set_hook],
-   filled by ``collectives.verify`` while verification is on) each call's
-   ``(group, sample tensor, fields)`` before its own argument checks run.
+1. **One thread per process group at a time.** torch.distributed pairs the ranks' calls on a group by
+   their order, so a call from a second thread while another thread's call on the same group is in
+   flight raises [`ConcurrentGroupUse`][hwdist.errors.ConcurrentGroupUse] at once (detection, not
+   prevention). The default group is tracked under ``group=None``.
+2. **Observers** ([`add_observer`][hwdist.collectives.call_entry.add_observer]) see the outermost
+   public call of each thread: ``begin(op, group, args, kwargs)``, then ``end(token, error)``. One
+   that raises is removed with a warning. The flight recorder has a slot of its own
+   ([`set_recorder`][hwdist.collectives.call_entry.set_recorder]), called first; its ``end`` may return
+   an exception for the call to raise instead (the hang doctor's
+   [`HangDetected`][hwdist.flight.watchdog.HangDetected]).
+3. **The verification hook** ([`set_hook`][hwdist.collectives.call_entry.set_hook], filled by
+   ``collectives.verify`` while the mode is on) gets each call's ``(group, sample tensor, fields)`` from
+   the decorator's ``describe`` before the call's own argument checks run.
 
-The decorator builds one wrapper per public function, once at import: the
-guard, the recorder slot, the observers and the hook in one Python frame.
-With no observer registered, the recorder slot and the hook slot empty, the
-cost is a dictionary look-up and a ``try``/``finally`` per call
-(docs/reliability.md); the flight recorder's own cost is in docs/benchmarks.md.
+Costs: docs/reliability.md and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -63,11 +46,8 @@ class Observer(Protocol):
         """Called before the outermost public call runs; returns a token handed to ``end``."""
 
     def end(self, token: Any, error: Optional[BaseException]) -> Optional[BaseException]:
-        """Called after the call returned (``error`` None) or raised; returns None.
-
-        The recorder slot's observer alone may return an exception for a call that raised: the call
-        raises it instead (chained to ``error``).
-        """
+        """Called after the call returned (``error`` None) or raised; returns None (the recorder slot's
+        observer may return an exception for a failed call to raise instead)."""
 
 
 #: The registered observers, in registration order (a tuple: replaced, never mutated, so reads need no lock).
@@ -94,8 +74,8 @@ def hook() -> Optional[Callable[[str, Any, Any, dict[str, Any]], None]]:
 def set_recorder(recorder: Optional[Observer]) -> Optional[Observer]:
     """Put ``recorder`` in the recorder slot (None empties it); returns the previous one.
 
-    The slot's observer is called like any other (``begin``/``end``, outermost calls
-    only), before the registered observers; it must never raise.
+    The slot's observer is called like any other (``begin``/``end``, outermost calls only), before the
+    registered observers; it must never raise.
     """
     global _recorder
     old, _recorder = _recorder, recorder
@@ -204,8 +184,7 @@ def _drop(obs: Observer, exc: Exception) -> None:
     )
 
 
-#: Verification's hook, registered once by ``verify`` at import: what ``verify=True`` calls while the mode
-#: is off.
+#: Verification's hook, registered by ``verify`` at import: what ``verify=True`` calls while the mode is off.
 _verifier: Optional[Callable[[str, Any, Any, dict[str, Any]], None]] = None
 
 
@@ -268,9 +247,9 @@ def collective(
     Args:
         group_index: position of the ``group`` parameter.
         name: the op name observers see (default: the function's name).
-        describe: for the verification hook: takes the collective's own arguments and returns the
-            call's ``(group, sample tensor or None, fields)``; it runs only while a hook is set.
-            None: the hook is not called (the function reaches it itself, through ``engine.check``).
+        describe: for the verification hook: takes the collective's own arguments and returns the call's
+            ``(group, sample tensor or None, fields)``; it runs only while a hook is set. None: the hook is
+            not called (the function hands it the call itself, as ``all_reduce_params``).
 
     Every decorated collective accepts ``verify=`` (a keyword its own signature need not have): False:
     the call, and what it calls, skips verification; True: it is verified even while the mode is off;
@@ -340,15 +319,13 @@ def collective(
 class CollectiveHandle:
     """What every hwdist collective returns with ``async_op=True``, on every backend and plan.
 
-    ``wait()`` finishes the communication *and* the copy back into the
-    caller's tensors (dtype, device, the mean's division), and returns what
-    the synchronous call returns: None for in-place collectives, the list of
-    tensors for gathers, the sender's rank for ``irecv``. It is safe to call
-    more than once (later calls return the same result). ``is_completed()``
-    tells whether the communication has finished without blocking.
+    ``wait()`` finishes the communication *and* the copy back into the caller's tensors (dtype, device, the
+    mean's division), and returns what the synchronous call returns: None for in-place collectives, the list
+    of tensors for gathers, the sender's rank for ``irecv``. It is safe to call more than once (later calls
+    return the same result). ``is_completed()`` tells whether the communication has finished without blocking.
 
-    On a backend without async support (the driver says so) the collective
-    has already completed when the handle is returned.
+    On a backend without async support (the driver says so) the collective has already completed when the
+    handle is returned.
 
     Examples:
         >>> h = dist.all_reduce(t, "mean", async_op=True)

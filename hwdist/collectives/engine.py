@@ -1,30 +1,12 @@
 """The collective engine: the one module of ``hwdist.collectives`` that calls torch.distributed collectives.
 
 Every tensor collective is a thin public function (argument checks, then one
-call of [`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every
-internal exchange (``transport``) issues through [`issue`][hwdist.collectives.engine.issue].
-One call goes through the same steps whatever the op (docs/architecture.md):
-
-1. **resolve**: [`view`][hwdist.collectives.engine.view] gives the group's view:
-   the serial null object [`SERIAL`][hwdist.collectives.engine.SERIAL] when
-   torch.distributed is not initialised (each strategy's ``serial`` gives
-   mmengine's single-process result), else a [`GroupView`][hwdist.collectives.engine.GroupView];
-   then ``registry.resolve(group, device)`` gives the driver.
-2. **plan**: ``driver.plan(op, dtype, reduce_op)`` (cached by the driver).
-3. **to wire format**: the strategy's ``to_wire`` fills a [`Call`][hwdist.collectives.engine.Call]
-   with the buffers and the torch op to issue (no copy where none is needed).
-4. **issue**: one torch.distributed call, chosen by ``call.native`` (async where the driver supports it).
-5. **finish**: the strategy's ``finish`` (division, copy back, the result).
-6. **handle**: ``async_op=True`` always returns a
-   [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle].
-
-A pure pass-through (the plan changes nothing, the tensor is contiguous and on
-the comm device) issues torch's function on the caller's tensor directly.
-
-Verification mode is a hook: a public collective's entry
-(``@collective(..., describe=...)``, hwdist/collectives/call_entry.py) hands the
-call's description to it, while a hook is set (``collectives.verify`` sets it when
-the mode is on), before the argument checks run.
+[`GroupView.run`][hwdist.collectives.engine.GroupView.run]) and every internal exchange (``protocol``) issues
+through [`issue`][hwdist.collectives.engine.issue]. One call goes through the same steps whatever the op:
+resolve ([`view`][hwdist.collectives.engine.view], then the driver), plan, the strategy's ``to_wire``, issue,
+the strategy's ``finish``, and with ``async_op=True`` a
+[`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle] (docs/architecture.md). Without
+torch.distributed the view is the serial null object [`SERIAL`][hwdist.collectives.engine.SERIAL].
 """
 
 from __future__ import annotations
@@ -37,44 +19,15 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, registry
-from ..drivers.base import Driver, Plan, Post
-from . import call_entry
+from ..drivers.base import Driver, Plan
 from .call_entry import CollectiveHandle
 from .wire import TORCH_OPS, comm_device, fixed_comm_device
 
-__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call", "set_hook", "check"]
+__all__ = ["Call", "Strategy", "GroupView", "SERIAL", "view", "issue", "wire_call"]
 
 Tensor = torch.Tensor
 
-_NO_POST = Post.NONE
 _is_initialized: Callable[[], bool] = torch_dist.is_initialized if _compat.DIST_AVAILABLE else (lambda: False)
-
-
-# ---------------------------------------------------------------------------
-# the verification hook (its slot is the call entry's: ``call_entry``)
-# ---------------------------------------------------------------------------
-def set_hook(hook: Optional[Callable[[str, Any, Any, dict[str, Any]], None]]) -> None:
-    """Install (or with None remove) the hook every described collective calls first (verification mode)."""
-    call_entry.set_hook(hook)
-
-
-def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]]) -> bool:
-    """Hand the hook one call of a collective that is not described by its decorator (``all_reduce_params``,
-    whose ``params`` may be an iterator the call itself consumes).
-
-    ``describe()`` gives the call's ``(sample tensor or None, fields)``; it runs only while the call is
-    verified (the mode is on and the call did not pass ``verify=False``, or it passed ``verify=True``),
-    so the call pays one look-up otherwise.
-
-    Returns:
-        Whether a hook saw the call (the caller may then skip a check of its own that the hook made).
-    """
-    hook = call_entry.active_hook()
-    if hook is None:
-        return False
-    sample, fields = describe()
-    hook(op, group, sample, fields)
-    return True
 
 
 # ---------------------------------------------------------------------------
@@ -83,11 +36,10 @@ def check(op: str, group: Any, describe: Callable[[], tuple[Any, dict[str, Any]]
 class Call:
     """Everything one collective call needs, from its arguments to its wire buffers.
 
-    Set by the engine: ``view``, ``group``, ``driver``, ``plan``, ``cdev`` (None:
-    ``data`` is on the comm device), ``data``, ``root``, ``rop``, ``extra`` (the
-    op's other arguments). Set by the strategy's ``to_wire``: ``native`` (the
-    torch op to issue, None for nothing), ``send``, ``recv``, ``splits``, ``torch_op`` (reductions),
-    ``tag`` (point to point), ``aliased`` (the wire buffer is ``data``) and
+    Set by the engine: ``view``, ``group``, ``driver``, ``plan``, ``cdev`` (None: ``data`` is on the comm
+    device), ``data``, ``root``, ``rop``, ``extra`` (the op's other arguments). Set by the strategy's
+    ``to_wire``: ``native`` (the torch op to issue, None for nothing), ``send``, ``recv``, ``splits``,
+    ``torch_op`` (reductions), ``tag`` (point to point), ``aliased`` (the wire buffer is ``data``) and
     ``state`` (its own). ``work`` is torch's ``Work`` of an async issue.
     """
 
@@ -156,10 +108,6 @@ def _done(async_op: bool, result: Any) -> Any:
     return CollectiveHandle(result=result) if async_op else result
 
 
-def _no_world() -> None:
-    return None
-
-
 def _weak(obj: Any) -> Callable[[], Any]:
     try:
         return weakref.ref(obj)
@@ -170,19 +118,18 @@ def _weak(obj: Any) -> Callable[[], Any]:
 class GroupView:
     """A process group as the collectives see it (distributed).
 
-    The default group's view is kept between calls (see [`view`][hwdist.collectives.engine.view]):
-    it holds its world size and the group's driver (and comm device) per device, so a call on the
-    default group asks the registry nothing. Another group's view is made per call and holds neither.
+    The default group's view is kept between calls (see [`view`][hwdist.collectives.engine.view]): it holds
+    its world size and the group's driver (and comm device) per device, so a call on the default group asks
+    the registry nothing. Another group's view is made per call and holds neither.
     """
 
     __slots__ = ("group", "world", "generation", "ws", "drivers")
-    distributed = True
 
     def __init__(self, group: Any, world: Any = None) -> None:
         self.group = group
         # the default group's torch object (the cache's key), held weakly: a view kept after the group is
         # destroyed must not keep torch's group alive until exit (gloo aborts destroying it then)
-        self.world: Callable[[], Any] = _no_world if world is None else _weak(world)
+        self.world: Callable[[], Any] = (lambda: None) if world is None else _weak(world)
         #: the world size, cached in the default group's view (a group's size never changes)
         self.ws: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
@@ -206,8 +153,8 @@ class GroupView:
     def target(self, data: Any) -> tuple[Driver, Optional[torch.device]]:
         """The group's driver for ``data`` (None: no data) and the comm device to move it to (None: stay).
 
-        ``registry.resolve`` and ``comm_device``'s answers; the default group's view keeps them per
-        device where they cannot change (a comm device without an index: not the current GPU).
+        ``registry.resolve`` and ``comm_device``'s answers; the default group's view keeps them per device
+        where they cannot change (a comm device without an index: not the current GPU).
         """
         device = None if data is None else data.device
         drivers = self.drivers
@@ -321,7 +268,6 @@ class _Serial:
     """The serial null object: torch.distributed is not initialised; every collective is local."""
 
     __slots__ = ()
-    distributed = False
     group = None
     size = 1
     rank = 0
@@ -341,10 +287,8 @@ class _Serial:
     def run(
         self, strategy: Strategy, data: Any, async_op: bool = False, *_: Any, extra: Any = None, **__: Any
     ) -> Any:
-        """``GroupView.run`` without a group: the strategy's result (a finished handle when ``async_op``).
-
-        ``rop`` and ``root`` (positional or keyword) do not matter here; ``extra`` is always a keyword.
-        """
+        """``GroupView.run`` without a group: the strategy's result (a finished handle when ``async_op``);
+        ``rop`` and ``root`` do not matter here, ``extra`` is always a keyword."""
         return _done(async_op, strategy.serial(data, extra))
 
 
@@ -365,12 +309,8 @@ _world: Callable[[], Any] = _compat.default_group if _compat.DIST_AVAILABLE else
 
 def view(group: Any) -> Any:
     """The view of ``group`` (None: the default group); [`SERIAL`][hwdist.collectives.engine.SERIAL]
-    when torch.distributed is not initialised.
-
-    The default group's view is made once per default group object and registry generation
-    (``registry.generation``: bumped when a backend is (un)registered, a group recorded, and by
-    ``hwdist.destroy``), so what it caches never outlives the group or a registry change.
-    """
+    when torch.distributed is not initialised. The default group's view is made once per default group
+    object and ``registry.generation``, so what it caches never outlives the group or a registry change."""
     if group is not None:
         return GroupView(group) if _is_initialized() else SERIAL
     global _default_view
@@ -387,52 +327,11 @@ def view(group: Any) -> Any:
 # ---------------------------------------------------------------------------
 # issue: every torch.distributed collective hwdist makes
 # ---------------------------------------------------------------------------
-def _all_reduce(c: Call, a: bool) -> Any:
-    return torch_dist.all_reduce(c.send, c.torch_op, c.group, a)
-
-
-def _reduce(c: Call, a: bool) -> Any:
-    return torch_dist.reduce(c.send, c.root, c.torch_op, c.group, a)
-
-
-def _broadcast(c: Call, a: bool) -> Any:
-    return torch_dist.broadcast(c.send, c.root, c.group, a)
-
-
-def _all_gather(c: Call, a: bool) -> Any:
-    return torch_dist.all_gather(c.recv, c.send, c.group, a)
-
-
 def _all_gather_flat(c: Call, a: bool) -> Any:
     if "all_gather" in c.driver.caps.flat_ops:
         return _compat.all_gather_into_tensor(c.recv, c.send, c.group, a)  # type: ignore[misc]
     # no flat form on this backend and torch (gloo on torch 2.1)
     return _compat.all_gather_into_tensor_by_list(c.recv, c.send, c.group, a)
-
-
-def _gather(c: Call, a: bool) -> Any:
-    return torch_dist.gather(c.send, c.recv, c.root, c.group, a)
-
-
-def _scatter(c: Call, a: bool) -> Any:
-    return torch_dist.scatter(c.recv, c.send, c.root, c.group, a)
-
-
-def _reduce_scatter(c: Call, a: bool) -> Any:
-    return torch_dist.reduce_scatter(c.recv, c.send, c.torch_op, c.group, a)
-
-
-def _all_to_all(c: Call, a: bool) -> Any:
-    return torch_dist.all_to_all(c.recv, c.send, c.group, a)
-
-
-def _all_to_all_single(c: Call, a: bool) -> Any:
-    out_splits, in_splits = c.splits
-    return torch_dist.all_to_all_single(c.recv, c.send, out_splits, in_splits, c.group, a)
-
-
-def _barrier(c: Call, a: bool) -> Any:
-    return torch_dist.barrier(c.group, a)
 
 
 def _send(c: Call, a: bool) -> Any:
@@ -449,18 +348,21 @@ def _recv(c: Call, a: bool) -> Any:
     return None
 
 
+#: ``call.native`` -> how it is issued (``a``: async); torch's ``Work`` when async, else None.
 _ISSUE: dict[str, Callable[[Call, bool], Any]] = {
-    "all_reduce": _all_reduce,
-    "reduce": _reduce,
-    "broadcast": _broadcast,
-    "all_gather": _all_gather,
+    "all_reduce": lambda c, a: torch_dist.all_reduce(c.send, c.torch_op, c.group, a),
+    "reduce": lambda c, a: torch_dist.reduce(c.send, c.root, c.torch_op, c.group, a),
+    "broadcast": lambda c, a: torch_dist.broadcast(c.send, c.root, c.group, a),
+    "all_gather": lambda c, a: torch_dist.all_gather(c.recv, c.send, c.group, a),
     "all_gather_flat": _all_gather_flat,
-    "gather": _gather,
-    "scatter": _scatter,
-    "reduce_scatter": _reduce_scatter,
-    "all_to_all": _all_to_all,
-    "all_to_all_single": _all_to_all_single,
-    "barrier": _barrier,
+    "gather": lambda c, a: torch_dist.gather(c.send, c.recv, c.root, c.group, a),
+    "scatter": lambda c, a: torch_dist.scatter(c.recv, c.send, c.root, c.group, a),
+    "reduce_scatter": lambda c, a: torch_dist.reduce_scatter(c.recv, c.send, c.torch_op, c.group, a),
+    "all_to_all": lambda c, a: torch_dist.all_to_all(c.recv, c.send, c.group, a),
+    "all_to_all_single": lambda c, a: torch_dist.all_to_all_single(
+        c.recv, c.send, c.splits[0], c.splits[1], c.group, a
+    ),
+    "barrier": lambda c, a: torch_dist.barrier(c.group, a),
     "send": _send,
     "recv": _recv,
 }
@@ -480,10 +382,8 @@ def wire_call(
     driver: Optional[Driver] = None,
     reduce_op: Optional[str] = None,
 ) -> Call:
-    """A ``Call`` for hwdist's own traffic (``transport``), for [`issue`][hwdist.collectives.engine.issue].
-
-    ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions.
-    """
+    """A ``Call`` for hwdist's own traffic (``protocol``), for [`issue`][hwdist.collectives.engine.issue];
+    ``reduce_op`` is an issued op name ('sum', 'max', ...) for the reductions."""
     c = Call()
     c.group, c.native, c.send, c.recv, c.root = group, native, send, recv, root
     if driver is not None:

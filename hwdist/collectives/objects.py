@@ -16,7 +16,7 @@ under ``PADDED_ALL_GATHER_LIMIT``, else one broadcast per large rank.
 driver has gather; up to ``GATHER_LIMIT`` in all), else point to point.
 ``scatter_object_list`` all-gathers every rank's record (src's holds each
 item's size), then sends each item. Bytes move through hwdist's internal
-transport (`_objwire`, `transport`), in the byte dtype the driver's plan
+transport (`_objwire`, `protocol`), in the byte dtype the driver's plan
 allows. Tensors inside received objects land on CPU or the ``map_location``
 given.
 

@@ -1,45 +1,14 @@
-"""The one header round: the only way hwdist's ranks agree with each other.
+"""The one header round, and hwdist's own traffic: how ranks agree, and how hwdist's bytes travel.
 
-Every exchange in which the ranks of a group must agree (a collective's
-verification, the sizes of an uneven gather or ``all_to_all``, an object
-collective's records, ``collect_results``, ``all_reduce_dict``'s layout, a rank's
-failure) is one all_gather of one fixed-size ``Header``
-per rank, then the data where there is any. Every rank sees every header, so
-every rank reaches the same verdict: go on, or raise the same error.
+Every exchange in which the ranks of a group must agree (verification, the sizes of an uneven gather or
+``all_to_all``, object records, ``all_reduce_dict``'s layout, a rank's failure) is one all_gather of one
+fixed-size ``Header`` per rank (24 int64 words, then inline bytes: docs/architecture.md), then the data where
+there is any; every rank reaches the same verdict. ``agree`` is that round for a collective's arguments: every
+rank raises the same error together, or none does.
 
-A header is ``HEADER_BYTES`` (1 KiB): 24 little-endian int64 words, then inline bytes::
-
-    word  0  magic ("HWDHDR01": a row without it came from another kind of exchange)
-          1  status (OK, or the kind of this rank's failure: its message is the inline bytes)
-          2  op code (which collective: OPS)
-          3  the group's call number (verification) or 0
-          4  root (a global rank) or -1
-          5  byte size of this rank's payload
-          6  chunk count (results collection) or 0
-          7  token (a random word every rank must share) or 0
-          8  dtype code (dtype_code) or 0
-          9  reduce op code or 0
-         10  numel or -1
-         11  ndim (-1: no shape), then 12-19 the first 8 dims
-         20  fingerprint of what must agree (a hash of the call's description)
-         21  call-site hash (debug mode) or 0
-         22  inline length
-         23  flags (DESCRIBED: the inline bytes are the call's description; INLINE_CUT: it was cut)
-
-Nothing is predicted: the header size never changes, a payload that fits the
-inline room travels inside it (one collective in all), a larger one moves
-afterwards at its exact size.
-
-**The agreement primitive.** ``agree`` is the
-header round for a collective's arguments: every rank raises the same error
-together, or none does. A collective that checked its arguments on each rank
-alone would let one rank raise while the others wait forever in the collective
-it skipped. Each rank's header carries whether its arguments were invalid (and
-its message, inline), a few integers every rank must hold the same
-(fingerprints of shapes, dtypes, keys, configuration) and a flag whose maximum
-the caller wants; the rank whose input was bad raises its own exception, the
-others an error naming it. ``check_same_dicts``
-is that agreement for a dict of tensors (``average_metrics``).
+hwdist's own traffic (small ints, byte strings, header rows, flat buffers) never goes through a user-facing
+op; it travels as the driver's plan says (a lossless widening, a byte view), issued by the engine
+([`issue`][hwdist.collectives.engine.issue]).
 """
 
 from __future__ import annotations
@@ -47,28 +16,216 @@ from __future__ import annotations
 import hashlib
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
 
 from .. import registry
+from ..drivers.base import byte_carrier
 from ..errors import ArgumentAssertionError, CollectiveArgumentError, PlanError
-from . import transport
+from .engine import issue, view, wire_call
+from .wire import byte_view, itemsize, retype
 
-__all__ = [
-    "HEADER_BYTES", "INLINE_BYTES", "MAGIC", "OK", "INLINE_CUT", "DESCRIBED", "OPS", "OP_NAMES", "Header",
-    "encode", "decode", "parse_rows", "exchange", "dtype_code", "dtype_name", "digest",
-    "op_code", "op_name", "stamp", "set_inline_length", "INLINE_AT", "exchange_rows", "rows_agree",
-    "Agreement", "agree", "Raiser", "check_same_dicts", "dict_fingerprint", "max_over_ranks",
-]  # fmt: skip
+Tensor = torch.Tensor
 
+
+# ---------------------------------------------------------------------------
+# hwdist's own traffic, issued through the engine
+# ---------------------------------------------------------------------------
+
+
+def reduce_flat(buf: Tensor, reduce_op: str, group: Any = None) -> None:
+    """Reduce ``buf`` (on the comm device, in a dtype the driver reduces) in place: one all_reduce.
+
+    ``reduce_op`` is an issued op name ('sum', 'max', ...).
+    """
+    issue(wire_call(group, "all_reduce", send=buf, reduce_op=reduce_op))
+
+
+def _world(group: Any) -> int:
+    return int(view(group).size)
+
+
+def gather_ints(values: Sequence[int], group: Any = None, driver: Any = None) -> list[list[int]]:
+    """Every rank's ``values`` (int64, the same length on every rank), in group-rank order: one all_gather.
+
+    ``driver``: the group's driver when the caller already has it (as for every function here).
+    """
+    driver = driver if driver is not None else registry.resolve(group)
+    plan = driver.plan("all_gather", torch.int64)
+    mine = torch.tensor(list(values), dtype=torch.int64)
+    wire = mine.view(plan.comm_dtype) if plan.view else mine.to(plan.comm_dtype)
+    wire = wire.to(driver.comm_device())
+    outs = [torch.empty_like(wire) for _ in range(_world(group))]
+    issue(wire_call(group, "all_gather", send=wire, recv=outs))
+    stacked = torch.stack(outs).cpu()
+    back = stacked.view(torch.int64) if plan.view else stacked.to(torch.int64)
+    return back.tolist()
+
+
+def gather_bytes(data: bytes, group: Any = None, driver: Any = None) -> list[bytes]:
+    """Every rank's ``data`` (any lengths), in group-rank order: the lengths, then one padded all_gather."""
+    driver = driver if driver is not None else registry.resolve(group)
+    lengths = [row[0] for row in gather_ints([len(data)], group, driver)]
+    width = max(8, (max(lengths) + 7) // 8 * 8)  # a multiple of 8: any integer carrier up to int64
+    rows = gather_rows(np.frombuffer(bytearray(data) + bytearray(width - len(data)), np.uint8), group, driver)
+    return [row[:n].tobytes() for row, n in zip(rows, lengths)]
+
+
+# ---- bytes of a size every rank already knows (object collectives, results collection) ----------
+
+#: Waits for one issued work: ``wait(work, p2p)``. With no waiter the exchange is issued blocking.
+Waiter = Callable[[Any, bool], None]
+
+
+def _wire(data: np.ndarray, carrier: torch.dtype, dev: torch.device) -> Tensor:
+    # uint8 bytes as a tensor of the carrier dtype on ``dev``, zero-padded to a whole carrier element
+    t = torch.from_numpy(data)
+    if carrier is not torch.uint8:
+        pad = -t.numel() % itemsize(carrier)
+        if pad:
+            t = torch.cat([t, t.new_zeros(pad)])
+        t = retype(t, carrier)
+    return t if dev.type == "cpu" else t.to(dev)  # (from numpy: on the CPU)
+
+
+def _room(n: int, carrier: torch.dtype, dev: torch.device) -> Tensor:
+    return torch.empty(-(-n // itemsize(carrier)), dtype=carrier, device=dev)
+
+
+def _host(t: Tensor, n: int) -> np.ndarray:
+    # a received buffer's first ``n`` bytes on the host (no copy when it is a host uint8 buffer)
+    host = t.numpy() if t.dtype is torch.uint8 and t.is_cpu and t.dim() == 1 else byte_view(t).cpu().numpy()
+    return host if host.size == n else host[:n]
+
+
+def _settle(work: Any, wait: Optional[Waiter], p2p: bool) -> None:
+    if wait is not None:
+        wait(work, p2p)
+    elif work is not None:
+        work.wait()
+
+
+def carries(driver: Any, op: str) -> bool:
+    """Whether ``driver`` moves bytes for ``op`` ('all_gather', 'broadcast', 'send', 'recv')."""
+    try:
+        _carrier(driver, op)
+    except PlanError:
+        return False
+    return True
+
+
+def _rows_in(data: np.ndarray, op: str, group: Any, driver: Any) -> tuple[Any, int, torch.dtype, Tensor]:
+    """(driver, group size, byte carrier, ``data`` on the wire) for a gather of equal rows by ``op``."""
+    driver = driver if driver is not None else registry.resolve(group)
+    carrier = _carrier(driver, op)
+    return driver, _world(group), carrier, _wire(data, carrier, driver.comm_device())
+
+
+_CARRIERS: dict[tuple[Any, str], torch.dtype] = {}
+
+
+def _carrier(driver: Any, op: str) -> torch.dtype:
+    """``byte_carrier(driver, op)``, found once per driver and op (a PlanError is raised each time)."""
+    found = _CARRIERS.get((driver, op))
+    if found is None:
+        found = _CARRIERS[(driver, op)] = byte_carrier(driver, op)
+    return found
+
+
+def gather_rows(
+    data: np.ndarray, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> np.ndarray:
+    """Every rank's ``data`` (uint8, the same length on every rank) as the rows of a ``(world, len(data))``
+    array, in group-rank order: one all_gather (``wait``: waits for the issued work; None: blocking)."""
+    driver, world, carrier, inp = _rows_in(data, "all_gather", group, driver)
+    n = data.size
+    out = torch.empty(inp.numel() * world, dtype=carrier, device=inp.device)
+    # one receive tensor (the engine falls back to the list form where the driver has no flat one)
+    work = issue(wire_call(group, "all_gather_flat", send=inp, recv=out, driver=driver), wait is not None)
+    _settle(work, wait, False)
+    width = inp.numel() * itemsize(carrier)
+    rows = _host(out, width * world).reshape(world, width)
+    return rows if width == n else rows[:, :n]
+
+
+def gathers(driver: Any) -> bool:
+    """Whether ``driver`` issues ``gather`` itself for bytes (not emulated with an all_gather)."""
+    try:
+        return driver.plan("gather", _carrier(driver, "gather")).native_op == "gather"
+    except PlanError:
+        return False
+
+
+def gather_rows_to(
+    data: np.ndarray, dst: int, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> Optional[list[np.ndarray]]:
+    """Every rank's ``data`` (uint8, the same length on every rank) on global rank ``dst``: a gather.
+
+    Only the destination receives (the bytes cross the network once); use it where
+    [`gathers`][hwdist.collectives.protocol.gathers] says the driver issues gather itself.
+
+    Returns:
+        On ``dst``: one uint8 array per group rank, in group-rank order; elsewhere None.
+    """
+    driver, world, _, inp = _rows_in(data, "gather", group, driver)
+    n = data.size
+    outs = None
+    if view(group).rank == dst:
+        outs = list(torch.empty((world, inp.numel()), dtype=inp.dtype, device=inp.device).unbind(0))
+    work = issue(wire_call(group, "gather", send=inp, recv=outs, root=dst, driver=driver), wait is not None)
+    _settle(work, wait, False)
+    return None if outs is None else [_host(t, n) for t in outs]
+
+
+def broadcast_sized(
+    data: Optional[np.ndarray],
+    n: int,
+    src: int,
+    group: Any = None,
+    driver: Any = None,
+    wait: Optional[Waiter] = None,
+) -> np.ndarray:
+    """The ``n`` bytes of global rank ``src`` on every rank (every rank knows ``n``): one broadcast.
+
+    ``data`` is the bytes on ``src`` (returned as they are there), None elsewhere.
+    """
+    driver = driver if driver is not None else registry.resolve(group)
+    dev = driver.comm_device()
+    carrier = _carrier(driver, "broadcast")
+    t = _wire(data, carrier, dev) if data is not None else _room(n, carrier, dev)
+    work = issue(wire_call(group, "broadcast", send=t, root=src), wait is not None)
+    _settle(work, wait, False)
+    return data if data is not None else _host(t, n)
+
+
+def send_bytes(
+    data: np.ndarray, dst: int, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> None:
+    """Send ``data`` (uint8) to global rank ``dst``, which receives it with ``recv_bytes(len(data), ...)``."""
+    driver = driver if driver is not None else registry.resolve(group)
+    t = _wire(data, _carrier(driver, "send"), driver.comm_device())
+    _settle(issue(wire_call(group, "send", send=t, root=dst), True), wait, True)
+
+
+def recv_bytes(
+    n: int, src: int, group: Any = None, driver: Any = None, wait: Optional[Waiter] = None
+) -> np.ndarray:
+    """``n`` bytes from global rank ``src``, sent with ``send_bytes``."""
+    driver = driver if driver is not None else registry.resolve(group)
+    t = _room(n, _carrier(driver, "recv"), driver.comm_device())
+    _settle(issue(wire_call(group, "recv", send=t, root=src), True), wait, True)
+    return _host(t, n)
+
+
+# ---------------------------------------------------------------------------
+# the header
+# ---------------------------------------------------------------------------
 HEADER_BYTES = 1024
 _WORDS = 24
 _HEAD = 8 * _WORDS
-#: Where the inline bytes start in an encoded header.
-INLINE_AT = _HEAD
 #: The most bytes a header carries inline (a small payload, a failure's message, a call's description).
 INLINE_BYTES = HEADER_BYTES - _HEAD
 DIMS = 8
@@ -81,19 +238,13 @@ INLINE_CUT = 1
 DESCRIBED = 2
 
 #: Every op that exchanges headers, by code (a header's op word; 0: none).
-OPS = {
-    name: code
-    for code, name in enumerate(
-        (
-            "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
-            "collect_results", "collect_results(tmpdir)", "create_tmpdir",
-            "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",
-            "all_to_all", "barrier", "pad_to_largest_tensor", "all_reduce_dict", "all_reduce_params",
-            "agree",
-        ),
-        start=1,
-    )
-}  # fmt: skip
+_OP_ORDER = (
+    "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list", "collect_results",
+    "collect_results(tmpdir)", "create_tmpdir", "all_reduce", "reduce", "broadcast", "all_gather", "gather",
+    "scatter", "reduce_scatter", "all_to_all", "barrier", "pad_to_largest_tensor", "all_reduce_dict",
+    "all_reduce_params", "agree",
+)  # fmt: skip
+OPS = {name: code for code, name in enumerate(_OP_ORDER, start=1)}
 OP_NAMES = {v: k for k, v in OPS.items()}
 
 _KNOWN_DTYPES = [
@@ -136,10 +287,10 @@ def digest(text: str) -> int:
 
 @dataclass
 class Header:
-    """One rank's header (see the module's table for the words).
+    """One rank's header (its words: docs/architecture.md, "The one protocol").
 
-    ``rank`` is the sender's group rank, set by ``parse_rows``;
-    ``framed`` is False for a row without the magic (that rank is in another kind of exchange).
+    ``rank`` is the sender's group rank, set by ``parse_rows``; ``framed`` is False for a row without the
+    magic (that rank is in another kind of exchange).
     """
 
     status: int = OK
@@ -202,8 +353,8 @@ def encode(h: Header) -> np.ndarray:
 
 
 def set_inline_length(row: np.ndarray, n: int) -> np.ndarray:
-    """Declare the first ``n`` bytes after ``INLINE_AT`` of encoded header ``row`` its inline bytes (a
-    payload written there in place); returns those bytes' view."""
+    """Declare the first ``n`` bytes of encoded header ``row``'s inline room its inline bytes (a payload
+    written there in place); returns those bytes' view."""
     row[:_HEAD].view("<i8")[22] = n
     return row[_HEAD : _HEAD + n]
 
@@ -245,7 +396,7 @@ def parse_rows(rows: np.ndarray, first: int = 0) -> list[Header]:
 
 def exchange_rows(h: Header, group: Any, driver: Any, wait: Any = None) -> np.ndarray:
     """The header round's rows (a ``(world, HEADER_BYTES)`` uint8 array), not decoded."""
-    return transport.gather_rows(encode(h), group, driver, wait)
+    return gather_rows(encode(h), group, driver, wait)
 
 
 #: The words a verified call's headers must share (magic, status, op, call number; fingerprint, site).
@@ -260,27 +411,15 @@ def rows_agree(rows: np.ndarray) -> bool:
 
 
 def exchange(h: Header, group: Any, driver: Any, wait: Any = None) -> list[Header]:
-    """The header round: every rank's header, in group-rank order (one all_gather of ``HEADER_BYTES``).
-
-    Args:
-        h: this rank's header.
-        group: the process group (None: the default group).
-        driver: the group's driver.
-        wait: waits for the issued work (``transport.Waiter``; None: issued blocking).
-    """
+    """The header round: every rank's header ``h``, in group-rank order (one all_gather of ``HEADER_BYTES``;
+    ``wait``: a ``Waiter`` for the issued work, None: issued blocking)."""
     return parse_rows(exchange_rows(h, group, driver, wait))
-
-
-def listing(headers: Sequence[Header], show: Any) -> str:
-    """``rank 0: <show(h0)>; rank 1: ...``."""
-    return "; ".join(f"rank {h.rank}: {show(h)}" for h in headers)
 
 
 # ---------------------------------------------------------------------------
 # the agreement primitive: every rank raises together, or returns what all agree on
 # ---------------------------------------------------------------------------
-#: What ``agree(raise_as=...)`` calls on every rank on the error path: ``(this rank's own problem or
-#: None, {rank: (exception type name, message)} of every rank that gave one)`` -> the exception to raise.
+#: ``agree(raise_as=...)``: (this rank's problem or None, {rank: (exception type name, message)}) -> error.
 Raiser = Callable[[Optional[BaseException], "dict[int, tuple[str, str]]"], BaseException]
 
 _WORD = (1 << 31) - 1  # words are compared as 31-bit ints
@@ -289,14 +428,8 @@ _FAILED = 1
 
 @dataclass(frozen=True)
 class Agreement:
-    """What every rank learned from one ``agree`` call.
-
-    Attributes:
-        flag: the maximum of ``flag`` over the ranks.
-        same: whether every rank gave the same ``words``.
-        highest: the element-wise maximum of ``words``.
-        lowest: the element-wise minimum of ``words``.
-    """
+    """What every rank learned from one ``agree`` call: the maximum of ``flag``, whether every rank gave
+    the same ``words``, and their element-wise maximum and minimum."""
 
     flag: int
     same: bool
@@ -323,18 +456,15 @@ def agree(
         words: integers every rank should hold the same (reduced to 31 bits each; at most 100).
         flag: a small non-negative int; the result carries its maximum over the ranks.
         driver: the group's driver when the caller already has it.
-        raise_as: on the error path, every rank (the ones that gave a ``problem`` too) raises
-            ``raise_as(problem, failures)`` instead of the default below; for ops whose errors
-            keep an older form (the same message on every rank).
+        raise_as: on the error path every rank (those that gave a ``problem`` too) raises ``raise_as(problem,
+            failures)`` instead of the default below.
 
     Returns:
-        An ``Agreement``; deciding what a difference in
-        ``words`` means is the caller's job.
+        An ``Agreement``; deciding what a difference in ``words`` means is the caller's job.
 
     Raises:
         BaseException: ``problem`` itself, on the rank that gave it.
-        CollectiveArgumentError: on every other rank when some rank gave a ``problem``
-            (a ``TypeError`` and a ``ValueError``), naming that rank and its message.
+        CollectiveArgumentError: on every other rank when some rank gave a ``problem``, naming it.
     """
     driver = driver if driver is not None else registry.resolve(group)
     mine = [int(w) & _WORD for w in words]
@@ -346,8 +476,18 @@ def agree(
         head = Header(op=OPS["agree"], nbytes=int(flag), nchunks=len(mine), inline=packed)
     headers = exchange(head, group, driver)
     failed = {h.rank: h.message.partition(": ") for h in headers if h.status != OK or not h.framed}
-    if failed:
-        _raise(fn, group, problem, {r: (kind, msg) for r, (kind, _, msg) in failed.items()}, raise_as)
+    if failed:  # every rank raises, naming the ranks that gave a problem
+        failures = {r: (kind, msg) for r, (kind, _, msg) in failed.items()}
+        if raise_as is not None:
+            raise raise_as(problem, failures)
+        if problem is not None:
+            raise problem
+        first = min(failures)
+        raise CollectiveArgumentError(
+            f"{fn}: rank {first} was given invalid arguments ({': '.join(failures[first])});"
+            f" rank {torch_dist.get_rank(group)} raises too so that no rank waits forever",
+            {r: f"{k}: {m}" for r, (k, m) in failures.items()},
+        )
     rows = [h.inline.copy().view("<i8").tolist() if h.inline is not None else [] for h in headers]
     if len({len(r) for r in rows}) > 1:  # another agreement on some rank: nothing in common to compare
         hi: tuple[int, ...] = (1,) * len(mine)
@@ -358,47 +498,32 @@ def agree(
     return Agreement(flag=max(h.nbytes for h in headers), same=hi == lo, highest=hi, lowest=lo)
 
 
-def _raise(
-    fn: str,
-    group: Any,
-    problem: Optional[BaseException],
-    failures: dict[int, tuple[str, str]],
-    raise_as: Optional[Raiser],
-) -> NoReturn:
-    """The error path of ``agree``: every rank raises, naming the
-    ranks that gave a problem (``failures``: rank -> (exception type name, message))."""
-    if raise_as is not None:
-        raise raise_as(problem, failures)
-    if problem is not None:
-        raise problem
-    first = min(failures)
-    kind, msg = failures[first]
-    raise CollectiveArgumentError(
-        f"{fn}: rank {first} was given invalid arguments ({kind}: {msg});"
-        f" rank {torch_dist.get_rank(group)} raises too so that no rank waits forever",
-        {r: f"{k}: {m}" for r, (k, m) in failures.items()},
-    )
-
-
 def max_over_ranks(values: Sequence[int], group: Any, driver: Any = None) -> list[int]:
     """The element-wise maximum over the ranks of 31-bit non-negative ints (one header round)."""
     return list(agree("max", group, words=values, driver=driver).highest)
 
 
-# ---------------------------------------------------------------------------
-# every rank holds the same dict (keys, shapes, dtypes): all_reduce_dict, average_metrics
-# ---------------------------------------------------------------------------
-def describe_dict(keys: Sequence[Any], values: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
+def argument_error(
+    fn: str, mine: Optional[BaseException], failures: dict[int, tuple[str, str]], world: int
+) -> BaseException:
+    """The error every rank raises when some ranks' arguments were bad (``failures``: rank -> (exception
+    type name, message)): ``mine``'s type where this rank's was bad, PlanError where every failure was
+    one, else ValueError; the message alone when every rank gave the same one."""
+    texts = [msg for _, msg in failures.values()]
+    if len(failures) == world and len(set(texts)) == 1:
+        explained = texts[0]  # the same bad argument on every rank: no rank list needed
+    else:
+        explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
+    kinds = (TypeError, ValueError, ArgumentAssertionError, PlanError)
+    kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
+    if all(name == "PlanError" for name, _ in failures.values()):
+        kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
+    return kind(f"{fn}: {explained}")
+
+
+def _describe_dict(keys: Sequence[Any], values: Sequence[Any]) -> list[tuple[str, tuple[int, ...], str]]:
     """(repr of key, shape, dtype name) of each value: what the ranks compare and what errors show."""
     return [(repr(k), tuple(v.shape), str(v.dtype).replace("torch.", "")) for k, v in zip(keys, values)]
-
-
-def dict_fingerprint(op: Optional[str], keys: Sequence[Any], values: Sequence[Any]) -> tuple[int, int]:
-    """Two 31-bit words of a hash of the keys, shapes and dtypes (and ``op``): what the ranks compare."""
-    desc = describe_dict(keys, values)
-    text = repr(desc if op is None else [("op", (), op), *desc])
-    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    return int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1
 
 
 def check_same_dicts(
@@ -408,18 +533,15 @@ def check_same_dicts(
     problem: Optional[Exception],
     group: Any,
     *,
-    op: Optional[str] = None,
     driver: Any = None,
-    words: Optional[tuple[int, int]] = None,
-    what: str = "",
+    what: str = "keys, shapes and dtypes",
 ) -> None:
-    """Every rank raises together unless every rank holds the same keys, shapes and dtypes (and ``op``).
+    """Every rank raises together unless every rank holds the same keys, shapes and dtypes.
 
-    One header round (``collectives.protocol.agree``) of a fingerprint and of
-    ``problem`` (this rank's bad argument, found before any communication). When some rank's
-    argument was bad, every rank raises the same message (``problem``'s type where it was this
-    rank's, else ValueError); when the layouts differ, the descriptions are exchanged (error path
-    only) and every rank raises a ValueError naming the difference.
+    One ``agree`` round of a fingerprint of the dict and of ``problem``. When some rank's argument was bad,
+    every rank raises [`argument_error`][hwdist.collectives.protocol.argument_error]'s error; when the dicts
+    differ, the descriptions are exchanged (error path only) and every rank raises a ValueError naming the
+    difference.
 
     Args:
         fn: the public op's name (starts every message).
@@ -427,50 +549,32 @@ def check_same_dicts(
         values: their tensors, in that order.
         problem: this rank's bad argument (its message without ``fn``), or None.
         group: the process group.
-        op: the reduce op, when every rank must pass the same one.
         driver: the group's driver when the caller has it.
-        words: the layout's fingerprint when the caller has it.
-        what: what every rank must pass the same of, in the mismatch message
-            (default: keys, shapes and dtypes, and op when given).
+        what: what every rank must pass the same of, in the mismatch message.
     """
-    if problem is not None:
-        words = (0, 0)
-    elif words is None:
-        words = dict_fingerprint(op, keys, values)
+    words, desc = (0, 0), []
+    if problem is None:  # (a bad value may have no shape)
+        desc = _describe_dict(keys, values)
+        digest = hashlib.blake2b(repr(desc).encode(), digest_size=8).digest()
+        words = (int.from_bytes(digest[:4], "little") >> 1, int.from_bytes(digest[4:], "little") >> 1)
 
     def raise_as(mine: Optional[BaseException], failures: dict[int, tuple[str, str]]) -> BaseException:
-        texts = [msg for _, msg in failures.values()]
-        if len(failures) == torch_dist.get_world_size(group) and len(set(texts)) == 1:
-            explained = texts[0]  # the same bad argument on every rank: no rank list needed
-        else:
-            explained = "; ".join(f"rank {r}: {msg}" for r, (_, msg) in sorted(failures.items()))
-        kinds = (TypeError, ValueError, ArgumentAssertionError, PlanError)
-        kind = type(mine) if mine is not None and type(mine) in kinds else ValueError
-        if all(name == "PlanError" for name, _ in failures.values()):
-            kind = PlanError  # no plan for a dtype: the type all_reduce raises, on every rank
-        return kind(f"{fn}: {explained}")
+        return argument_error(fn, mine, failures, torch_dist.get_world_size(group))
 
-    same = agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same
-    if same:
+    if agree(fn, group, problem=problem, words=words, driver=driver, raise_as=raise_as).same:
         return
-    text = repr([op, describe_dict(keys, values)])
-    texts = [t.decode() for t in transport.gather_bytes(text.encode(), group, driver)]
-    what = what or ("keys, shapes and dtypes" if op is None else "keys, shapes, dtypes and op")
+    texts = [t.decode() for t in gather_bytes(repr(desc).encode(), group, driver)]
     raise ValueError(f"{fn}: {_explain(texts)}; every rank must pass the same {what}")
 
 
 def _explain(texts: list[str]) -> str:
-    """Where the ranks' layouts differ from rank 0's (``texts``: each rank's ``repr([op, description])``)."""
+    """Where the ranks' dicts differ from rank 0's (``texts``: each rank's ``repr`` of its description)."""
     import ast
 
-    parsed = [ast.literal_eval(t) for t in texts]
-    ops = [op for op, _ in parsed]
-    descs = [{k: (s, d) for k, s, d in desc} for _, desc in parsed]
+    descs = [{k: (s, d) for k, s, d in ast.literal_eval(t)} for t in texts]
     ref = descs[0]
     parts = []
     for r, other in enumerate(descs[1:], start=1):
-        if ops[r] != ops[0]:
-            parts.append(f"op is '{ops[0]}' on rank 0 but '{ops[r]}' on rank {r}")
         missing = sorted(set(ref) - set(other))
         extra = sorted(set(other) - set(ref))
         if missing:

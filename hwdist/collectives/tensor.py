@@ -1,22 +1,9 @@
 """Tensor collectives with mmengine.dist's names: thin operations on the collective engine.
 
-Each public function checks its arguments (on every rank, before any
-communication) and makes one call of the engine
-(hwdist/collectives/engine.py), which resolves the group's driver, plans the
-call (pass-through, a lossless cast, a byte view, an emulation with another
-op, or a [`hwdist.PlanError`][hwdist.drivers.base.PlanError]), moves the data
-to the wire format only when needed, issues the torch.distributed call,
-finishes (mean = SUM / n, copy back into the caller's tensor in its own dtype
-and device) and, with ``async_op=True``, always returns a
-[`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]. Without a
-process group every function has mmengine's single-process result
-(``all_gather`` returns ``[data]``, ``all_reduce`` does nothing, ...).
-
-With verification on ([`verify`][hwdist.collectives.verify], the default) every collective except
-send/recv first checks that every rank makes the same call.
-
-No function here looks at a backend name. ``src``/``dst`` are global ranks, as
-in torch.distributed.
+Each public function checks its arguments (on every rank, before any communication) and makes one call of the
+engine (hwdist/collectives/engine.py: resolve, plan, wire format, issue, finish; docs/architecture.md).
+Without a process group every function has mmengine's single-process result. ``src``/``dst`` are global ranks,
+as in torch.distributed.
 """
 
 from __future__ import annotations
@@ -27,82 +14,46 @@ import numpy as np
 import torch
 
 from . import wire as _wire
-from ._uneven import ALL_TO_ALL
-from .wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
-from .wire import ReduceOpLike, normalize_reduce_op
+from ._strategies import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BARRIER, BROADCAST, GATHER, RECV, REDUCE
+from ._strategies import REDUCE_SCATTER, SCATTER, SEND, gathered_numels
 from .call_entry import CollectiveHandle, collective
 from .engine import view
 from .verify import TensorFields as _fields
-from ._uneven import gathered_numels
-from ._strategies import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    BARRIER,
-    BROADCAST,
-    GATHER,
-    RECV,
-    REDUCE,
-    REDUCE_SCATTER,
-    SCATTER,
-    SEND,
-)
+from .wire import REDUCE_OP_NAMES as REDUCE_OP_NAMES  # tests and callers read it here
+from .wire import ReduceOpLike, normalize_reduce_op
 
 __all__ = [
-    "all_reduce",
-    "all_gather",
-    "gather",
-    "broadcast",
-    "reduce",
-    "scatter",
-    "reduce_scatter",
-    "all_to_all",
-    "barrier",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "sync_random_seed",
-    "reduce_mean",
-    "pad_to_largest_tensor",
-    "CollectiveHandle",
-]
+    "all_reduce", "all_gather", "gather", "broadcast", "reduce", "scatter", "reduce_scatter", "all_to_all",
+    "barrier", "send", "recv", "isend", "irecv", "sync_random_seed", "reduce_mean", "pad_to_largest_tensor",
+    "CollectiveHandle", "all_gather_single", "all_gather_into_tensor", "gather_single", "gather_into_tensor",
+    "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all_single",
+]  # fmt: skip
 
 Tensor = torch.Tensor
 _check_tensor = _wire.check_tensor
 
 
-# ---------------------------------------------------------------------------
-# all_reduce / reduce
-# ---------------------------------------------------------------------------
+# ---- all_reduce / reduce -----------------------------------------------------------------------------
 @collective(2, describe=_fields.all_reduce)
 def all_reduce(
     data: Tensor, op: ReduceOpLike = "sum", group: Optional[Any] = None, *, async_op: bool = False
 ) -> Any:
     """Reduce ``data`` across all ranks so that every rank gets the result, in place.
 
-    ``op`` is one of ``'sum', 'mean', 'product', 'min', 'max', 'band', 'bor',
-    'bxor'`` (case-insensitive) or a ``torch.distributed.ReduceOp``
-    (``ReduceOp.AVG`` means ``'mean'``). ``'mean'`` uses the backend's native
-    AVG where the driver says it is correct for the dtype, else SUM / world
-    size. For integer tensors the mean keeps the integer dtype and rounds
-    toward minus infinity (floor division; mmengine truncates toward zero,
-    which differs only for negative means); the sum is taken in a wider
-    integer where the backend has one, so it does not overflow.
-
-    Dtypes the backend cannot reduce are widened losslessly (bf16 -> fp32,
-    bool -> uint8 with SUM -> MAX, ...); when no lossless plan exists
-    (e.g. int64 on a backend without it) [`hwdist.PlanError`][hwdist.drivers.base.PlanError] is raised
-    on every rank before any communication. Non-distributed: does nothing.
+    ``op`` is one of ``'sum', 'mean', 'product', 'min', 'max', 'band', 'bor', 'bxor'`` (case-insensitive) or a
+    ``torch.distributed.ReduceOp`` (``ReduceOp.AVG`` means ``'mean'``). An integer mean keeps the dtype and
+    floors (mmengine truncates toward zero); its sum is taken in a wider integer where the backend has one.
+    Dtypes the backend cannot reduce are widened losslessly; without a lossless plan
+    [`hwdist.PlanError`][hwdist.drivers.base.PlanError] is raised on every rank before any communication (the
+    rules: docs/architecture.md). Non-distributed: does nothing.
 
     Args:
-        data: input and output, modified in place (any device the group's
-            driver can reach; it is moved to the comm device and back only
-            when needed).
+        data: input and output, modified in place (any device the group's driver can reach; it is moved to the
+            comm device and back only when needed).
         op: the reduce op.
         group: process group (default group if None).
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]
-            whose ``wait()`` also finishes the copy back (always a handle,
-            whatever the plan and backend).
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle] whose ``wait()``
+            also finishes the copy back (always a handle, whatever the plan and backend).
 
     Returns:
         None, or a handle when ``async_op`` is True.
@@ -137,9 +88,8 @@ def reduce(
     """Reduce ``data`` across ranks into rank ``dst``'s tensor, in place.
 
     Same ops, casts and mean rule as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without a
-    native reduce get it as an all_reduce (the driver's plan says so). On
-    ranks other than ``dst``, ``data`` is unspecified afterwards (torch's
-    rule; hwdist leaves it unchanged when a cast was needed).
+    native reduce get it as an all_reduce (the driver's plan says so). On ranks other than ``dst``, ``data``
+    is unspecified afterwards (torch's rule; hwdist leaves it unchanged when a cast was needed).
     Non-distributed: does nothing.
 
     Args:
@@ -165,27 +115,18 @@ def reduce(
     return g.run(REDUCE, data, async_op, rop, dst)
 
 
-# ---------------------------------------------------------------------------
-# all_gather / gather
-# ---------------------------------------------------------------------------
+# ---- all_gather / gather -----------------------------------------------------------------------------
 @collective(1, describe=_fields.all_gather)
 def all_gather(
     data: Tensor, group: Optional[Any] = None, *, same_shape: bool = False, async_op: bool = False
 ) -> Any:
     """Gather ``data`` from every rank into a list, on every rank.
 
-    Shapes may differ across ranks (any ndim). The ranks agree on the sizes
-    in the one header round (each rank's byte size, dtype and shape; with
-    verification on, the call's fingerprint in the same header), then the
-    data moves at exactly the largest rank's size: two collectives, nothing
-    predicted from earlier calls. Pass ``same_shape=True`` to skip the
-    header round when every rank is known to pass the same shape (as in
-    mmengine). Every rank raises the same TypeError when the dtypes differ.
-    Dtypes the backend cannot move travel as a byte view (``Tensor.view``),
-    exactly. Where the driver's tuning says the backend's all_gather is slow
-    for large tensors, they move as one
-    broadcast per rank instead (``same_shape=True`` too). Costs and routes:
-    docs/collectives.md.
+    Shapes may differ across ranks (any ndim): the ranks agree on the sizes in the one header round, then the
+    data moves at the largest rank's size (two collectives). ``same_shape=True`` skips the header round when
+    every rank passes the same shape (as in mmengine). Every rank raises the same TypeError when the dtypes
+    differ. Dtypes the backend cannot move travel as a byte view, exactly. Costs and routes (one broadcast per
+    rank for large tensors where the driver says so): docs/collectives.md.
 
     Non-distributed or a one-rank group: returns ``[data]``.
 
@@ -193,8 +134,8 @@ def all_gather(
         data: this rank's tensor.
         group: process group (default group if None).
         same_shape: promise that every rank's ``data`` has the same shape.
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle];
-            ``wait()`` returns the list.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()``
+            returns the list.
 
     Returns:
         ``list[Tensor]`` in rank order, in ``data``'s dtype and device.
@@ -222,9 +163,8 @@ def gather(
     """Gather ``data`` from every rank into a list on rank ``dst``.
 
     Shapes may differ across ranks (see [`all_gather`][hwdist.collectives.tensor.all_gather] for the cost and
-    ``same_shape``). Backends without a native gather (the driver's plan
-    says so) run it as an all_gather, keeping the result on ``dst`` only.
-    The data is always the comm-ready (moved/cast) tensor.
+    ``same_shape``). Backends without a native gather (the driver's plan says so) run it as an all_gather,
+    keeping the result on ``dst`` only. The data is always the comm-ready (moved/cast) tensor.
 
     Non-distributed or a one-rank group: returns ``[data]``.
 
@@ -233,8 +173,8 @@ def gather(
         dst: global rank that receives the list.
         group: process group.
         same_shape: skip the size agreement.
-        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle];
-            ``wait()`` returns the list.
+        async_op: return a [`CollectiveHandle`][hwdist.collectives.tensor.CollectiveHandle]; ``wait()``
+            returns the list.
 
     Returns:
         On ``dst``: ``list[Tensor]`` in rank order; on other ranks: ``[]``.
@@ -259,9 +199,8 @@ def gather(
 def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[list[int], Tensor]:
     """Flatten ``tensor`` and pad it with zeros to the largest element count of any rank.
 
-    The building block of uneven gathers (vis4d's helper, any ndim and
-    dtype). Costs one header round (every rank's size, one small
-    all_gather); every rank raises the same TypeError when the dtypes differ.
+    The building block of uneven gathers (vis4d's helper, any ndim and dtype). Costs one header round (every
+    rank's size, one small all_gather); every rank raises the same TypeError when the dtypes differ.
 
     Returns:
         ``(numels, padded)``: every rank's ``tensor.numel()`` in rank order,
@@ -287,16 +226,13 @@ def pad_to_largest_tensor(tensor: Tensor, group: Optional[Any] = None) -> tuple[
     return numels, flat
 
 
-# ---------------------------------------------------------------------------
-# broadcast / scatter / reduce_scatter / all_to_all
-# ---------------------------------------------------------------------------
+# ---- broadcast / scatter / reduce_scatter / all_to_all -----------------------------------------------
 @collective(2, describe=_fields.broadcast)
 def broadcast(data: Tensor, src: int = 0, group: Optional[Any] = None, *, async_op: bool = False) -> Any:
     """Broadcast ``data`` from rank ``src`` to every rank, in place.
 
-    ``data`` must have the same shape on every rank. Non-contiguous tensors
-    and dtypes the backend cannot move (byte view) are handled; the caller's
-    tensor keeps its dtype and device. Non-distributed: does nothing.
+    ``data`` must have the same shape on every rank. Non-contiguous tensors and dtypes the backend cannot move
+    (byte view) are handled; the caller's tensor keeps its dtype and device. Non-distributed: does nothing.
 
     Args:
         data: sent from ``src``, overwritten elsewhere.
@@ -330,12 +266,10 @@ def scatter(
 ) -> Any:
     """Send ``scatter_list[i]`` from rank ``src`` to rank ``i``'s ``data``, in place.
 
-    torch's signature. Backends without a native scatter run it as one
-    broadcast of the whole list (the driver's plan says so). The ``src`` rank
-    validates ``scatter_list`` (one tensor per rank, each of ``data``'s shape
-    and dtype); when it is wrong, ``src`` still joins the collective with a
-    failure flag so that EVERY rank raises instead of waiting forever (the
-    flag is one extra element per rank on the wire).
+    torch's signature. Backends without a native scatter run it as one broadcast of the whole list (the
+    driver's plan says so). When ``scatter_list`` is wrong on ``src`` (one tensor per rank, each of ``data``'s
+    shape and dtype), ``src`` still joins the collective with a failure flag (one extra element per rank on
+    the wire), so EVERY rank raises instead of waiting forever.
 
     Non-distributed: ``data`` gets ``scatter_list[0]``.
 
@@ -347,11 +281,9 @@ def scatter(
         async_op: return a handle whose ``wait()`` also copies back.
 
     Raises:
-        ValueError: bad ``src`` (every rank); bad ``scatter_list`` on
-            ``src`` (every rank, after the collective; ranks other than
-            ``src`` raise ValueError naming ``src`` whatever its error was).
-        TypeError: non-tensor ``data``; non-tensor ``scatter_list`` items
-            (on ``src``).
+        ValueError: bad ``src`` (every rank); bad ``scatter_list`` on ``src`` (every rank, after the
+            collective; ranks other than ``src`` raise ValueError naming ``src`` whatever its error was).
+        TypeError: non-tensor ``data``; non-tensor ``scatter_list`` items (on ``src``).
 
     Examples:
         >>> data = torch.zeros(2)
@@ -376,18 +308,17 @@ def reduce_scatter(
 ) -> Any:
     """Reduce ``input_list[i]`` across ranks into rank ``i``'s ``output``, in place.
 
-    ``input_list`` is a list of one tensor per rank (each of ``output``'s
-    shape and dtype), or one tensor holding them concatenated along dim 0
-    (torch's ``reduce_scatter_tensor`` layout). Same ops, casts and mean rule
-    as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without reduce_scatter get it as an
-    all_reduce of the whole input followed by a slice (world-size times the
-    traffic; the driver's plan says when). ``input_list`` is not modified.
+    ``input_list`` is a list of one tensor per rank (each of ``output``'s shape and dtype), or one tensor
+    holding them concatenated along dim 0 (torch's ``reduce_scatter_tensor`` layout). Same ops, casts and mean
+    rule as [`all_reduce`][hwdist.collectives.tensor.all_reduce]. Backends without reduce_scatter get it as an
+    all_reduce of the whole input followed by a slice (world-size times the traffic; the driver's plan says
+    when). ``input_list`` is not modified.
 
     Non-distributed: ``output`` gets ``input_list[0]``.
 
     Raises:
-        ValueError: unknown ``op``, wrong number/shape/dtype of inputs
-            (on every rank, before any communication).
+        ValueError: unknown ``op``, wrong number/shape/dtype of inputs (on every rank, before any
+            communication).
         TypeError: non-tensor inputs (on every rank).
 
     Examples:
@@ -414,9 +345,8 @@ def all_to_all(
 ) -> Any:
     """Send ``input_list[j]`` to rank ``j``; receive rank ``j``'s piece into ``output_list[j]``.
 
-    torch's signature; pieces may have different sizes. Backends without
-    all_to_all get it through one exchange of the piece sizes plus one
-    all_gather of every rank's pieces (world-size times the traffic; the
+    torch's signature; pieces may have different sizes. Backends without all_to_all get it through one
+    exchange of the piece sizes plus one all_gather of every rank's pieces (world-size times the traffic; the
     driver's plan says when); there, size mismatches raise on every rank.
 
     Non-distributed: ``output_list[0]`` gets ``input_list[0]``.
@@ -453,9 +383,7 @@ def barrier(group: Optional[Any] = None) -> None:
     view(group).run(BARRIER, None)
 
 
-# ---------------------------------------------------------------------------
-# point to point (not fingerprinted in verification mode: one partner, not the group)
-# ---------------------------------------------------------------------------
+# ---- point to point (not fingerprinted in verification mode: one partner, not the group) -------------
 @collective(2)
 def send(data: Tensor, dst: int, group: Optional[Any] = None, tag: int = 0) -> None:
     """Send ``data`` to rank ``dst`` (blocking), through the driver's dtype/device plan.
@@ -511,15 +439,12 @@ def irecv(
     return g.run(RECV, data, True, root=src, extra=("irecv", tag))  # type: ignore[no-any-return]
 
 
-# ---------------------------------------------------------------------------
-# helpers from mmengine / vis4d
-# ---------------------------------------------------------------------------
+# ---- helpers from mmengine / vis4d -------------------------------------------------------------------
 @collective(0)
 def sync_random_seed(group: Optional[Any] = None) -> int:
     """A random seed drawn on the group's first rank and shared with every rank.
 
-    Travels as an int32 on the driver's comm device. Non-distributed: a
-    fresh random int in ``[0, 2**31)``.
+    Travels as an int32 on the driver's comm device. Non-distributed: a fresh random int in ``[0, 2**31)``.
 
     Examples:
         >>> dist.sync_random_seed()
@@ -556,10 +481,8 @@ def reduce_mean(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     return out
 
 
-# ---------------------------------------------------------------------------
-# torch's one-tensor spellings (torch 2.15 names ``*_single`` first and keeps ``*_into_tensor`` and
-# ``reduce_scatter_tensor`` as plain aliases, neither warning): the same calls on the functions above
-# ---------------------------------------------------------------------------
+# ---- torch's one-tensor spellings (torch 2.15 names ``*_single`` first; ``*_into_tensor`` and --------
+# ``reduce_scatter_tensor`` stay as aliases, neither warning): the same calls on the functions above
 def _into(output: Tensor, pieces: Any, name: str) -> None:
     """Copy the gathered ``pieces`` (one per rank) into torch's single output tensor: ``ws * n`` along dim
     0, or stacked ``(ws, *shape)``."""
@@ -607,7 +530,7 @@ def gather_single(
         raise ValueError(f"gather_single: give dst or group_dst, not both (got {dst=}, {group_dst=})")
     g = view(group)
     if group_dst is not None:
-        ranks = g.ranks() if hasattr(g, "ranks") else None
+        ranks = g.ranks()
         dst = group_dst if ranks is None else ranks[group_dst]
     root = 0 if dst is None else dst
     if g.rank == root and not isinstance(gather_tensor, Tensor):
@@ -659,13 +582,3 @@ gather_into_tensor = gather_single
 """torch's older name of [`gather_single`][hwdist.collectives.tensor.gather_single] (no warning)."""
 reduce_scatter_tensor = reduce_scatter_single
 """torch's older name of [`reduce_scatter_single`][hwdist.collectives.tensor.reduce_scatter_single]."""
-
-__all__ += [
-    "all_gather_single",
-    "all_gather_into_tensor",
-    "gather_single",
-    "gather_into_tensor",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "all_to_all_single",
-]

@@ -2,26 +2,12 @@
 
 On by default (``HWDIST_VERIFY=0`` turns it off for the process,
 [`set_verification`][hwdist.collectives.verify.set_verification] /
-[`verification`][hwdist.collectives.verify.verification] in code, ``verify=False``
-for one call): every hwdist collective first runs the one header round
-(``collectives.protocol``) carrying a fingerprint of the call:
-op name, the group's call number, dtypes, shapes (where the op needs them
-equal), reduce op, root, dict keys, object-collective role. The header also
-carries the call's description, so when the ranks disagree every rank raises
-[`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing each
-rank's value (``rank 0: float32[4, 3]; rank 1: float64[4, 3]``) from the same
-collective, before any data moves, and the group stays usable.
-
-Debug mode (``HWDIST_DEBUG=1``, or ``call_sites=True``) also compares the line of
-user code each rank calls from: correct code may issue one collective from
-different lines on different ranks, so that is off by default.
-
-Every collective reaches the check through the collective engine's hook
-(``collectives.engine.set_hook``), installed while verification is on: the
-tensor collectives through ``@collective(..., describe=...)``, the object,
-results, dict and params collectives through ``engine.check``. Cost when off:
-one global read per call; when on: one all_gather of one 1 KiB header per rank
-(figures in docs/benchmarks.md).
+[`verification`][hwdist.collectives.verify.verification] in code, ``verify=False`` for one call): every
+collective first runs the one header round carrying a fingerprint and a description of the call, so when the
+ranks disagree every rank raises [`CollectiveMismatch`][hwdist.collectives.verify.CollectiveMismatch] listing
+each rank's value, before any data moves. Debug mode (``HWDIST_DEBUG=1``, or ``call_sites=True``) also
+compares the line of user code each rank calls from. Collectives reach the check through the hook in
+``call_entry``'s slot, installed while the mode is on (docs/architecture.md, docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -40,54 +26,39 @@ import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry, settings
 from ..errors import CollectiveMismatch
-from . import call_entry, engine, protocol, transport
+from . import call_entry, protocol
 from .wire import op_field
 
 __all__ = [
-    "CollectiveMismatch",
-    "verification",
-    "set_verification",
-    "verification_enabled",
-    "describe_tensor",
-    "describe_dtype",
-    "check_call",
-    "ENV_DEBUG",
-]
+    "CollectiveMismatch", "verification", "set_verification", "verification_enabled", "describe_tensor",
+    "describe_dtype", "check_call", "ENV_DEBUG",
+]  # fmt: skip
 
 ENV_DEBUG = "HWDIST_DEBUG"
 ENV_VERIFY = "HWDIST_VERIFY"
 
 
 def _env_flag(name: str) -> bool:
-    """``settings.flag(name)``: off for unset, empty, 0, false, no, off; on for 1, 2, ..., true, yes, on.
-
-    A value that is none of those words turns the mode on with a warning: asking for debugging
-    and silently not getting it is the worse mistake (docs/reliability.md).
-    """
+    """``settings.flag(name)``; a value that is none of its words turns the mode on, with a warning (asking
+    for debugging and silently not getting it is the worse mistake)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         on = settings.flag(name)
     if caught:
         warnings.warn(
-            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off)"
-            " or 1/2/.../true/yes/on (on);"
-            " debug mode (call-site comparison) is ON",
+            f"{name}={os.environ.get(name, '')!r} is not one of 0/false/no/off (off) or 1/2/.../true/yes/on"
+            " (on); debug mode (call-site comparison) is ON",
             stacklevel=2,
         )
     return on
 
 
-def _check_mode(value: Any) -> tuple[bool, bool]:
-    enabled, call_sites = value
-    return bool(enabled), bool(call_sites)
-
-
 def _mode_changed() -> None:
     """The switch moved: mirror it, restart the call numbers, install or remove the engine's hook."""
-    global _enabled, _call_sites, _generation
-    _enabled, _call_sites = _MODE.get()
+    global _call_sites, _generation
+    enabled, _call_sites = _MODE.get()
     _generation += 1
-    engine.set_hook(_hook if _enabled else None)
+    call_entry.set_hook(_hook if enabled else None)
 
 
 def _initial() -> tuple[bool, bool]:
@@ -97,8 +68,9 @@ def _initial() -> tuple[bool, bool]:
 
 
 #: Verification as (enabled, call_sites): ``HWDIST_VERIFY`` and ``HWDIST_DEBUG`` give the initial value.
-_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(_initial, _check_mode, _mode_changed)
-_enabled: bool  # mirror of _MODE (read by check_call; other modules reach the mode through the engine's hook)
+_MODE: settings.Switch[tuple[bool, bool]] = settings.Switch(
+    _initial, lambda value: (bool(value[0]), bool(value[1])), _mode_changed
+)
 # whether the fingerprint holds the caller's line (catches a rank that skipped one of two equal calls)
 _call_sites: bool
 _generation = 0  # bumped on every switch: a group's call numbers restart
@@ -119,9 +91,9 @@ def set_verification(enabled: bool, *, call_sites: Optional[bool] = None) -> boo
 
     Args:
         enabled: on or off.
-        call_sites: also compare the line of user code each rank calls the
-            collective from (None: as ``HWDIST_DEBUG`` says; off by default,
-            since correct code may call one collective from different lines).
+        call_sites: also compare the line of user code each rank calls the collective from (None: as
+            ``HWDIST_DEBUG`` says; off by default, since correct code may call one collective from different
+            lines).
 
     Examples:
         >>> hwdist.set_verification(False)   # same on every rank: collectives skip the header round
@@ -143,11 +115,8 @@ def verification(enabled: bool = True, *, call_sites: Optional[bool] = None) -> 
 
 
 def _hook(op: str, group: Any, sample: Any, fields: dict[str, Any]) -> None:
-    """The engine's hook while the mode is on: check the call described by a tensor collective.
-
-    A rank outside the group (torch's ``GroupMember.NON_GROUP_MEMBER``) has no one to compare with: the
-    call's own checks decide what it does there.
-    """
+    """The hook while the mode is on: check the described call (a rank outside the group, torch's
+    ``NON_GROUP_MEMBER``, has no one to compare with: the call's own checks decide)."""
     if not torch_dist.is_initialized() or group is _compat.NON_GROUP_MEMBER:
         return
     device = sample.device if isinstance(sample, torch.Tensor) else None
@@ -158,16 +127,12 @@ def describe_tensor(t: Any) -> str:
     """A short description such as ``float32[4, 3]@cpu`` (the type name for a non-tensor)."""
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
-    dtype = str(t.dtype)[6:]  # drop "torch."
-    text = f"{dtype}[{', '.join(map(str, t.shape))}]@{t.device.type}"
+    text = f"{str(t.dtype)[6:]}[{', '.join(map(str, t.shape))}]@{t.device.type}"  # [6:]: no "torch."
     return text if t.layout is torch.strided else f"{text}/{str(t.layout)[6:]}"  # a sparse value differs too
 
 
 def rank_field(value: Any) -> Any:
-    """A ``src``/``dst`` argument as the fingerprint shows it.
-
-    An int for any integer (``np.int64(0)`` is ``0``), else its repr.
-    """
+    """A ``src``/``dst`` argument as the fingerprint shows it: an int for any integer, else its repr."""
     if not isinstance(value, bool):
         try:
             return operator.index(value)
@@ -198,10 +163,7 @@ def _call_site() -> str:
 
 
 def _next_seq(group: Any) -> int:
-    """This group's next call number, counted from 1 as the flight recorder counts (``#1`` is the first call).
-
-    Kept in the group's state; restarts when the mode is switched.
-    """
+    """This group's next call number from 1, as the flight recorder counts (restarts with the mode)."""
     state = _state.of(group if group is not None else torch_dist.GroupMember.WORLD)
     gen, seq = state.verify_seq or (-1, 0)
     if gen != _generation:
@@ -213,16 +175,16 @@ def _next_seq(group: Any) -> int:
 def check_call(op: str, group: Any, driver: Any, /, **fields: Any) -> None:
     """Verify that every rank of ``group`` makes the same call; no-op when off.
 
-    The collectives reach it through the engine's hook, installed only
-    while verification is on. Every rank of the group must reach this call (it is
-    itself a collective: the header round, one all_gather of one header per rank).
+    The collectives reach it through the engine's hook, installed only while verification is on. Every rank of
+    the group must reach this call (it is itself a collective: the header round, one all_gather of one header
+    per rank).
 
     Args:
         op: the collective's name.
         group: the process group (None: default).
         driver: the group's driver (decides the device the header travels on).
-        **fields: what must agree across ranks (JSON-able values; dicts and
-            lists are compared item by item in the error message).
+        **fields: what must agree across ranks (JSON-able values; dicts and lists are compared item by item in
+            the error message).
 
     Raises:
         CollectiveMismatch: on every rank, listing each rank's differing values.
@@ -245,7 +207,7 @@ def _carries_headers(driver: Any) -> bool:
     one warning per backend, rather than failing."""
     known = _HEADERLESS.get(driver)
     if known is None:
-        known = _HEADERLESS[driver] = transport.carries(driver, "all_gather")
+        known = _HEADERLESS[driver] = protocol.carries(driver, "all_gather")
         if not known:
             warnings.warn(
                 f"hwdist: backend '{driver.name}' moves no integer dtype, so its collectives cannot be"
@@ -270,10 +232,10 @@ def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
     """The [`Stamp`][hwdist.collectives.verify.Stamp] of this call while verification is on (it takes the
     group's next call number), else None.
 
-    An op that runs a header round of its own (an uneven gather, an object collective's records) puts it
-    in that header (``protocol.stamp``) and calls
-    [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch] on what it received:
-    verification then costs it no collective of its own.
+    An op that runs a header round of its own (an uneven gather, an object collective's records) puts it in
+    that header (``protocol.stamp``) and calls
+    [`raise_if_mismatch`][hwdist.collectives.verify.raise_if_mismatch] on what it received: verification then
+    costs it no collective of its own.
     """
     if not call_entry.verifying() or _compat.is_compiling():
         return None  # (while torch.compile traces, the header's bytes would be traced, not exchanged)
@@ -282,11 +244,11 @@ def stamp(op: str, group: Any, fields: dict[str, Any]) -> Optional[Stamp]:
         site_text = _call_site()
         text = json.dumps({**fields, "op": op, "call site": site_text}, sort_keys=True, default=str)
         return Stamp(seq, protocol.digest(text), protocol.digest(site_text), text)
+    items = tuple(fields.items())
     try:
-        text, fingerprint = _described(op, tuple(fields.items()))
+        text, fingerprint = _described(op, items)
     except TypeError:  # a field value that is not hashable (a dict's keys): described afresh
-        text = json.dumps({**fields, "op": op}, sort_keys=True, default=str)
-        fingerprint = protocol.digest(text)
+        text, fingerprint = _described.__wrapped__(op, items)
     return Stamp(seq, fingerprint, 0, text)
 
 
@@ -316,24 +278,18 @@ def agrees(headers: list[protocol.Header]) -> bool:
 
 def raise_if_mismatch(op: str, headers: list[protocol.Header], own: Stamp, group: Any, driver: Any) -> None:
     """Raise [`CollectiveMismatch`][hwdist.errors.CollectiveMismatch] on every rank unless every rank's
-    header fingerprints the same call (``headers``: every rank's, from one header round; ``own``: this
-    rank's stamp).
-
-    The descriptions come from the headers where each carries its own whole; otherwise (a payload
-    inline, a description cut) from one more exchange, on this error path only, the same on every rank.
-    """
+    header (from one header round) fingerprints the same call as ``own``, this rank's stamp. The
+    descriptions come from the headers where each carries its own whole, else from one more exchange."""
     if agrees(headers):
         return
     if not all(h.framed for h in headers):
-        raise CollectiveMismatch(
-            f"collective mismatch in '{op}' across ranks: "
-            + protocol.listing(headers, lambda h: "this call" if h.framed else "another kind of exchange")
-        )
+        sides = (f"rank {h.rank}: {'this call' if h.framed else 'another kind of exchange'}" for h in headers)
+        raise CollectiveMismatch(f"collective mismatch in '{op}' across ranks: " + "; ".join(sides))
     whole = all(h.flags & protocol.DESCRIBED and not h.flags & protocol.INLINE_CUT for h in headers)
     if whole:
         texts = [h.message for h in headers]
     else:
-        texts = [t.decode() for t in transport.gather_bytes(own.text.encode(), group, driver)]
+        texts = [t.decode() for t in protocol.gather_bytes(own.text.encode(), group, driver)]
     everyone = []
     for h, t in zip(headers, texts):
         try:
@@ -382,21 +338,14 @@ def _format_mismatch(op: str, everyone: list[dict[str, Any]]) -> str:
 def _diff(name: str, values: list[Any]) -> list[str]:
     """Lines naming each rank's value of ``name``; dicts and equal-length lists item by item."""
     if all(isinstance(v, dict) for v in values):
-        subkeys = sorted({s for v in values for s in v})
-        out = []
-        for s in subkeys:
-            items = [v.get(s, _MISSING) for v in values]
-            if any(i != items[0] for i in items):
-                out.append(_line(f"{name}[{s}]", items))
-        return out
-    if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
-        out = []
-        for i in range(len(values[0])):
-            items = [v[i] for v in values]
-            if any(x != items[0] for x in items):
-                out.append(_line(f"{name}[{i}]", items))
-        return out
-    return [_line(name, values)]
+        subs: Any = sorted({s for v in values for s in v})
+        rows = [[v.get(s, _MISSING) for v in values] for s in subs]
+    elif all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
+        subs = range(len(values[0]))
+        rows = [[v[i] for v in values] for i in subs]
+    else:
+        return [_line(name, values)]
+    return [_line(f"{name}[{s}]", items) for s, items in zip(subs, rows) if any(x != items[0] for x in items)]
 
 
 def _line(name: str, values: list[Any]) -> str:
@@ -408,15 +357,6 @@ def _show(value: Any) -> str:
         text = ", ".join(map(str, value)) if value else "[]"
         return text if len(text) <= 200 else text[:200] + f"... ({len(value)} items)"
     return str(value)
-
-
-def seq_reset(group: Optional[Any] = None) -> None:
-    """Forget call sequence numbers (all groups, or one)."""
-    global _generation
-    if group is None:
-        _generation += 1
-    else:
-        _state.of(group).verify_seq = None
 
 
 _mode_changed()  # the initial value (HWDIST_VERIFY, HWDIST_DEBUG): mirrors and the engine's hook
@@ -439,13 +379,10 @@ def _describe_many(value: Any) -> Any:
 class TensorFields:
     """What verification mode compares for each tensor collective: one describer per op.
 
-    Each takes the collective's own arguments and returns ``(group, sample,
-    fields)``: the group, a tensor of the call (it picks the driver the digest
-    travels with) and the fields every rank must agree on. They run only while
-    verification mode is on (the engine's hook), before the argument checks, so
-    a rank with bad arguments still takes part and every rank raises.
-    Point-to-point calls are not described: they have one partner, not the
-    whole group (docs/reliability.md).
+    Each takes the collective's own arguments and returns ``(group, sample, fields)``: a tensor of the call
+    picks the driver; ``fields`` is what every rank must agree on. They run before the argument checks, so a
+    rank with bad arguments still takes part and every rank raises. Point-to-point calls are not described
+    (one partner, not the group).
     """
 
     @staticmethod
@@ -523,7 +460,7 @@ class TensorFields:
         check: bool = False,
     ) -> Fields:
         # piece sizes may differ by design: dtype and count here, sizes in the strategy's header round
-        # (_uneven), which verifies well-formed calls itself (``check``: the fields it stamps)
+        # (_strategies.AllToAll), which verifies well-formed calls itself (``check``: the fields it stamps)
         first = input_list[0] if isinstance(input_list, (list, tuple)) and input_list else input_list
         pieces = [
             len(x) if isinstance(x, (list, tuple)) else type(x).__name__ for x in (input_list, output_list)

@@ -1,19 +1,14 @@
-"""The wire format and the argument checks of the tensor collectives.
+"""The wire format and the argument checks of the tensor collectives; nothing here communicates.
 
-Public to the rest of hwdist: the ``hwdist`` torch backend (hwdist/backend/) applies a driver's plan
-around torch's own calls with the same helpers, so a call travels exactly as the same hwdist
-collective would.
-
-A [`Plan`][hwdist.drivers.base.Plan] says how one call travels (comm device,
-comm dtype, byte view); these helpers apply it without a copy where none is
-needed. The argument checks at the end run on every rank before any
-communication: a bad argument raises on the rank that passed it, with a message
-naming the argument, what was expected and what was given. Nothing here
-communicates.
+A [`Plan`][hwdist.drivers.base.Plan] says how one call travels (comm device, comm dtype, byte view); these
+helpers apply it without a copy where none is needed. The ``hwdist`` torch backend (hwdist/backend/) uses them
+too, so a call travels exactly as the same hwdist collective would. The argument checks run on every rank
+before any communication, naming the argument, what was expected and what was given.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Optional, Sequence, Union
 
@@ -72,11 +67,9 @@ def fixed_comm_device(driver: Driver) -> bool:
 def dense_flat(t: Tensor) -> Tensor:
     """``t``'s elements in C order, flat with stride 1: a view when ``t`` is contiguous, else a copy.
 
-    torch calls a tensor of at most one element contiguous whatever its strides (``x[:, 0]`` of a
-    ``(1, 4)`` tensor has stride ``(4,)``; an empty ``torch.from_numpy`` array has stride 0), and
-    ``contiguous()`` and ``reshape(-1)`` keep those strides, which ``view(dtype)`` refuses for a
-    dtype of another size. Such a tensor gets the same memory with stride 1, and an empty one
-    also storage offset 0 (an empty row of a buffer may start at an offset no wider dtype divides).
+    torch calls a tensor of at most one element contiguous whatever its strides, and ``reshape(-1)`` keeps
+    them, which ``view(dtype)`` refuses for a dtype of another size: such a tensor gets stride 1 (an empty one
+    also storage offset 0, which any wider dtype divides).
     """
     flat = t.reshape(-1)
     n = flat.numel()
@@ -108,14 +101,8 @@ def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Ten
         aliased = cdev is None and data.is_contiguous()
         return retype(t, plan.comm_dtype), aliased
     if plan.comm_dtype != plan.dtype or cdev is not None:
-        return (
-            data.to(
-                device=cdev if cdev is not None else data.device,
-                dtype=plan.comm_dtype,
-                memory_format=torch.contiguous_format,
-            ),
-            False,
-        )
+        device = cdev if cdev is not None else data.device
+        return data.to(device=device, dtype=plan.comm_dtype, memory_format=torch.contiguous_format), False
     if not data.is_contiguous():
         return data.contiguous(), False
     return data, True
@@ -123,9 +110,7 @@ def prepare(data: Tensor, plan: Plan, cdev: Optional[torch.device]) -> tuple[Ten
 
 def comm_numel(shape: Sequence[int], plan: Plan) -> int:
     """Number of comm-dtype elements a tensor of ``shape`` occupies on the wire."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if plan.view:
         return n * itemsize(plan.dtype) // itemsize(plan.comm_dtype)
     return n
@@ -162,10 +147,8 @@ def restore(data: Tensor, buf: Tensor, plan: Plan) -> None:
 
 
 def divide(buf: Tensor, n: int, dtype: Optional[torch.dtype] = None) -> None:
-    """In-place mean from a sum: true division for floats, floor division for integers.
-
-    ``dtype`` is the caller's (default: ``buf``'s): an integer summed in float64 is floor-divided.
-    """
+    """In-place mean from a sum: true division for floats, floor division for integers (``dtype``: the
+    caller's, default ``buf``'s; an integer summed in float64 is floor-divided)."""
     with torch.no_grad():
         kind = buf if dtype is None else torch.empty(0, dtype=dtype)
         if kind.is_floating_point() or kind.is_complex():
@@ -182,9 +165,9 @@ def exact_mean(plan: Plan) -> bool:
 def split_mean(buf: Tensor, ws: int) -> Tensor:
     """An int64 mean's wire: quotients then remainders by ``ws`` along the last dim (twice as wide).
 
-    ``x = q * ws + r`` with ``0 <= r < ws``; the mean's floor is ``sum(q) + sum(r) // ws``. The
-    remainders' sum is below ``ws**2`` and the quotients' sum wraps (two's complement) at most
-    on the way to a result that fits, so the mean is exact for any int64 inputs.
+    ``x = q * ws + r`` with ``0 <= r < ws``; the mean's floor is ``sum(q) + sum(r) // ws``. The remainders'
+    sum is below ``ws**2`` and the quotients' sum wraps (two's complement) at most on the way to a result that
+    fits, so the mean is exact for any int64 inputs.
     """
     q = torch.div(buf, ws, rounding_mode="floor")
     return torch.cat([q, buf - q * ws], dim=-1)
@@ -223,9 +206,8 @@ _WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
 def copy_bytes(dst: Tensor, src: Tensor) -> None:
     """``dst.copy_(src)`` for two flat uint8 tensors of one length, copied as the widest word that fits.
 
-    torch splits a copy over its intra-op threads by element count; a byte copy of 32 KiB or more
-    is split where the same bytes as int64 are not, and on ranks sharing a host those threads wait
-    for each other (measured in docs/benchmarks.md: a 64 KiB all_to_all slot took 3.4 ms to fill).
+    torch splits a copy over its intra-op threads by element count, so a byte copy of 32 KiB or more is
+    split where the same bytes as int64 are not (docs/benchmarks.md: ranks sharing a host wait on it).
     """
     n = src.numel()
     if n > 1 and dst.is_contiguous() and src.is_contiguous():
@@ -341,20 +323,16 @@ def split_input(value: Any, output: Tensor, ws: int, fn: str) -> list[Tensor]:
             )
         return [c.reshape(output.shape) for c in value.reshape(ws, -1).unbind(0)]
     items = check_tensor_list(value, "input_list", fn, ws, output)
-    for i, t in enumerate(items):
-        if t.shape != output.shape:
-            raise ValueError(
-                f"{fn}: input_list[{i}] has shape {tuple(t.shape)}, expected {tuple(output.shape)}"
-                " (output's shape)"
-            )
+    check_shapes(items, output, "input_list", fn, "output's shape")
     return items
 
 
-def check_shapes(items: Sequence[Tensor], like: Tensor, argname: str, fn: str) -> None:
-    """ValueError unless every tensor of ``items`` has ``like``'s shape."""
+def check_shapes(
+    items: Sequence[Tensor], like: Tensor, argname: str, fn: str, what: str = "the shape of data"
+) -> None:
+    """ValueError unless every tensor of ``items`` has ``like``'s shape (``what``: whose shape that is)."""
     for i, t in enumerate(items):
         if t.shape != like.shape:
             raise ValueError(
-                f"{fn}: {argname}[{i}] has shape {tuple(t.shape)}, expected {tuple(like.shape)}"
-                " (the shape of data)"
+                f"{fn}: {argname}[{i}] has shape {tuple(t.shape)}, expected {tuple(like.shape)} ({what})"
             )

@@ -23,7 +23,7 @@ import torch.distributed as torch_dist
 
 from .. import _compat, _exit, info, registry
 from .. import backend as _as_backend
-from ..collectives import transport
+from ..collectives import protocol
 from ..drivers import LEGACY_BACKEND_IDS, LEGACY_BACKENDS, LEGACY_TCP_ID
 from ..drivers.startup import ensure_torch_backend
 from ..errors import MissingPackageError
@@ -373,7 +373,7 @@ def _nodes(launch: LaunchInfo) -> list[list[int]]:
     if launch.world_size == 1:
         return [[0]]
     key = launch.node_rank if launch.node_rank is not None else _host_key()
-    table = transport.gather_ints([key])
+    table = protocol.gather_ints([key])
     nodes: dict[int, list[int]] = {}
     for rank, (k,) in enumerate(table):
         nodes.setdefault(k, []).append(rank)
@@ -413,7 +413,7 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> Any:
     if not (_compat.DIST_AVAILABLE and torch_dist.is_initialized()):
         raise RuntimeError("init_local_group needs a process group: call hwdist.init_dist(...) first")
     world = torch_dist.get_world_size()
-    table = transport.gather_ints([node_rank, num_gpus_per_node])
+    table = protocol.gather_ints([node_rank, num_gpus_per_node])
     sizes = sorted({n for _, n in table})
     if len(sizes) != 1:
         raise ValueError(f"num_gpus_per_node must be the same on every rank, got {sizes}")

@@ -2,10 +2,10 @@
 
 Everything here dispatches through the group's driver like the collectives
 ([`hwdist.all_reduce`][hwdist.collectives.tensor.all_reduce],
-[`hwdist.broadcast`][hwdist.collectives.tensor.broadcast]), packs many tensors with
-[`hwdist.collectives.flat`][hwdist.collectives.flat], and validates its input so that a bad or mismatched
-argument raises on *every* rank (one tiny check collective) instead of leaving the others waiting. See
-docs/training.md.
+[`hwdist.broadcast`][hwdist.collectives.tensor.broadcast]), packs many tensors with the flat-buffer
+helpers of [`hwdist.collectives.params`][hwdist.collectives.params], and validates its input so that a bad
+or mismatched argument raises on *every* rank (one tiny check collective) instead of leaving the others
+waiting. See docs/training.md.
 
 Helpers from the prior art: MegEngine ([`GradientSynchronizer`][hwdist.training.GradientSynchronizer],
 [`bcast_list_`][hwdist.training.bcast_list_], [`synchronized`][hwdist.training.synchronized],

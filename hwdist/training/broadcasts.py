@@ -11,7 +11,7 @@ import torch.distributed as torch_dist
 from .. import registry
 from ..collectives import tensor as _t
 from ..collectives.call_entry import collective
-from ..collectives.flat import bucket_tensors, copy_from_flat, flatten_tensors
+from ..collectives.params import bucket_tensors, copy_from_flat, flatten_tensors
 from ..collectives.params import all_reduce_params
 from ..info import is_distributed
 from ..drivers.tuning import tuning

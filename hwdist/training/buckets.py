@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..collectives.flat import FlatLayout, bucket_tensors
+from ..collectives.params import FlatLayout, bucket_tensors
 
 Tensor = torch.Tensor
 

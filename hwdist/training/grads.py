@@ -10,7 +10,7 @@ from .. import registry
 from ..collectives.protocol import max_over_ranks
 from ..collectives import tensor as _t
 from ..collectives.call_entry import collective
-from ..collectives.flat import unique_tensors
+from ..collectives.params import unique_tensors
 from .arguments import check_same_tensors, distributed_size, grad_op, tensor_list
 
 Tensor = torch.Tensor

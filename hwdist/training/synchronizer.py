@@ -13,8 +13,7 @@ import torch.distributed as torch_dist
 
 from .. import registry
 from ..collectives import tensor as _t
-from ..collectives.flat import flatten_tensors, unflatten_tensors, unique_tensors
-from ..collectives.params import mib_bytes
+from ..collectives.params import flatten_tensors, mib_bytes, unflatten_tensors, unique_tensors
 from ..info import is_distributed
 from ..drivers.tuning import tuning
 from .broadcasts import broadcast_flat

@@ -174,7 +174,7 @@ def _hook_rank() -> dict:
         state = _state.of(torch.distributed.GroupMember.WORLD)
         out["seq"] = (state.verify_seq or (None, None))[1]
         # a recording hook in place of verification's: it sees the raw arguments before they are checked
-        engine.set_hook(record)
+        call_entry.set_hook(record)
         try:
             try:
                 hwdist.all_reduce([1.0, 2.0], op="Max")
@@ -189,7 +189,7 @@ def _hook_rank() -> dict:
                 elif hwdist.get_rank() == 1:
                     hwdist.recv(t, 0)
         finally:
-            engine.set_hook(verify._hook)
+            call_entry.set_hook(verify._hook)
     out["seen"] = seen
     with verify.verification(False):
         out["off_again"] = call_entry.hook() is None

@@ -2,7 +2,7 @@
 
 Each rank builds its objects from (pattern, call, rank) and returns what it got;
 the test rebuilds what every rank gave and compares. The collectives hwdist
-issues are counted by wrapping the transport's ``issue`` (the engine entry every
+issues are counted by wrapping ``protocol.issue`` (the engine entry every
 internal exchange goes through) inside the rank process: an object that fits its
 record (the fixed 1 KiB header) is one collective, a larger one takes one record
 exchange plus its exact-size route, on every call alike (nothing is predicted
@@ -55,12 +55,12 @@ def _plain(obj):
 
 
 class _Count:
-    """Counts the collectives hwdist issues in this process (wraps the transport's ``issue``)."""
+    """Counts the collectives hwdist issues in this process (wraps ``protocol.issue``)."""
 
     def __init__(self) -> None:
-        from hwdist.collectives import transport
+        from hwdist.collectives import protocol
 
-        self.mod, self.orig, self.n = transport, transport.issue, 0
+        self.mod, self.orig, self.n = protocol, protocol.issue, 0
 
     def __enter__(self) -> "_Count":
         def counted(*args, **kwargs):
@@ -90,9 +90,9 @@ def _run_patterns() -> dict:
     from hwdist.collectives.objects import INLINE_BYTES
 
     rank, world = hwdist.get_rank(), hwdist.get_world_size()
-    from hwdist.collectives import transport
+    from hwdist.collectives import protocol
 
-    out: dict = {"inline": INLINE_BYTES, "gathers": transport.gathers(hwdist.registry.resolve(None))}
+    out: dict = {"inline": INLINE_BYTES, "gathers": protocol.gathers(hwdist.registry.resolve(None))}
     for op in OPS:
         for pattern in PATTERNS:
             got, counts = [], []

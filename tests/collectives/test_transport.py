@@ -10,19 +10,18 @@ from __future__ import annotations
 import pytest
 
 import hwdist
-from hwdist.collectives import protocol, transport
+from hwdist.collectives import protocol
 from hwdist.testing.pytest_plugin import backends, world_sizes
 
 pytestmark = pytest.mark.dist
 
 
 def _transport_rank():
-    rank, world = hwdist.get_rank(), hwdist.get_world_size()
+    rank = hwdist.get_rank()
     out = {}
-    out["ints"] = transport.gather_ints([rank, rank * 10, -rank], None)
-    out["bytes"] = transport.gather_bytes(b"x" * (rank * 7 + 1), None)
-    out["empty"] = transport.gather_bytes(b"", None)
-    out["bcast"] = transport.broadcast_bytes(b"hello from the last" if rank == world - 1 else None, world - 1)
+    out["ints"] = protocol.gather_ints([rank, rank * 10, -rank], None)
+    out["bytes"] = protocol.gather_bytes(b"x" * (rank * 7 + 1), None)
+    out["empty"] = protocol.gather_bytes(b"", None)
     out["max"] = protocol.max_over_ranks([rank, 5 - rank], None)
     return out
 
@@ -34,7 +33,6 @@ def test_transport_moves_what_each_rank_gave(dist, world_size, backend):
         assert res["ints"] == [[r, r * 10, -r] for r in range(world_size)]
         assert res["bytes"] == [b"x" * (r * 7 + 1) for r in range(world_size)]
         assert res["empty"] == [b""] * world_size
-        assert res["bcast"] == b"hello from the last"
         assert res["max"] == [world_size - 1, 5]
 
 
@@ -94,7 +92,7 @@ def _header_rank() -> dict:
         out.append((h.rank, h.framed, h.status, h.seq, h.nbytes, h.token, h.ndim, h.dims, h.fingerprint,
                     h.flags, data, protocol.dtype_name(h.dtype)))  # fmt: skip
     buf = torch.full((5,), float(rank + 1))
-    transport.reduce_flat(buf, "sum", None)
+    protocol.reduce_flat(buf, "sum", None)
     junk = protocol.parse_rows(np.zeros((1, protocol.HEADER_BYTES), dtype=np.uint8))[0]
     return {"headers": out, "sum": buf.tolist(), "junk framed": junk.framed}
 

@@ -13,7 +13,7 @@ import torch.distributed as tdist
 import hwdist
 from hwdist import _compat
 from hwdist.collectives import tensor as T
-from hwdist.collectives.flat import (
+from hwdist.collectives.params import (
     FlatLayout,
     bucket_tensors,
     copy_from_flat,

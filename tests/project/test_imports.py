@@ -14,7 +14,7 @@ and are not arrows. The rules:
 * ``hwdist.serialization`` imports nothing of ``hwdist.collectives``, directly
   or through another module: the collectives use serialization, never the
   reverse;
-* a private module of a subpackage (``hwdist.collectives.transport``) is
+* a private module of a subpackage (``hwdist.collectives._strategies``) is
   imported only from inside that subpackage; other parts use the subpackage's
   public modules. The private modules of the top package (``hwdist._compat``,
   ``hwdist._state``, ``hwdist._plugins``) serve every part.

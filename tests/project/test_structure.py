@@ -2,7 +2,7 @@
 
 No private imports across modules: a module of hwdist never imports a name starting with ``_`` from
 another hwdist module, nor reads ``module._name`` of one. A leading-underscore MODULE (``engine``,
-``transport``, ``_compat``, ...) is a package-internal module: importing the module is fine, and the
+``protocol``, ``_compat``, ...) is a package-internal module: importing the module is fine, and the
 names other modules use from it are public (no leading underscore). Private attributes of other
 packages (``sys._getframe``, ``torch._C``) are allowed only when listed below with the reason.
 """
