@@ -1,14 +1,9 @@
 """Frames: one serialized object as 64-byte-aligned bytes, and the tensors the object collectives move.
 
-An object becomes one *frame*: a small header (length, stream length, buffer
-lengths), the pickle stream, then every large buffer appended out of band, so
-a 32 MiB array is copied once (into the frame) instead of three or four times.
-Frames are multiples of 64 bytes and every section is 64-byte aligned, so a
-frame can travel as any byte-view dtype a driver asks for and tensors rebuilt
-from it need no copy. Tensors are rebuilt on the CPU (or a ``map_location``),
-never on the device they left. A frame has no magic of its own (it travels
-after a protocol header that carries its size): decoding checks that its
-lengths describe the bytes given.
+A frame is a header of lengths, the pickle stream, then every large buffer out of band, each
+section 64-byte aligned (the layout and why: ``docs/objects.md``). It has no magic of its own:
+decoding checks that its lengths describe the bytes given. Tensors are rebuilt on the CPU (or a
+``map_location``), never on the device they left.
 """
 
 from __future__ import annotations
@@ -135,15 +130,6 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
     return int(total)
 
 
-def _device(map_location: Any) -> torch.device:
-    try:
-        return torch.device(map_location)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(
-            f"map_location must be a torch.device, a device string or None, got {map_location!r}"
-        ) from exc
-
-
 def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
     """Serialize ``obj`` once into a [`Frame`][hwdist.serialization.frames.Frame]."""
     ser = serializer or get_serializer()
@@ -214,8 +200,14 @@ def decode(
             )
         sections.append(view[pos : pos + ln])
         pos = _aligned(pos + ln)
+    try:
+        loc = None if map_location is None else torch.device(map_location)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"map_location must be a torch.device, a device string or None, got {map_location!r}"
+        ) from exc
     stream, buffers = sections[0], sections[1:]
-    token = MAP_LOCATION.set(None if map_location is None else _device(map_location))
+    token = MAP_LOCATION.set(loc)
     try:
         return _gc_paused((serializer or get_serializer()).loads, stream, buffers)
     finally:

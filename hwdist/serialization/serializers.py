@@ -1,10 +1,7 @@
 """The pluggable serializer of the object collectives: one pickle, large buffers out of band.
 
-The one in force is a ``serializer=`` argument, else the calling thread's
-[`use_serializer`][hwdist.serialization.serializers.use_serializer] block (a
-context variable), else the process default
-([`set_serializer`][hwdist.serialization.serializers.set_serializer]). See
-``docs/objects.md`` for the trust model of the restricted one.
+Which one is in force: [`get_serializer`][hwdist.serialization.serializers.get_serializer]; the
+trust model of the restricted one: ``docs/objects.md``.
 """
 
 from __future__ import annotations
@@ -37,11 +34,10 @@ class Serializer:
     """Turns an object into a pickle-like stream plus out-of-band buffers and back.
 
     Subclass and override [`dumps`][hwdist.serialization.serializers.PickleSerializer.dumps] and
-    [`loads`][hwdist.serialization.serializers.PickleSerializer.loads] to plug in another
-    format; install it with [`set_serializer`][hwdist.serialization.serializers.set_serializer] or
-    [`use_serializer`][hwdist.serialization.serializers.use_serializer],
-    or pass ``serializer=`` to a collective. Every rank must use a compatible
-    serializer.
+    [`loads`][hwdist.serialization.serializers.PickleSerializer.loads] to plug in another format;
+    install it with [`set_serializer`][hwdist.serialization.serializers.set_serializer] or
+    [`use_serializer`][hwdist.serialization.serializers.use_serializer], or pass ``serializer=`` to
+    a collective. Every rank must use a compatible serializer.
     """
 
     def dumps(self, obj: Any) -> tuple[Union[bytes, memoryview], list[memoryview]]:
@@ -179,8 +175,7 @@ def set_serializer(serializer: Optional[Serializer]) -> Serializer:
 def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
     """Context manager: collectives in this block use ``serializer`` (None: pickle).
 
-    In this thread or task only: other threads keep theirs; on exit the previous one is restored
-    exactly.
+    In this thread or task only: other threads keep theirs; on exit the previous one is restored.
 
     Examples:
         >>> from hwdist.serialization import RestrictedPickleSerializer, use_serializer

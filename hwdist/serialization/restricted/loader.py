@@ -1,18 +1,10 @@
 """The restricted unpickler: hwdist's own pickle interpreter for payloads from peers it does not trust.
 
-Python's unpickler calls whatever a payload names and lets BUILD set state on
-any object, so an allow-list of globals on top of it (``find_class``) is not
-enough: numpy's reconstructors trust their arguments, BUILD can ``setattr`` on
-a class, ``bytearray(n)`` allocates what the payload asks for, and nested
-tuples or deques crash CPython when hashed or freed. This module reads the
-opcodes itself: every global resolves through the allow-list to a value or to
-a handler that checks the arguments and builds the object itself; BUILD sets
-state only on instances of registered classes; every length is checked
-against the bytes left before anything is allocated, and size-driven copies
-are charged against a budget proportional to the payload; nesting that
-CPython cannot hash or free without deep C recursion is refused. Anything
-else raises [`UnpicklingRefused`][hwdist.errors.UnpicklingRefused]; the trust
-model is in ``docs/objects.md`` and ``docs/reliability.md``.
+An allow-list on top of Python's unpickler (``find_class``) is not enough: numpy's reconstructors
+trust their arguments, BUILD can ``setattr`` on a class, ``bytearray(n)`` allocates what the
+payload asks for. This module reads the opcodes itself; what it accepts, the trust model and the
+refusals ([`UnpicklingRefused`][hwdist.errors.UnpicklingRefused]) are in ``docs/objects.md`` and
+``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ import importlib
 import pickletools
 import struct
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence, Union, cast
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union, cast
 
 import torch
 
@@ -166,11 +158,12 @@ class Loader:
     def mark_unsafe(self, obj: Any) -> None:
         self.unsafe[id(obj)] = obj
 
-    def check_unsafe_child(self, where: str, x: Any) -> None:
-        if isinstance(x, UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
-            raise refuse(
-                f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)"
-            )
+    def check_unsafe_children(self, where: str, items: Iterable[Any]) -> None:
+        for x in items:
+            if isinstance(x, UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
+                raise refuse(
+                    f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)"
+                )
 
     # -- reading
     def read(self, n: int) -> bytes:
@@ -253,19 +246,15 @@ class Loader:
     def call(self, func: Any, args: Any) -> Any:
         if type(args) is not tuple:
             raise refuse(f"REDUCE arguments must be a tuple, got {type(args).__name__}")
-        if type(func) is Handler:
-            return self._pending(func.fn(self, args))
-        handler = CALLS.get(func) if hashable_in(func, CALLS) else None
+        handler = func.fn if type(func) is Handler else CALLS.get(func) if hashable_in(func, CALLS) else None
         if handler is not None:
-            return self._pending(handler(self, args))
+            out = handler(self, args)
+            if type(out) is Pending:  # finished by its BUILD; one left unfinished at STOP is refused
+                self.pendings.append(out)
+            return out
         if self.trusted(func):
             return func(*args)
         raise refuse(f"calling {describe(func)} is not allowed")
-
-    def _pending(self, out: Any) -> Any:
-        if type(out) is Pending:  # finished by its BUILD; one left unfinished at STOP is refused
-            self.pendings.append(out)
-        return out
 
     def new(self, cls: Any, args: Any, kwargs: Any) -> Any:
         if not isinstance(cls, type) or not self.trusted(cls):
@@ -303,9 +292,6 @@ class Loader:
             raise refuse(
                 f"setting state on a {describe(type(inst))} is not allowed (only on registered classes)"
             )
-
-    def memo_len(self) -> int:
-        return len(self.memo) + len(self.memo_sparse)
 
     def memo_put(self, key: int, value: Any) -> None:
         memo = self.memo
@@ -436,11 +422,8 @@ class _Recorder:
 def _read_pickle(file: Any) -> bytes:
     """The bytes of the next pickle in ``file``, up to and including its STOP; what follows stays unread.
 
-    ``pickletools.genops`` walks the opcodes and their arguments through a recorder (lengths the
-    stream gives are read in bounded pieces, a protocol 4/5 FRAME in one read); nothing is built.
-
-    A stream that ends early, or an opcode pickle does not know, ends the collection there: the
-    interpreter then refuses the bytes (truncated, unknown opcode) with its own message.
+    ``pickletools.genops`` walks the opcodes through a ``_Recorder``; nothing is built. A stream
+    that ends early, or an unknown opcode, ends the bytes there (the interpreter then refuses them).
 
     Raises:
         EOFError: the stream is at its end (nothing left to read), as ``pickle.Unpickler`` raises.

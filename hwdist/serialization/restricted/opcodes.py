@@ -107,8 +107,7 @@ def _extend(u: Loader, items: list[Any]) -> None:
     if type(target) is list:
         target.extend(items)
     elif type(target) is collections.deque:  # deque's reduce sends its items this way
-        for x in items:
-            u.check_unsafe_child("deque", x)
+        u.check_unsafe_children("deque", items)
         target.extend(items)
     elif u.trusted(type(target)):
         extend = getattr(target, "extend", None)
@@ -129,8 +128,7 @@ def _set_items(u: Loader, items: list[Any]) -> None:
     if kind is dict or kind is collections.OrderedDict or kind is collections.Counter:
         pass
     elif kind is collections.defaultdict:
-        for v in items[1::2]:
-            u.check_unsafe_child("defaultdict", v)
+        u.check_unsafe_children("defaultdict", items[1::2])
     elif not u.trusted(kind) or isinstance(target, type):
         raise refuse(f"setting items on {describe(target)} is not allowed")
     for i in range(0, len(items), 2):
@@ -205,10 +203,6 @@ def _refused_op(what: str) -> Callable[[Loader], None]:
     return op
 
 
-def _line_int(u: Loader) -> int:
-    return int(u.readline())
-
-
 DISPATCH: dict[int, Callable[[Loader], None]] = {
     ord(k): v
     for k, v in {
@@ -259,13 +253,13 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "1": lambda u: u.pop_mark().clear(),
         "2": _op_dup,
         "(": lambda u: u.mark(),
-        "g": _op_get(_line_int),
+        "g": _op_get(lambda u: int(u.readline())),
         "h": _op_get(lambda u: u.read(1)[0]),
         "j": _op_get(lambda u: u.unpack("<I", 4)),
-        "p": _op_put(_line_int),
+        "p": _op_put(lambda u: int(u.readline())),
         "q": _op_put(lambda u: u.read(1)[0]),
         "r": _op_put(lambda u: u.unpack("<I", 4)),
-        "\x94": lambda u: u.memoize(u.memo_len()),
+        "\x94": lambda u: u.memoize(len(u.memo) + len(u.memo_sparse)),
         "c": _push(lambda u: u.find_class(u.readline().decode("utf-8"), u.readline().decode("utf-8"))),
         "\x93": _op_stack_global,
         "R": _op_reduce,
