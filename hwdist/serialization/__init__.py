@@ -5,11 +5,6 @@ imports nothing of ``hwdist.collectives``. Its modules: [`serializers`][hwdist.s
 [`frames`][hwdist.serialization.frames], [`tensors`][hwdist.serialization.tensors],
 [`weights_only`][hwdist.serialization.weights_only] and the
 [`restricted`][hwdist.serialization.restricted.loader] loader (``docs/objects.md``).
-
-Examples:
-    >>> from hwdist.serialization import RestrictedPickleSerializer, use_serializer
-    >>> with use_serializer(RestrictedPickleSerializer()):   # every rank
-    ...     outs = hwdist.all_gather_object(obj)
 """
 
 from __future__ import annotations

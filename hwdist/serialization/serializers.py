@@ -89,9 +89,7 @@ class PickleSerializer(Serializer):
             return False
 
         pickler = pickle.Pickler(out, protocol=self.protocol, buffer_callback=keep)
-        table = dict(copyreg.dispatch_table)
-        table.update(self.reducers)
-        pickler.dispatch_table = table
+        pickler.dispatch_table = {**copyreg.dispatch_table, **self.reducers}
         pickler.dump(obj)
         return buffers
 

@@ -45,13 +45,8 @@ MAP_LOCATION: contextvars.ContextVar[Optional[torch.device]] = contextvars.Conte
 
 def plain_dtype(dt: Any) -> bool:
     """A numpy dtype that any bytes are a valid value of: bool, ints, floats, complex, one element."""
-    return (
-        isinstance(dt, np.dtype)
-        and dt.kind in "biufc"
-        and dt.fields is None
-        and dt.subdtype is None
-        and dt.metadata is None
-    )
+    numeric = isinstance(dt, np.dtype) and dt.kind in "biufc"
+    return numeric and dt.fields is None and dt.subdtype is None and dt.metadata is None
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:

@@ -168,11 +168,8 @@ def _np_dtype_state(spec: str, state: Any) -> np.dtype:
     if type(state) is not tuple or len(state) not in (8, 9) or state[0] not in (3, 4):
         raise refuse("numpy.dtype state must be numpy's 8-tuple (version 3 or 4)")
     endian, subarray, names, fields, elsize = state[1:6]
-    if (
-        endian not in ("<", ">", "|", "=")
-        or subarray is not None
-        or (len(state) == 9 and state[8] is not None)
-    ):
+    metadata = state[8] if len(state) == 9 else None
+    if endian not in ("<", ">", "|", "=") or subarray is not None or metadata is not None:
         raise refuse(f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted")
     if spec[0] == "V":
         if type(names) is not tuple or not names or type(fields) is not dict or len(fields) != len(names):
@@ -331,9 +328,8 @@ def _defaultdict(u: Loader, args: tuple) -> collections.defaultdict:
 
 def _deque(u: Loader, args: tuple) -> collections.deque:
     _primitive("deque", args, 0, 2, (list, tuple, int, type(None)))
-    if (args and type(args[0]) is int) or (
-        len(args) == 2 and type(args[1]) is not int and args[1] is not None
-    ):
+    maxlen = args[1] if len(args) == 2 else None
+    if (args and type(args[0]) is int) or (maxlen is not None and type(maxlen) is not int):
         raise refuse("deque takes (items, maxlen)")
     if args:
         u.charge(len(args[0]))
@@ -412,11 +408,8 @@ def _size(u: Loader, args: tuple) -> torch.Size:
 
 def _device(u: Loader, args: tuple) -> torch.device:
     arity("torch.device", args, 1, 2)
-    if (
-        type(args[0]) is not str
-        or len(args[0]) > 64
-        or (len(args) == 2 and args[1] is not None and type(args[1]) is not int)
-    ):
+    index = args[1] if len(args) == 2 else None
+    if type(args[0]) is not str or len(args[0]) > 64 or (index is not None and type(index) is not int):
         raise refuse("torch.device takes (type string, index)")
     return torch.device(*args)
 
@@ -469,15 +462,9 @@ def _quantized(u: Loader, args: tuple) -> torch.Tensor:
     zeros = _tensor_arg("quantized zero points", params[2])
     axis = int_arg("quantized tensor axis", params[3])
     want_zero = torch.int64 if params[0] == "per_channel_affine" else scales.dtype
-    if (
-        axis >= values.dim()
-        or scales.dim() != 1
-        or zeros.dim() != 1
-        or len(scales) != values.shape[axis]
-        or len(zeros) != len(scales)
-        or not scales.dtype.is_floating_point
-        or zeros.dtype != want_zero
-    ):
+    one_per_entry = axis < values.dim() and scales.dim() == 1 and zeros.dim() == 1
+    one_per_entry = one_per_entry and len(scales) == values.shape[axis] == len(zeros)
+    if not one_per_entry or not scales.dtype.is_floating_point or zeros.dtype != want_zero:
         raise refuse(
             f"quantized tensor: {params[0]} needs 1-D float scales and {want_zero} zero points,"
             " one per entry of the axis"

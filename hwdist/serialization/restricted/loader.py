@@ -51,11 +51,9 @@ _TORCH_DTYPE_NAMES = {k: v for k, v in vars(torch).items() if isinstance(v, torc
 def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
     """Allow classes (or functions, or ``'module.QualName'`` strings) in the restricted unpickler.
 
-    Only register what cannot run code you do not want when unpickled: the
-    class's ``__new__``, ``__init__`` (when a payload calls it),
-    ``__setstate__`` and the state a payload sets on its instances are trusted.
-    Names hwdist already handles (numpy, torch, standard types) keep hwdist's
-    checks.
+    Only register what cannot run code you do not want when unpickled: the class's ``__new__``,
+    ``__init__`` (when a payload calls it), ``__setstate__`` and the state a payload sets on its
+    instances are trusted. Names hwdist already handles (numpy, torch, standard types) keep its checks.
 
     Examples:
         >>> @dataclasses.dataclass
@@ -139,8 +137,7 @@ class Loader:
         return id(obj) in self.trusted_ids and self.trusted_ids[id(obj)] is obj
 
     def track(self, obj: Any) -> Any:
-        """``obj``, a new tuple or frozenset, whose depth is kept (CPython hashes them recursively, with
-        no depth check)."""
+        """``obj``, a new tuple or frozenset, whose depth is kept (CPython hashes them recursively)."""
         depth = 0
         nesting = self.nesting
         for c in obj:
@@ -446,8 +443,7 @@ def _read_pickle(file: Any) -> bytes:
 class RestrictedUnpickler:
     """Reads pickle data with only allow-listed globals, through hwdist's own checked handlers.
 
-    Not a `pickle.Unpickler`: it interprets the opcodes itself (see
-    ``docs/objects.md`` for what it accepts).
+    Not a `pickle.Unpickler`: it interprets the opcodes itself (what it accepts: ``docs/objects.md``).
 
     Args:
         file: a binary file-like object holding the pickle stream.
@@ -477,10 +473,8 @@ class RestrictedUnpickler:
     def load(self) -> Any:
         """The next object in the stream; like ``pickle.Unpickler.load``, it stops at the object's STOP.
 
-        The file is left just after that STOP, so the next pickle in it is read by the next ``load``,
-        of this unpickler or another one, or by ``pickle``: a seekable file is read to its end, then
-        put back just after the STOP; from a stream that cannot seek (a pipe, a socket), exactly the
-        pickle's bytes are read, opcode by opcode (a protocol 4/5 frame at once).
+        The file is left just after that STOP, so the next ``load`` or ``pickle`` reads the next
+        pickle in it (from a seekable file or a stream that cannot seek: ``docs/objects.md``).
 
         Raises:
             UnpicklingRefused: for anything not accepted.

@@ -1,8 +1,7 @@
 """The opcodes of the restricted unpickler (pickle protocols 0 to 5), one small function each.
 
-Every length is checked against the bytes left before anything is
-allocated; opcodes that call or look up something outside the payload
-(persistent ids, the extension registry, INST/OBJ) are refused.
+Every length is checked against the bytes left before anything is allocated; opcodes that call or
+look up something outside the payload (persistent ids, the extension registry, INST/OBJ) are refused.
 """
 
 from __future__ import annotations
@@ -10,14 +9,12 @@ from __future__ import annotations
 import codecs
 import collections
 import struct
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .checks import Pending, byte_view, describe, refuse
 
 if TYPE_CHECKING:
     from .loader import Loader
-
-# ---- opcodes ------------------------------------------------------------------------------
 
 
 def _push(value_fn: Callable[[Loader], Any]) -> Callable[[Loader], None]:
@@ -46,36 +43,26 @@ def _op_string(u: Loader) -> None:
     u.stack.append(codecs.escape_decode(line[1:-1])[0].decode("ascii"))
 
 
-def _op_counted(fmt: str, n: int, kind: Callable[[bytes], Any]) -> Callable[[Loader], None]:
-    unpack = struct.Struct(fmt or "<B").unpack_from
-    n = n or 1
-
-    def op(u: Loader) -> None:  # hot: strings and bytes; read() inlined
-        data, pos = u.data, u.pos
-        if pos + n > len(data):
-            u.read(n)  # raises: truncated
-        size = unpack(data, pos)[0]
-        pos += n
-        end = pos + size
-        if end > len(data):  # checked before anything is allocated
-            raise refuse(f"truncated: {size} bytes wanted at byte {pos}, {len(data) - pos} left")
-        u.pos = end
-        u.stack.append(kind(data[pos:end]))
-
-    return op
-
-
-def _op_small(fmt: str) -> Callable[[Loader], None]:
-    """A fixed-size argument pushed as it is (ints, floats); read() inlined."""
+def _op_arg(fmt: str, kind: Optional[Callable[[bytes], Any]] = None) -> Callable[[Loader], None]:
+    """A fixed-size argument pushed as it is (ints, floats), or with ``kind`` the length of the
+    ``kind`` value that follows (strings, bytes); hot, so read() is inlined."""
     st = struct.Struct(fmt)
     n, unpack = st.size, st.unpack_from
 
     def op(u: Loader) -> None:
-        pos = u.pos
-        if pos + n > len(u.data):
+        data, pos = u.data, u.pos
+        if pos + n > len(data):
             u.read(n)  # raises: truncated
-        u.pos = pos + n
-        u.stack.append(unpack(u.data, pos)[0])
+        value = unpack(data, pos)[0]
+        pos += n
+        u.pos = pos
+        if kind is not None:
+            end = pos + value
+            if end > len(data):  # checked before anything is allocated
+                raise refuse(f"truncated: {value} bytes wanted at byte {pos}, {len(data) - pos} left")
+            u.pos = end  # before kind(): a decoding error names the byte after the argument
+            value = kind(data[pos:end])
+        u.stack.append(value)
 
     return op
 
@@ -212,25 +199,25 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "\x88": _push(lambda u: True),
         "\x89": _push(lambda u: False),
         "I": _op_int,
-        "J": _op_small("<i"),
-        "K": _op_small("<B"),
-        "M": _op_small("<H"),
+        "J": _op_arg("<i"),
+        "K": _op_arg("<B"),
+        "M": _op_arg("<H"),
         "L": _push(lambda u: int(u.readline().removesuffix(b"L"))),
         "\x8a": _push(lambda u: int.from_bytes(u.read(u.unpack("<B", 1)), "little", signed=True)),
         "\x8b": _push(lambda u: int.from_bytes(u.read(u.unpack("<I", 4)), "little", signed=True)),
         "F": _push(lambda u: float(u.readline())),
-        "G": _op_small(">d"),
+        "G": _op_arg(">d"),
         "S": _op_string,
-        "T": _op_counted("<I", 4, lambda b: b.decode("ascii")),
-        "U": _op_counted("", 1, lambda b: b.decode("ascii")),
-        "B": _op_counted("<I", 4, bytes),
-        "C": _op_counted("", 1, bytes),
-        "\x8e": _op_counted("<Q", 8, bytes),
-        "\x96": _op_counted("<Q", 8, bytearray),
+        "T": _op_arg("<I", lambda b: b.decode("ascii")),
+        "U": _op_arg("<B", lambda b: b.decode("ascii")),
+        "B": _op_arg("<I", bytes),
+        "C": _op_arg("<B", bytes),
+        "\x8e": _op_arg("<Q", bytes),
+        "\x96": _op_arg("<Q", bytearray),
         "V": _push(lambda u: codecs.raw_unicode_escape_decode(u.readline())[0]),  # no codec lookup
-        "X": _op_counted("<I", 4, _utf8),
-        "\x8c": _op_counted("", 1, _utf8),
-        "\x8d": _op_counted("<Q", 8, _utf8),
+        "X": _op_arg("<I", _utf8),
+        "\x8c": _op_arg("<B", _utf8),
+        "\x8d": _op_arg("<Q", _utf8),
         "\x97": _op_next_buffer,
         "\x98": _op_readonly,
         ")": _push(lambda u: ()),
