@@ -18,7 +18,6 @@ from .weights_only import WeightsOnlySerializer
 
 # For the object collectives, not in __all__ (the redundant aliases say "re-exported" to the linters).
 from .frames import frame_length as frame_length
-from .serializers import is_default_serializer as is_default_serializer
 from .tensors import MapLocation as MapLocation
 
 __all__ = [

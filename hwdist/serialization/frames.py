@@ -202,11 +202,10 @@ def decode(
         raise ValueError(
             f"map_location must be a torch.device, a device string or None, got {map_location!r}"
         ) from exc
-    stream, buffers = sections[0], sections[1:]
     token = MAP_LOCATION.set(loc)
     try:
         with _gc_paused():
-            return (serializer or get_serializer()).loads(stream, buffers)
+            return (serializer or get_serializer()).loads(sections[0], sections[1:])
     finally:
         MAP_LOCATION.reset(token)
 
@@ -228,8 +227,7 @@ def object_to_tensor(
         >>> tensor_to_object(t)
         {'a': 1}
     """
-    frame = encode(obj, serializer)
-    out = torch.from_numpy(frame.to_numpy())
+    out = torch.from_numpy(encode(obj, serializer).to_numpy())
     if device is None:
         from ..info import get_comm_device
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .restricted import pair, restricted_loads, torch_safe_pairs
+from .restricted.loader import pair, restricted_loads, torch_safe_pairs
 from .tensors import OOB_THRESHOLD, reduce_ndarray, reduce_tensor
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
     "get_serializer",
     "set_serializer",
     "use_serializer",
-    "is_default_serializer",
 ]
 
 
@@ -124,8 +123,7 @@ class RestrictedPickleSerializer(PickleSerializer):
 
 _DEFAULT = PickleSerializer()
 _process_default: Serializer = _DEFAULT
-# The serializer of a use_serializer() block: per thread and per task (a context variable), so one
-# thread's block never changes what another thread's collectives use.
+# The serializer of a use_serializer() block: per thread and per task, never seen by another thread.
 _SCOPED: contextvars.ContextVar[Optional[Serializer]] = contextvars.ContextVar(
     "hwdist_serializer", default=None
 )
@@ -188,8 +186,3 @@ def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
         yield serializer
     finally:
         _SCOPED.reset(token)
-
-
-def is_default_serializer(serializer: Optional[Serializer]) -> bool:
-    """Whether ``serializer`` (None: the one in force) is plain pickle."""
-    return (serializer or get_serializer()) is _DEFAULT

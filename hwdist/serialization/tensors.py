@@ -1,12 +1,11 @@
 """Tensors and numpy arrays in pickle streams: hwdist's reducers and the rebuild functions they name.
 
-A dense CPU tensor travels as its bytes (large ones out of band, so the receiver's tensor aliases
+A dense CPU tensor travels as its bytes (large ones out of band: the receiver's tensor aliases
 them), dtype name, shape and ``requires_grad``; a sparse one as its index and value tensors; a
-quantized one as its integer values and parameters. These are the layouts torch's
-``weights_only=True`` loader accepts; other tensors keep torch's own format (``docs/objects.md``).
-Tensors land on the CPU, or on the ``map_location`` of the decode in force. This module is the
-bottom of ``hwdist.serialization`` (the restricted loader rebuilds through it) and imports nothing
-of hwdist.
+quantized one as its integer values and parameters; other tensors keep torch's own format
+(``docs/objects.md``). Tensors land on the CPU, or on the decode's ``map_location``. This module is
+the bottom of ``hwdist.serialization`` (the restricted loader rebuilds through it): it imports
+nothing of hwdist.
 """
 
 from __future__ import annotations
@@ -114,16 +113,12 @@ def reduce_tensor(t: torch.Tensor) -> Any:
     d = t.detach() if t.requires_grad else t
     if not d.is_cpu:
         d = d.cpu()  # tensors land on CPU (or map_location) on the other side
-    if d.is_conj():
-        d = d.resolve_conj()
-    if d.is_neg():
-        d = d.resolve_neg()
+    d = d.resolve_conj().resolve_neg()  # each returns ``d`` itself when its bit is not set
     name, numpy_ok = _tensor_kind(d.dtype)
     shape = tuple(t.shape)
     if numpy_ok and d.numel() * d.element_size() < OOB_THRESHOLD:
-        # small: a bytearray copy of the elements in C order (any strides; through a memoryview: a
-        # 0-d integer array would be taken as a length), in band; no per-tensor
-        # buffer callback, and the loader's tensor owns it (docs/objects.md, "Performance")
+        # small: in band, a bytearray copy of the elements in C order (any strides), which the loader's
+        # tensor owns; through a memoryview, as a 0-d integer array would be taken as a length
         small = bytearray(memoryview(cast(Any, d.numpy())))
         return rebuild_tensor, (small, name, shape, bool(t.requires_grad))
     data: Any = _byte_view(d).numpy()  # any strides (Any: numpy's stubs on 3.9)

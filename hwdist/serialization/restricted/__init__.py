@@ -5,15 +5,6 @@ points; ``checks``: the builders of allow-listed globals; ``opcodes``: one handl
 Why it is kept beside torch's ``weights_only`` loader: ``docs/reliability.md``.
 """
 
-from .loader import RestrictedUnpickler, UnpicklingRefused, pair, register_safe_class, restricted_loads
-from .loader import safe_globals, torch_safe_pairs
+from .loader import RestrictedUnpickler, register_safe_class, restricted_loads, safe_globals
 
-__all__ = [
-    "RestrictedUnpickler",
-    "UnpicklingRefused",
-    "pair",
-    "register_safe_class",
-    "restricted_loads",
-    "safe_globals",
-    "torch_safe_pairs",
-]
+__all__ = ["RestrictedUnpickler", "register_safe_class", "restricted_loads", "safe_globals"]

@@ -158,8 +158,7 @@ _DTYPE_STR = re.compile(r"([biufc])(\d{1,2})|(V)(\d{1,9})|(O)(4|8)")
 def _np_dtype(u: Loader, args: tuple) -> Pending:
     arity("numpy.dtype", args, 1, 3)
     spec = args[0]
-    match = _DTYPE_STR.fullmatch(spec) if type(spec) is str else None
-    if match is None:
+    if type(spec) is not str or _DTYPE_STR.fullmatch(spec) is None:
         raise refuse(f"numpy.dtype {spec!r} is not a plain numeric, record or object dtype")
     return Pending(lambda _, state: _np_dtype_state(spec, state))
 
@@ -244,8 +243,7 @@ def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
         raise refuse(f"numpy.frombuffer: dtype must be a plain numeric dtype, got {dt!r}")
     if not view.nbytes or view.nbytes % dt.itemsize:
         raise refuse(f"numpy.frombuffer: {view.nbytes} bytes is not a whole, non-empty number of {dt} items")
-    u.charge(view.nbytes)
-    check_bool_bytes("numpy.frombuffer", view, dt)
+    view = sized_buffer(u, "numpy.frombuffer", view, (view.nbytes // dt.itemsize,), dt)
     return np.frombuffer(view, dtype=dt)
 
 

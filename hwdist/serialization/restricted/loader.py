@@ -100,9 +100,6 @@ def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-# ---- the interpreter ------------------------------------------------------------------------
-
-
 class Loader:
     """One run of the restricted pickle interpreter over ``data``."""
 
@@ -110,8 +107,7 @@ class Loader:
         self.data = data
         self.pos = 0
         self.stack: list[Any] = []
-        # MARKs are stack positions and the memo a list (one pointer per entry, as in pickle's C
-        # unpickler), so a payload of MEMOIZE or MARK opcodes costs 8 bytes per opcode byte, no more.
+        # MARKs are stack positions and the memo a list: 8 bytes per MEMOIZE or MARK opcode, no more.
         self.marks: list[int] = []
         self.base = 0  # the position of the innermost MARK (values below it are not the opcode's)
         self.memo: list[Any] = []
@@ -280,8 +276,7 @@ class Loader:
         if self.trusted(type(inst)):
             _set_state(inst, state)
         elif type(inst) is collections.OrderedDict and state:
-            # An OrderedDict's attributes: nn.Module.state_dict() carries its ``_metadata`` this way
-            # (torch's weights_only loader accepts it the same way, as a __dict__ update)
+            # nn.Module.state_dict() carries its ``_metadata`` this way (torch's loader accepts it too)
             if type(state) is not dict or not all(type(k) is str for k in state):
                 raise refuse("the state of an OrderedDict must be a dict with str keys")
             inst.__dict__.update(state)
@@ -313,9 +308,7 @@ class Loader:
             value.keys.append(key)
 
     def load(self) -> Any:
-        data = self.data
-        end = len(data)
-        dispatch = DISPATCH
+        data, end, dispatch = self.data, len(self.data), DISPATCH
         try:
             while True:
                 if self.pos >= end:
@@ -435,9 +428,6 @@ def _read_pickle(file: Any) -> bytes:
     if not src.got:
         raise EOFError("Ran out of input")
     return bytes(src.got)
-
-
-# ---- public entry points ------------------------------------------------------------------
 
 
 class RestrictedUnpickler:
