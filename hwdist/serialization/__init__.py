@@ -1,24 +1,10 @@
 """Serialization for the object collectives: pluggable serializers, frames, and the restricted loader.
 
-One place for everything that turns objects into bytes and back; the
-collectives import it, it imports nothing of ``hwdist.collectives``.
-
-* [`serializers`][hwdist.serialization.serializers]: the pluggable
-  serializer (pickle protocol 5, large buffers out of band) and which one is in
-  force (``set_serializer``, ``use_serializer``);
-* [`frames`][hwdist.serialization.frames]: one object as 64-byte-aligned
-  bytes, ``object_to_tensor`` / ``tensor_to_object``;
-* [`tensors`][hwdist.serialization.tensors]: how tensors and numpy arrays
-  travel inside a stream;
-* [`weights_only`][hwdist.serialization.weights_only]: torch's
-  ``weights_only=`` keyword of the object collectives;
-* [`restricted`][hwdist.serialization.restricted.loader]: hwdist's own pickle
-  interpreter for payloads from peers it does not trust.
-
-Examples:
-    >>> from hwdist.serialization import RestrictedPickleSerializer, use_serializer
-    >>> with use_serializer(RestrictedPickleSerializer()):   # every rank
-    ...     outs = hwdist.all_gather_object(obj)
+One place for everything that turns objects into bytes and back; the collectives import it, it
+imports nothing of ``hwdist.collectives``. Its modules: [`serializers`][hwdist.serialization.serializers],
+[`frames`][hwdist.serialization.frames], [`tensors`][hwdist.serialization.tensors],
+[`weights_only`][hwdist.serialization.weights_only] and the
+[`restricted`][hwdist.serialization.restricted.loader] loader (``docs/objects.md``).
 """
 
 from __future__ import annotations
@@ -26,19 +12,12 @@ from __future__ import annotations
 from ..errors import UnpicklingRefused
 from .frames import Frame, decode, encode, obj2tensor, object_to_tensor, tensor2obj, tensor_to_object
 from .restricted import RestrictedUnpickler, register_safe_class, restricted_loads, safe_globals
-from .serializers import (
-    PickleSerializer,
-    RestrictedPickleSerializer,
-    Serializer,
-    get_serializer,
-    set_serializer,
-    use_serializer,
-)
+from .serializers import PickleSerializer, RestrictedPickleSerializer, Serializer, get_serializer
+from .serializers import set_serializer, use_serializer
 from .weights_only import WeightsOnlySerializer
 
 # For the object collectives, not in __all__ (the redundant aliases say "re-exported" to the linters).
 from .frames import frame_length as frame_length
-from .serializers import is_default_serializer as is_default_serializer
 from .tensors import MapLocation as MapLocation
 
 __all__ = [

@@ -1,21 +1,17 @@
 """Frames: one serialized object as 64-byte-aligned bytes, and the tensors the object collectives move.
 
-An object becomes one *frame*: a small header (length, stream length, buffer
-lengths), the pickle stream, then every large buffer appended out of band, so
-a 32 MiB array is copied once (into the frame) instead of three or four times.
-Frames are multiples of 64 bytes and every section is 64-byte aligned, so a
-frame can travel as any byte-view dtype a driver asks for and tensors rebuilt
-from it need no copy. Tensors are rebuilt on the CPU (or a ``map_location``),
-never on the device they left. A frame has no magic of its own (it travels
-after a protocol header that carries its size): decoding checks that its
-lengths describe the bytes given.
+A frame is a header of lengths, the pickle stream, then every large buffer out of band, each
+section 64-byte aligned (the layout and why: ``docs/objects.md``). It has no magic of its own:
+decoding checks that its lengths describe the bytes given. Tensors are rebuilt on the CPU (or a
+``map_location``), never on the device they left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
-from typing import Any, Callable, Optional, Sequence, Union, cast
+from typing import Any, Iterator, Optional, Sequence, Union, cast
 
 import numpy as np
 import torch
@@ -51,11 +47,10 @@ _BARE_HEAD = bytes(_aligned(8 * _FIXED))
 class Frame:
     """One serialized object: header + stream + out-of-band buffers, 64-byte aligned.
 
-    ``nbytes`` is the frame length;
-    [`write_into`][hwdist.serialization.frames.Frame.write_into] copies it into a byte
-    array (the one copy of the buffers);
-    [`to_numpy`][hwdist.serialization.frames.Frame.to_numpy] allocates and fills one, or,
-    for a frame pickled where it lies (``laid_out``: no out-of-band buffers), returns its bytes.
+    ``nbytes`` is the frame length; [`write_into`][hwdist.serialization.frames.Frame.write_into]
+    copies it into a byte array (the one copy of the buffers);
+    [`to_numpy`][hwdist.serialization.frames.Frame.to_numpy] allocates and fills one, or, for a
+    frame pickled where it lies (``laid_out``: no out-of-band buffers), returns its bytes.
     """
 
     __slots__ = ("stream", "buffers", "header", "nbytes", "_offsets", "_whole")
@@ -135,54 +130,41 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
     return int(total)
 
 
-def _device(map_location: Any) -> torch.device:
-    try:
-        return torch.device(map_location)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(
-            f"map_location must be a torch.device, a device string or None, got {map_location!r}"
-        ) from exc
-
-
 def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
-    """Serialize ``obj`` once into a [`Frame`][hwdist.serialization.frames.Frame]."""
+    """Serialize ``obj`` once into a [`Frame`][hwdist.serialization.frames.Frame].
+
+    A pickle serializer writes the stream after room for the header of a frame without out-of-band
+    buffers; when nothing went out of band the frame is then complete where it lies (no copy).
+    """
     ser = serializer or get_serializer()
-    if isinstance(ser, PickleSerializer):
-        return cast(Frame, _gc_paused(_pickled_frame, ser, obj))
-    stream, buffers = _gc_paused(ser.dumps, obj)
-    return Frame(stream, buffers)
+    with _gc_paused():
+        if not isinstance(ser, PickleSerializer):
+            stream, buffers = ser.dumps(obj)
+            return Frame(stream, buffers)
+        out = io.BytesIO()
+        out.write(_BARE_HEAD)
+        buffers = ser.dump_into(obj, out)
+        if buffers:
+            return Frame(out.getbuffer()[len(_BARE_HEAD) :], buffers)
+        n = out.tell() - len(_BARE_HEAD)
+        total = _aligned(len(_BARE_HEAD) + n)
+        out.write(bytes(total - len(_BARE_HEAD) - n))  # the alignment gap, zeroed as write_into does
+        return Frame.laid_out(out.getbuffer(), n)
 
 
-def _pickled_frame(ser: PickleSerializer, obj: Any) -> Frame:
-    """``obj``'s frame, pickled straight into it.
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (if it was on), then restored.
 
-    The stream is written after room for the header of a frame without out-of-band buffers; when
-    nothing went out of band the frame is then complete where it lies (no copy of the stream).
+    Unpickling many small objects otherwise runs collections that free nothing (docs/objects.md).
     """
-    out = io.BytesIO()
-    out.write(_BARE_HEAD)
-    buffers = ser.dump_into(obj, out)
-    if buffers:
-        return Frame(out.getbuffer()[len(_BARE_HEAD) :], buffers)
-    n = out.tell() - len(_BARE_HEAD)
-    total = _aligned(len(_BARE_HEAD) + n)
-    out.write(bytes(total - len(_BARE_HEAD) - n))  # the alignment gap, zeroed as write_into does
-    return Frame.laid_out(out.getbuffer(), n)
-
-
-def _gc_paused(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` with Python's cyclic garbage collector paused (if it was on), then restored.
-
-    Unpickling many small objects (20k result dicts) otherwise runs dozens of collections that
-    find nothing to free: about a quarter of the decoding time (docs/objects.md).
-    """
-    if not gc.isenabled():
-        return fn(*args)
+    enabled = gc.isenabled()
     gc.disable()
     try:
-        return fn(*args)
+        yield
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
 
 
 def decode(
@@ -214,10 +196,16 @@ def decode(
             )
         sections.append(view[pos : pos + ln])
         pos = _aligned(pos + ln)
-    stream, buffers = sections[0], sections[1:]
-    token = MAP_LOCATION.set(None if map_location is None else _device(map_location))
     try:
-        return _gc_paused((serializer or get_serializer()).loads, stream, buffers)
+        loc = None if map_location is None else torch.device(map_location)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"map_location must be a torch.device, a device string or None, got {map_location!r}"
+        ) from exc
+    token = MAP_LOCATION.set(loc)
+    try:
+        with _gc_paused():
+            return (serializer or get_serializer()).loads(sections[0], sections[1:])
     finally:
         MAP_LOCATION.reset(token)
 
@@ -229,10 +217,9 @@ def object_to_tensor(
 
     Args:
         obj: any object the serializer accepts.
-        device: where the tensor goes; default: the communication device of
-            the default group (CPU when not distributed).
-        serializer: default: the current one
-            ([`get_serializer`][hwdist.serialization.frames.get_serializer]).
+        device: where the tensor goes; default: the default group's communication device (CPU
+            when not distributed).
+        serializer: default: the current one ([`get_serializer`][hwdist.serialization.frames.get_serializer]).
 
     Examples:
         >>> from hwdist.serialization import object_to_tensor, tensor_to_object
@@ -240,8 +227,7 @@ def object_to_tensor(
         >>> tensor_to_object(t)
         {'a': 1}
     """
-    frame = encode(obj, serializer)
-    out = torch.from_numpy(frame.to_numpy())
+    out = torch.from_numpy(encode(obj, serializer).to_numpy())
     if device is None:
         from ..info import get_comm_device
 
@@ -254,9 +240,7 @@ def tensor_to_object(
 ) -> Any:
     """The object in a tensor made by [`object_to_tensor`][hwdist.serialization.frames.object_to_tensor].
 
-    The vis4d ``tensor2obj``.
-
-    Trailing padding is ignored; tensors inside land on CPU, or ``map_location``.
+    The vis4d ``tensor2obj``. Trailing padding is ignored; tensors inside land on CPU, or ``map_location``.
     """
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8:
         got = f"{tensor.dtype} tensor" if isinstance(tensor, torch.Tensor) else type(tensor).__name__

@@ -1,10 +1,7 @@
 """The pluggable serializer of the object collectives: one pickle, large buffers out of band.
 
-The one in force is a ``serializer=`` argument, else the calling thread's
-[`use_serializer`][hwdist.serialization.serializers.use_serializer] block (a
-context variable), else the process default
-([`set_serializer`][hwdist.serialization.serializers.set_serializer]). See
-``docs/objects.md`` for the trust model of the restricted one.
+Which one is in force: [`get_serializer`][hwdist.serialization.serializers.get_serializer]; the
+trust model of the restricted one: ``docs/objects.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .restricted import pair, restricted_loads, torch_safe_pairs
+from .restricted.loader import pair, restricted_loads, torch_safe_pairs
 from .tensors import OOB_THRESHOLD, reduce_ndarray, reduce_tensor
 
 __all__ = [
@@ -29,7 +26,6 @@ __all__ = [
     "get_serializer",
     "set_serializer",
     "use_serializer",
-    "is_default_serializer",
 ]
 
 
@@ -37,11 +33,10 @@ class Serializer:
     """Turns an object into a pickle-like stream plus out-of-band buffers and back.
 
     Subclass and override [`dumps`][hwdist.serialization.serializers.PickleSerializer.dumps] and
-    [`loads`][hwdist.serialization.serializers.PickleSerializer.loads] to plug in another
-    format; install it with [`set_serializer`][hwdist.serialization.serializers.set_serializer] or
-    [`use_serializer`][hwdist.serialization.serializers.use_serializer],
-    or pass ``serializer=`` to a collective. Every rank must use a compatible
-    serializer.
+    [`loads`][hwdist.serialization.serializers.PickleSerializer.loads] to plug in another format;
+    install it with [`set_serializer`][hwdist.serialization.serializers.set_serializer] or
+    [`use_serializer`][hwdist.serialization.serializers.use_serializer], or pass ``serializer=`` to
+    a collective. Every rank must use a compatible serializer.
     """
 
     def dumps(self, obj: Any) -> tuple[Union[bytes, memoryview], list[memoryview]]:
@@ -93,9 +88,7 @@ class PickleSerializer(Serializer):
             return False
 
         pickler = pickle.Pickler(out, protocol=self.protocol, buffer_callback=keep)
-        table = dict(copyreg.dispatch_table)
-        table.update(self.reducers)
-        pickler.dispatch_table = table
+        pickler.dispatch_table = {**copyreg.dispatch_table, **self.reducers}
         pickler.dump(obj)
         return buffers
 
@@ -130,8 +123,7 @@ class RestrictedPickleSerializer(PickleSerializer):
 
 _DEFAULT = PickleSerializer()
 _process_default: Serializer = _DEFAULT
-# The serializer of a use_serializer() block: per thread and per task (a context variable), so one
-# thread's block never changes what another thread's collectives use.
+# The serializer of a use_serializer() block: per thread and per task, never seen by another thread.
 _SCOPED: contextvars.ContextVar[Optional[Serializer]] = contextvars.ContextVar(
     "hwdist_serializer", default=None
 )
@@ -179,8 +171,7 @@ def set_serializer(serializer: Optional[Serializer]) -> Serializer:
 def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
     """Context manager: collectives in this block use ``serializer`` (None: pickle).
 
-    In this thread or task only: other threads keep theirs; on exit the previous one is restored
-    exactly.
+    In this thread or task only: other threads keep theirs; on exit the previous one is restored.
 
     Examples:
         >>> from hwdist.serialization import RestrictedPickleSerializer, use_serializer
@@ -195,8 +186,3 @@ def use_serializer(serializer: Optional[Serializer]) -> Iterator[Serializer]:
         yield serializer
     finally:
         _SCOPED.reset(token)
-
-
-def is_default_serializer(serializer: Optional[Serializer]) -> bool:
-    """Whether ``serializer`` (None: the one in force) is plain pickle."""
-    return (serializer or get_serializer()) is _DEFAULT

@@ -1,22 +1,11 @@
-"""Tensors and numpy arrays in pickle streams: hwdist's reducers and the one rebuild function they name.
+"""Tensors and numpy arrays in pickle streams: hwdist's reducers and the rebuild functions they name.
 
-A CPU tensor travels as ``(bytes, dtype name, shape, requires_grad)`` for
-[`rebuild_tensor`][hwdist.serialization.tensors.rebuild_tensor]: small ones in
-band (a ``bytearray`` copy), large ones out of band (pickle protocol 5), so
-the receiver's tensor aliases the received bytes instead of copying them.
-Tensors land on the CPU, or on the ``map_location`` of the decode in force.
-A sparse tensor (COO, CSR, CSC, BSR, BSC) travels as its index and value
-tensors for [`rebuild_sparse`][hwdist.serialization.tensors.rebuild_sparse],
-which checks torch's invariants before it returns; a quantized tensor (per
-tensor or per channel, ``quint8``, ``qint8``, ``qint32``) as its integer values
-and quantization parameters for
-[`rebuild_quantized`][hwdist.serialization.tensors.rebuild_quantized]. These
-are the layouts torch's ``weights_only=True`` loader accepts; meta and nested
-tensors, and quantized kinds torch cannot rebuild from integer values, keep
-torch's own format.
-
-This module is the bottom of ``hwdist.serialization``: the restricted loader
-rebuilds tensors through the same function, so it imports nothing of hwdist.
+A dense CPU tensor travels as its bytes (large ones out of band: the receiver's tensor aliases
+them), dtype name, shape and ``requires_grad``; a sparse one as its index and value tensors; a
+quantized one as its integer values and parameters; other tensors keep torch's own format
+(``docs/objects.md``). Tensors land on the CPU, or on the decode's ``map_location``. This module is
+the bottom of ``hwdist.serialization`` (the restricted loader rebuilds through it): it imports
+nothing of hwdist.
 """
 
 from __future__ import annotations
@@ -55,13 +44,8 @@ MAP_LOCATION: contextvars.ContextVar[Optional[torch.device]] = contextvars.Conte
 
 def plain_dtype(dt: Any) -> bool:
     """A numpy dtype that any bytes are a valid value of: bool, ints, floats, complex, one element."""
-    return (
-        isinstance(dt, np.dtype)
-        and dt.kind in "biufc"
-        and dt.fields is None
-        and dt.subdtype is None
-        and dt.metadata is None
-    )
+    numeric = isinstance(dt, np.dtype) and dt.kind in "biufc"
+    return numeric and dt.fields is None and dt.subdtype is None and dt.metadata is None
 
 
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
@@ -120,29 +104,21 @@ def _tensor_kind(dt: torch.dtype) -> tuple[str, bool]:
 
 def reduce_tensor(t: torch.Tensor) -> Any:
     """The pickle reduction of ``t``: hwdist's forms for dense, sparse and quantized tensors, else torch's."""
-    if t.layout != torch.strided:
+    if t.layout != torch.strided or t.is_quantized or t.is_meta or t.is_nested:
         if t.layout in _SPARSE_NAMES:
             return _reduce_sparse(t)
-        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own format
-    if t.is_quantized:
-        if t.dtype in QUANTIZED_INTS and t.qscheme() in _QSCHEME_NAMES:
+        if t.is_quantized and t.dtype in QUANTIZED_INTS and t.qscheme() in _QSCHEME_NAMES:
             return _reduce_quantized(t)
-        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-    if t.is_meta or t.is_nested:
-        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # torch's own format
     d = t.detach() if t.requires_grad else t
     if not d.is_cpu:
         d = d.cpu()  # tensors land on CPU (or map_location) on the other side
-    if d.is_conj():
-        d = d.resolve_conj()
-    if d.is_neg():
-        d = d.resolve_neg()
+    d = d.resolve_conj().resolve_neg()  # each returns ``d`` itself when its bit is not set
     name, numpy_ok = _tensor_kind(d.dtype)
     shape = tuple(t.shape)
     if numpy_ok and d.numel() * d.element_size() < OOB_THRESHOLD:
-        # small: a bytearray copy of the elements in C order (any strides; through a memoryview: a
-        # 0-d integer array would be taken as a length), in band; no per-tensor
-        # buffer callback, and the loader's tensor owns it (docs/objects.md, "Performance")
+        # small: in band, a bytearray copy of the elements in C order (any strides), which the loader's
+        # tensor owns; through a memoryview, as a 0-d integer array would be taken as a length
         small = bytearray(memoryview(cast(Any, d.numpy())))
         return rebuild_tensor, (small, name, shape, bool(t.requires_grad))
     data: Any = _byte_view(d).numpy()  # any strides (Any: numpy's stubs on 3.9)
@@ -248,9 +224,8 @@ def reduce_ndarray(a: np.ndarray) -> Any:
     if nbytes and a.ndim == 1:
         dt = a.dtype
         if _plain_cached(dt):  # the restricted loader's test of the dtype too
-            # A small 1-D array (a prediction, a score row, a column): numpy.frombuffer over a copy of
-            # its elements, a bytearray (writable and owned on load, as numpy's own form gives).
-            # Stock pickle and the restricted loader both read it; costs in docs/objects.md.
+            # A small 1-D array: numpy.frombuffer over a bytearray copy (writable and owned on load,
+            # as numpy's own form gives); stock pickle and the restricted loader both read it.
             return np.frombuffer, (bytearray(memoryview(cast(Any, a))), dt)
     if not a.dtype.isnative:
         # numpy's protocol-2 form loses a non-native byte order (``>i4`` comes back ``<i4`` through

@@ -1,24 +1,10 @@
 """``weights_only=``: torch's keyword on the object collectives, on every torch hwdist supports.
 
-torch (2.14 and later) gives its object collectives ``weights_only=False``; with
-``True`` receivers read payloads with the loader behind
-``torch.load(weights_only=True)``. hwdist gives the same keyword, with the same
-default, to each of its object collectives, on every torch it supports.
-
-With ``weights_only=True`` hwdist reads payloads with its restricted loader
-(hwdist's allow-list, the types registered with
-[`register_safe_class`][hwdist.serialization.restricted.loader.register_safe_class],
-and those registered with torch's ``add_safe_globals`` at the moment of the
-call). It accepts what torch 2.15's loader accepts (a module's ``state_dict()``
-with its ``_metadata``; dense, sparse, quantized and meta tensors; parameters).
-torch's own loader is not used: it cannot read hwdist's frames (protocol 5,
-out-of-band buffers), and it crashed or allocated a gigabyte on some hostile
-payloads (``docs/reliability.md``).
-
-Each sender also reads its own object back through the same loader before it
-sends it, so an object holding a type that is not allowed fails on every rank
-with [`WeightsOnlyRefused`][hwdist.errors.WeightsOnlyRefused] naming the type,
-instead of on the receivers only. Receivers still check every payload.
+With ``weights_only=True`` payloads are read with hwdist's restricted loader, plus the types
+registered with torch's ``add_safe_globals`` at the moment of the call; each sender reads its own
+object back first, so a type that is not allowed fails on every rank with
+[`WeightsOnlyRefused`][hwdist.errors.WeightsOnlyRefused]. What it accepts, and why torch's own
+loader is not used: ``docs/objects.md`` and ``docs/reliability.md``.
 """
 
 from __future__ import annotations

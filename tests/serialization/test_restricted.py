@@ -326,7 +326,7 @@ def test_use_serializer_is_per_thread_and_restored_exactly(tmp_path):
     assert seen["a_serializer"] is restricted and seen["b_serializer_ok"] is True
     assert f"refused global '{_OPEN}'" in str(seen["a_error"])
     assert not marker.exists()
-    assert hwdist.get_serializer() is before and ser.is_default_serializer(None)
+    assert hwdist.get_serializer() is before and type(before) is hwdist.PickleSerializer
     # a use_serializer block wins over the process default, and both are restored exactly
     previous = hwdist.set_serializer(restricted)
     try:

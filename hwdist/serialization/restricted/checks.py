@@ -1,13 +1,8 @@
 """The builders of the restricted unpickler's allow-listed globals, and the allow-list itself.
 
-A payload never reaches a constructor with unchecked values: each handler
-takes the REDUCE arguments (or a BUILD state), checks types, sizes and
-ranges with the helpers below, and builds the object itself. numpy arrays
-and tensors come only from a known dtype, a shape and a buffer of exactly the
-right size; a sparse tensor from index and value tensors the payload itself
-built, whose invariants torch then checks; a quantized one from integer
-values and well-formed parameters (the kinds torch's own ``weights_only=True``
-loader accepts). ``loader.py`` is the interpreter that calls them.
+A payload never reaches a constructor with unchecked values: each handler checks the REDUCE
+arguments (or a BUILD state), then builds the object itself; what each accepts is listed in
+``docs/objects.md``. ``loader.py`` is the interpreter that calls them.
 """
 
 from __future__ import annotations
@@ -103,8 +98,10 @@ def byte_view(name: str, buf: Any) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def check_bool_bytes(name: str, view: memoryview) -> None:
-    if view.nbytes and int(np.frombuffer(view, dtype=np.uint8).max()) > 1:
+def check_bool_bytes(name: str, view: memoryview, dt: Any) -> None:
+    """Refuse ``view`` if ``dt`` (a numpy or torch dtype) is bool and a byte is neither 0 nor 1."""
+    is_bool = dt is torch.bool or getattr(dt, "kind", None) == "b"
+    if is_bool and view.nbytes and int(np.frombuffer(view, dtype=np.uint8).max()) > 1:
         raise refuse(f"{name}: a bool buffer holds a byte other than 0 or 1")
 
 
@@ -118,8 +115,7 @@ def sized_buffer(u: Loader, name: str, buf: Any, shape: Any, dt: Any) -> memoryv
             f"{name}: shape {tuple(shape)} of {dt} needs {count * dt.itemsize} bytes, got {view.nbytes}"
         )
     u.charge(view.nbytes)
-    if dt is torch.bool or getattr(dt, "kind", None) == "b":
-        check_bool_bytes(name, view)
+    check_bool_bytes(name, view, dt)
     return view
 
 
@@ -141,17 +137,13 @@ def describe(obj: Any) -> str:
 def _array_dtype(name: str, dt: Any, allow_object: bool = False) -> np.dtype:
     if plain_dtype(dt):
         return dt
-    if isinstance(dt, np.dtype) and dt.fields is not None and dt.kind == "V":
-        if all(plain_dtype(f[0]) and f[0].kind != "b" and len(f) == 2 for f in dt.fields.values()):
+    if isinstance(dt, np.dtype):
+        fields = dt.fields
+        if fields is not None and dt.kind == "V":
+            if all(plain_dtype(f[0]) and f[0].kind != "b" and len(f) == 2 for f in fields.values()):
+                return dt
+        elif allow_object and dt.kind == "O" and fields is None and dt.metadata is None:
             return dt
-    if (
-        allow_object
-        and isinstance(dt, np.dtype)
-        and dt.kind == "O"
-        and dt.fields is None
-        and dt.metadata is None
-    ):
-        return dt
     raise refuse(
         f"{name}: dtype {dt!r} is not a plain numeric dtype (bool, int, uint, float, complex, or a record of"
         " non-bool numeric fields). HINT: send it as a list, or convert it with .astype()"
@@ -166,21 +158,17 @@ _DTYPE_STR = re.compile(r"([biufc])(\d{1,2})|(V)(\d{1,9})|(O)(4|8)")
 def _np_dtype(u: Loader, args: tuple) -> Pending:
     arity("numpy.dtype", args, 1, 3)
     spec = args[0]
-    match = _DTYPE_STR.fullmatch(spec) if type(spec) is str else None
-    if match is None:
+    if type(spec) is not str or _DTYPE_STR.fullmatch(spec) is None:
         raise refuse(f"numpy.dtype {spec!r} is not a plain numeric, record or object dtype")
-    return Pending(lambda u2, state: _np_dtype_state(spec, state))
+    return Pending(lambda _, state: _np_dtype_state(spec, state))
 
 
 def _np_dtype_state(spec: str, state: Any) -> np.dtype:
     if type(state) is not tuple or len(state) not in (8, 9) or state[0] not in (3, 4):
         raise refuse("numpy.dtype state must be numpy's 8-tuple (version 3 or 4)")
     endian, subarray, names, fields, elsize = state[1:6]
-    if (
-        endian not in ("<", ">", "|", "=")
-        or subarray is not None
-        or (len(state) == 9 and state[8] is not None)
-    ):
+    metadata = state[8] if len(state) == 9 else None
+    if endian not in ("<", ">", "|", "=") or subarray is not None or metadata is not None:
         raise refuse(f"numpy.dtype {spec!r}: byte order {endian!r}, sub-arrays and metadata are not accepted")
     if spec[0] == "V":
         if type(names) is not tuple or not names or type(fields) is not dict or len(fields) != len(names):
@@ -225,8 +213,7 @@ def _np_array_state(u: Loader, state: Any) -> np.ndarray:
         if type(raw) is not list or len(raw) != count:
             raise refuse(f"numpy object array: expected a list of {count} items")
         u.charge(count)
-        for x in raw:
-            u.check_unsafe_child("numpy object array", x)
+        u.check_unsafe_children("numpy object array", raw)
         flat: Any = np.fromiter(raw, dtype=object, count=count)
         out = flat.reshape(shape, order=order)
         u.mark_unsafe(out)
@@ -256,9 +243,7 @@ def _np_frombuffer_1d(u: Loader, args: tuple) -> np.ndarray:
         raise refuse(f"numpy.frombuffer: dtype must be a plain numeric dtype, got {dt!r}")
     if not view.nbytes or view.nbytes % dt.itemsize:
         raise refuse(f"numpy.frombuffer: {view.nbytes} bytes is not a whole, non-empty number of {dt} items")
-    u.charge(view.nbytes)
-    if dt.kind == "b":
-        check_bool_bytes("numpy.frombuffer", view)
+    view = sized_buffer(u, "numpy.frombuffer", view, (view.nbytes // dt.itemsize,), dt)
     return np.frombuffer(view, dtype=dt)
 
 
@@ -268,8 +253,7 @@ def _np_scalar(u: Loader, args: tuple) -> Any:
     view = byte_view("numpy scalar", args[1]) if type(args[1]) is bytes else None
     if view is None or view.nbytes != dt.itemsize:
         raise refuse(f"numpy scalar of {dt} needs {dt.itemsize} bytes")
-    if dt.kind == "b":
-        check_bool_bytes("numpy scalar", view)
+    check_bool_bytes("numpy scalar", view, dt)
     return np.frombuffer(view, dtype=dt)[0]
 
 
@@ -279,6 +263,8 @@ _PRIMITIVE = (int, float, complex, str, bytes, bool, type(None))
 _ENCODINGS = frozenset({"utf-8", "utf8", "latin-1", "latin1", "ascii"})
 _ERRORS = frozenset({"strict", "replace", "ignore", "surrogatepass", "surrogateescape", "backslashreplace"})
 _SEQUENCES = (tuple, list, set, frozenset, str, bytes, bytearray, dict)
+_MAPPINGS = (dict, list, tuple)
+_WHEN = (int, float, str, bytes, type(None), datetime.timezone)
 
 
 def _primitive(name: str, args: tuple, lo: int, hi: int, types: tuple = _PRIMITIVE) -> tuple:
@@ -289,8 +275,8 @@ def _primitive(name: str, args: tuple, lo: int, hi: int, types: tuple = _PRIMITI
     return args
 
 
-def _call_primitive(cls: type, lo: int, hi: int) -> Callable[[Loader, tuple], Any]:
-    return lambda u, args: cls(*_primitive(cls.__name__, args, lo, hi))
+def _call(cls: type, lo: int, hi: int, types: tuple = _PRIMITIVE) -> Callable[[Loader, tuple], Any]:
+    return lambda u, args: cls(*_primitive(cls.__name__, args, lo, hi, types))
 
 
 def _text(u: Loader, args: tuple) -> str:
@@ -313,25 +299,13 @@ def _bytes_like(cls: type) -> Callable[[Loader, tuple], Any]:
     return build
 
 
-def _container(cls: type) -> Callable[[Loader, tuple], Any]:
+def _container(cls: type, types: tuple = _SEQUENCES) -> Callable[[Loader, tuple], Any]:
     def build(u: Loader, args: tuple) -> Any:
-        _primitive(cls.__name__, args, 0, 1, _SEQUENCES)
+        _primitive(cls.__name__, args, 0, 1, types)
         if args:
             u.charge(len(args[0]))
         out = cls(*args)
         return u.track(out) if cls in (tuple, frozenset) else out
-
-    return build
-
-
-def _mapping(cls: type) -> Callable[[Loader, tuple], Any]:
-    def build(u: Loader, args: tuple) -> Any:
-        _primitive(
-            cls.__name__, args, 0, 1, (dict, list, tuple) if cls is not collections.Counter else (dict,)
-        )
-        if args:
-            u.charge(len(args[0]))
-        return cls(*args)
 
     return build
 
@@ -344,8 +318,7 @@ def _defaultdict(u: Loader, args: tuple) -> collections.defaultdict:
     rest = _primitive("defaultdict", args[1:], 0, 1, (dict, list))
     if rest:
         u.charge(len(rest[0]))
-        for v in rest[0].values() if type(rest[0]) is dict else ():
-            u.check_unsafe_child("defaultdict", v)
+        u.check_unsafe_children("defaultdict", rest[0].values() if type(rest[0]) is dict else ())
     out = collections.defaultdict(factory, *rest)
     u.mark_unsafe(out)
     return out
@@ -353,22 +326,15 @@ def _defaultdict(u: Loader, args: tuple) -> collections.defaultdict:
 
 def _deque(u: Loader, args: tuple) -> collections.deque:
     _primitive("deque", args, 0, 2, (list, tuple, int, type(None)))
-    if (args and type(args[0]) is int) or (
-        len(args) == 2 and type(args[1]) is not int and args[1] is not None
-    ):
+    maxlen = args[1] if len(args) == 2 else None
+    if (args and type(args[0]) is int) or (maxlen is not None and type(maxlen) is not int):
         raise refuse("deque takes (items, maxlen)")
     if args:
         u.charge(len(args[0]))
-        for x in args[0]:
-            u.check_unsafe_child("deque", x)
+        u.check_unsafe_children("deque", args[0])
     out: collections.deque[Any] = collections.deque(*args)
     u.mark_unsafe(out)
     return out
-
-
-def _when(cls: type) -> Callable[[Loader, tuple], Any]:
-    types = (int, float, str, bytes, type(None), datetime.timezone)
-    return lambda u, args: cls(*_primitive(cls.__name__, args, 0, 8, types))
 
 
 _MAX_INT_BITS = 16384
@@ -440,11 +406,8 @@ def _size(u: Loader, args: tuple) -> torch.Size:
 
 def _device(u: Loader, args: tuple) -> torch.device:
     arity("torch.device", args, 1, 2)
-    if (
-        type(args[0]) is not str
-        or len(args[0]) > 64
-        or (len(args) == 2 and args[1] is not None and type(args[1]) is not int)
-    ):
+    index = args[1] if len(args) == 2 else None
+    if type(args[0]) is not str or len(args[0]) > 64 or (index is not None and type(index) is not int):
         raise refuse("torch.device takes (type string, index)")
     return torch.device(*args)
 
@@ -497,15 +460,9 @@ def _quantized(u: Loader, args: tuple) -> torch.Tensor:
     zeros = _tensor_arg("quantized zero points", params[2])
     axis = int_arg("quantized tensor axis", params[3])
     want_zero = torch.int64 if params[0] == "per_channel_affine" else scales.dtype
-    if (
-        axis >= values.dim()
-        or scales.dim() != 1
-        or zeros.dim() != 1
-        or len(scales) != values.shape[axis]
-        or len(zeros) != len(scales)
-        or not scales.dtype.is_floating_point
-        or zeros.dtype != want_zero
-    ):
+    one_per_entry = axis < values.dim() and scales.dim() == 1 and zeros.dim() == 1
+    one_per_entry = one_per_entry and len(scales) == values.shape[axis] == len(zeros)
+    if not one_per_entry or not scales.dtype.is_floating_point or zeros.dtype != want_zero:
         raise refuse(
             f"quantized tensor: {params[0]} needs 1-D float scales and {want_zero} zero points,"
             " one per entry of the axis"
@@ -529,10 +486,10 @@ def _meta(u: Loader, args: tuple) -> torch.Tensor:
 
 
 CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
-    bool: _call_primitive(bool, 0, 1),
-    int: lambda u, args: int(*_primitive("int", args, 0, 2, (int, float, str, bytes, bool))),
-    float: _call_primitive(float, 0, 1),
-    complex: lambda u, args: complex(*_primitive("complex", args, 0, 2, (int, float, complex, str, bool))),
+    bool: _call(bool, 0, 1),
+    int: _call(int, 0, 2, (int, float, str, bytes, bool)),
+    float: _call(float, 0, 1),
+    complex: _call(complex, 0, 2, (int, float, complex, str, bool)),
     str: _text,
     bytes: _bytes_like(bytes),
     bytearray: _bytes_like(bytearray),
@@ -540,20 +497,18 @@ CALLS: dict[Any, Callable[[Loader, tuple], Any]] = {
     list: _container(list),
     set: _container(set),
     frozenset: _container(frozenset),
-    dict: _mapping(dict),
-    range: lambda u, args: range(*_primitive("range", args, 1, 3, (int,))),
-    slice: lambda u, args: slice(*_primitive("slice", args, 1, 3, (int, type(None)))),
-    collections.OrderedDict: _mapping(collections.OrderedDict),
-    collections.Counter: _mapping(collections.Counter),
+    dict: _container(dict, _MAPPINGS),
+    range: _call(range, 1, 3, (int,)),
+    slice: _call(slice, 1, 3, (int, type(None))),
+    collections.OrderedDict: _container(collections.OrderedDict, _MAPPINGS),
+    collections.Counter: _container(collections.Counter, (dict,)),
     collections.defaultdict: _defaultdict,
     collections.deque: _deque,
-    datetime.datetime: _when(datetime.datetime),
-    datetime.date: _when(datetime.date),
-    datetime.time: _when(datetime.time),
-    datetime.timedelta: _when(datetime.timedelta),
-    datetime.timezone: lambda u, args: datetime.timezone(
-        *_primitive("timezone", args, 1, 2, (datetime.timedelta, str))
-    ),
+    datetime.datetime: _call(datetime.datetime, 0, 8, _WHEN),
+    datetime.date: _call(datetime.date, 0, 8, _WHEN),
+    datetime.time: _call(datetime.time, 0, 8, _WHEN),
+    datetime.timedelta: _call(datetime.timedelta, 0, 8, _WHEN),
+    datetime.timezone: _call(datetime.timezone, 1, 2, (datetime.timedelta, str)),
     decimal.Decimal: _decimal,
     fractions.Fraction: _fraction,
     np.dtype: _np_dtype,

@@ -1,18 +1,10 @@
 """The restricted unpickler: hwdist's own pickle interpreter for payloads from peers it does not trust.
 
-Python's unpickler calls whatever a payload names and lets BUILD set state on
-any object, so an allow-list of globals on top of it (``find_class``) is not
-enough: numpy's reconstructors trust their arguments, BUILD can ``setattr`` on
-a class, ``bytearray(n)`` allocates what the payload asks for, and nested
-tuples or deques crash CPython when hashed or freed. This module reads the
-opcodes itself: every global resolves through the allow-list to a value or to
-a handler that checks the arguments and builds the object itself; BUILD sets
-state only on instances of registered classes; every length is checked
-against the bytes left before anything is allocated, and size-driven copies
-are charged against a budget proportional to the payload; nesting that
-CPython cannot hash or free without deep C recursion is refused. Anything
-else raises [`UnpicklingRefused`][hwdist.errors.UnpicklingRefused]; the trust
-model is in ``docs/objects.md`` and ``docs/reliability.md``.
+An allow-list on top of Python's unpickler (``find_class``) is not enough: numpy's reconstructors
+trust their arguments, BUILD can ``setattr`` on a class, ``bytearray(n)`` allocates what the
+payload asks for. This module reads the opcodes itself; what it accepts, the trust model and the
+refusals ([`UnpicklingRefused`][hwdist.errors.UnpicklingRefused]) are in ``docs/objects.md`` and
+``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ import importlib
 import pickletools
 import struct
 import threading
-from typing import Any, Callable, Iterator, Optional, Sequence, Union, cast
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union, cast
 
 import torch
 
@@ -59,11 +51,9 @@ _TORCH_DTYPE_NAMES = {k: v for k, v in vars(torch).items() if isinstance(v, torc
 def register_safe_class(*classes: Union[type, Callable[..., Any], str]) -> None:
     """Allow classes (or functions, or ``'module.QualName'`` strings) in the restricted unpickler.
 
-    Only register what cannot run code you do not want when unpickled: the
-    class's ``__new__``, ``__init__`` (when a payload calls it),
-    ``__setstate__`` and the state a payload sets on its instances are trusted.
-    Names hwdist already handles (numpy, torch, standard types) keep hwdist's
-    checks.
+    Only register what cannot run code you do not want when unpickled: the class's ``__new__``,
+    ``__init__`` (when a payload calls it), ``__setstate__`` and the state a payload sets on its
+    instances are trusted. Names hwdist already handles (numpy, torch, standard types) keep its checks.
 
     Examples:
         >>> @dataclasses.dataclass
@@ -110,9 +100,6 @@ def torch_safe_pairs() -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-# ---- the interpreter ------------------------------------------------------------------------
-
-
 class Loader:
     """One run of the restricted pickle interpreter over ``data``."""
 
@@ -120,8 +107,7 @@ class Loader:
         self.data = data
         self.pos = 0
         self.stack: list[Any] = []
-        # MARKs are stack positions and the memo a list (one pointer per entry, as in pickle's C
-        # unpickler), so a payload of MEMOIZE or MARK opcodes costs 8 bytes per opcode byte, no more.
+        # MARKs are stack positions and the memo a list: 8 bytes per MEMOIZE or MARK opcode, no more.
         self.marks: list[int] = []
         self.base = 0  # the position of the innermost MARK (values below it are not the opcode's)
         self.memo: list[Any] = []
@@ -147,8 +133,7 @@ class Loader:
         return id(obj) in self.trusted_ids and self.trusted_ids[id(obj)] is obj
 
     def track(self, obj: Any) -> Any:
-        """``obj``, a new tuple or frozenset, whose depth is kept (CPython hashes them recursively, with
-        no depth check)."""
+        """``obj``, a new tuple or frozenset, whose depth is kept (CPython hashes them recursively)."""
         depth = 0
         nesting = self.nesting
         for c in obj:
@@ -166,11 +151,12 @@ class Loader:
     def mark_unsafe(self, obj: Any) -> None:
         self.unsafe[id(obj)] = obj
 
-    def check_unsafe_child(self, where: str, x: Any) -> None:
-        if isinstance(x, UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
-            raise refuse(
-                f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)"
-            )
+    def check_unsafe_children(self, where: str, items: Iterable[Any]) -> None:
+        for x in items:
+            if isinstance(x, UNSAFE_NESTING) and self.unsafe.get(id(x)) is x:
+                raise refuse(
+                    f"a {type(x).__name__} directly inside a {where} (CPython frees such chains recursively)"
+                )
 
     # -- reading
     def read(self, n: int) -> bytes:
@@ -253,19 +239,15 @@ class Loader:
     def call(self, func: Any, args: Any) -> Any:
         if type(args) is not tuple:
             raise refuse(f"REDUCE arguments must be a tuple, got {type(args).__name__}")
-        if type(func) is Handler:
-            return self._pending(func.fn(self, args))
-        handler = CALLS.get(func) if hashable_in(func, CALLS) else None
+        handler = func.fn if type(func) is Handler else CALLS.get(func) if hashable_in(func, CALLS) else None
         if handler is not None:
-            return self._pending(handler(self, args))
+            out = handler(self, args)
+            if type(out) is Pending:  # finished by its BUILD; one left unfinished at STOP is refused
+                self.pendings.append(out)
+            return out
         if self.trusted(func):
             return func(*args)
         raise refuse(f"calling {describe(func)} is not allowed")
-
-    def _pending(self, out: Any) -> Any:
-        if type(out) is Pending:  # finished by its BUILD; one left unfinished at STOP is refused
-            self.pendings.append(out)
-        return out
 
     def new(self, cls: Any, args: Any, kwargs: Any) -> Any:
         if not isinstance(cls, type) or not self.trusted(cls):
@@ -294,8 +276,7 @@ class Loader:
         if self.trusted(type(inst)):
             _set_state(inst, state)
         elif type(inst) is collections.OrderedDict and state:
-            # An OrderedDict's attributes: nn.Module.state_dict() carries its ``_metadata`` this way
-            # (torch's weights_only loader accepts it the same way, as a __dict__ update)
+            # nn.Module.state_dict() carries its ``_metadata`` this way (torch's loader accepts it too)
             if type(state) is not dict or not all(type(k) is str for k in state):
                 raise refuse("the state of an OrderedDict must be a dict with str keys")
             inst.__dict__.update(state)
@@ -303,9 +284,6 @@ class Loader:
             raise refuse(
                 f"setting state on a {describe(type(inst))} is not allowed (only on registered classes)"
             )
-
-    def memo_len(self) -> int:
-        return len(self.memo) + len(self.memo_sparse)
 
     def memo_put(self, key: int, value: Any) -> None:
         memo = self.memo
@@ -330,9 +308,7 @@ class Loader:
             value.keys.append(key)
 
     def load(self) -> Any:
-        data = self.data
-        end = len(data)
-        dispatch = DISPATCH
+        data, end, dispatch = self.data, len(self.data), DISPATCH
         try:
             while True:
                 if self.pos >= end:
@@ -436,11 +412,8 @@ class _Recorder:
 def _read_pickle(file: Any) -> bytes:
     """The bytes of the next pickle in ``file``, up to and including its STOP; what follows stays unread.
 
-    ``pickletools.genops`` walks the opcodes and their arguments through a recorder (lengths the
-    stream gives are read in bounded pieces, a protocol 4/5 FRAME in one read); nothing is built.
-
-    A stream that ends early, or an opcode pickle does not know, ends the collection there: the
-    interpreter then refuses the bytes (truncated, unknown opcode) with its own message.
+    ``pickletools.genops`` walks the opcodes through a ``_Recorder``; nothing is built. A stream
+    that ends early, or an unknown opcode, ends the bytes there (the interpreter then refuses them).
 
     Raises:
         EOFError: the stream is at its end (nothing left to read), as ``pickle.Unpickler`` raises.
@@ -457,14 +430,10 @@ def _read_pickle(file: Any) -> bytes:
     return bytes(src.got)
 
 
-# ---- public entry points ------------------------------------------------------------------
-
-
 class RestrictedUnpickler:
     """Reads pickle data with only allow-listed globals, through hwdist's own checked handlers.
 
-    Not a `pickle.Unpickler`: it interprets the opcodes itself (see
-    ``docs/objects.md`` for what it accepts).
+    Not a `pickle.Unpickler`: it interprets the opcodes itself (what it accepts: ``docs/objects.md``).
 
     Args:
         file: a binary file-like object holding the pickle stream.
@@ -494,10 +463,8 @@ class RestrictedUnpickler:
     def load(self) -> Any:
         """The next object in the stream; like ``pickle.Unpickler.load``, it stops at the object's STOP.
 
-        The file is left just after that STOP, so the next pickle in it is read by the next ``load``,
-        of this unpickler or another one, or by ``pickle``: a seekable file is read to its end, then
-        put back just after the STOP; from a stream that cannot seek (a pipe, a socket), exactly the
-        pickle's bytes are read, opcode by opcode (a protocol 4/5 frame at once).
+        The file is left just after that STOP, so the next ``load`` or ``pickle`` reads the next
+        pickle in it (from a seekable file or a stream that cannot seek: ``docs/objects.md``).
 
         Raises:
             UnpicklingRefused: for anything not accepted.

@@ -1,8 +1,7 @@
 """The opcodes of the restricted unpickler (pickle protocols 0 to 5), one small function each.
 
-Every length is checked against the bytes left before anything is
-allocated; opcodes that call or look up something outside the payload
-(persistent ids, the extension registry, INST/OBJ) are refused.
+Every length is checked against the bytes left before anything is allocated; opcodes that call or
+look up something outside the payload (persistent ids, the extension registry, INST/OBJ) are refused.
 """
 
 from __future__ import annotations
@@ -10,14 +9,12 @@ from __future__ import annotations
 import codecs
 import collections
 import struct
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .checks import Pending, byte_view, describe, refuse
 
 if TYPE_CHECKING:
     from .loader import Loader
-
-# ---- opcodes ------------------------------------------------------------------------------
 
 
 def _push(value_fn: Callable[[Loader], Any]) -> Callable[[Loader], None]:
@@ -46,36 +43,26 @@ def _op_string(u: Loader) -> None:
     u.stack.append(codecs.escape_decode(line[1:-1])[0].decode("ascii"))
 
 
-def _op_counted(fmt: str, n: int, kind: Callable[[bytes], Any]) -> Callable[[Loader], None]:
-    unpack = struct.Struct(fmt or "<B").unpack_from
-    n = n or 1
-
-    def op(u: Loader) -> None:  # hot: strings and bytes; read() inlined
-        data, pos = u.data, u.pos
-        if pos + n > len(data):
-            u.read(n)  # raises: truncated
-        size = unpack(data, pos)[0]
-        pos += n
-        end = pos + size
-        if end > len(data):  # checked before anything is allocated
-            raise refuse(f"truncated: {size} bytes wanted at byte {pos}, {len(data) - pos} left")
-        u.pos = end
-        u.stack.append(kind(data[pos:end]))
-
-    return op
-
-
-def _op_small(fmt: str) -> Callable[[Loader], None]:
-    """A fixed-size argument pushed as it is (ints, floats); read() inlined."""
+def _op_arg(fmt: str, kind: Optional[Callable[[bytes], Any]] = None) -> Callable[[Loader], None]:
+    """A fixed-size argument pushed as it is (ints, floats), or with ``kind`` the length of the
+    ``kind`` value that follows (strings, bytes); hot, so read() is inlined."""
     st = struct.Struct(fmt)
     n, unpack = st.size, st.unpack_from
 
     def op(u: Loader) -> None:
-        pos = u.pos
-        if pos + n > len(u.data):
+        data, pos = u.data, u.pos
+        if pos + n > len(data):
             u.read(n)  # raises: truncated
-        u.pos = pos + n
-        u.stack.append(unpack(u.data, pos)[0])
+        value = unpack(data, pos)[0]
+        pos += n
+        u.pos = pos
+        if kind is not None:
+            end = pos + value
+            if end > len(data):  # checked before anything is allocated
+                raise refuse(f"truncated: {value} bytes wanted at byte {pos}, {len(data) - pos} left")
+            u.pos = end  # before kind(): a decoding error names the byte after the argument
+            value = kind(data[pos:end])
+        u.stack.append(value)
 
     return op
 
@@ -107,8 +94,7 @@ def _extend(u: Loader, items: list[Any]) -> None:
     if type(target) is list:
         target.extend(items)
     elif type(target) is collections.deque:  # deque's reduce sends its items this way
-        for x in items:
-            u.check_unsafe_child("deque", x)
+        u.check_unsafe_children("deque", items)
         target.extend(items)
     elif u.trusted(type(target)):
         extend = getattr(target, "extend", None)
@@ -129,8 +115,7 @@ def _set_items(u: Loader, items: list[Any]) -> None:
     if kind is dict or kind is collections.OrderedDict or kind is collections.Counter:
         pass
     elif kind is collections.defaultdict:
-        for v in items[1::2]:
-            u.check_unsafe_child("defaultdict", v)
+        u.check_unsafe_children("defaultdict", items[1::2])
     elif not u.trusted(kind) or isinstance(target, type):
         raise refuse(f"setting items on {describe(target)} is not allowed")
     for i in range(0, len(items), 2):
@@ -205,10 +190,6 @@ def _refused_op(what: str) -> Callable[[Loader], None]:
     return op
 
 
-def _line_int(u: Loader) -> int:
-    return int(u.readline())
-
-
 DISPATCH: dict[int, Callable[[Loader], None]] = {
     ord(k): v
     for k, v in {
@@ -218,25 +199,25 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "\x88": _push(lambda u: True),
         "\x89": _push(lambda u: False),
         "I": _op_int,
-        "J": _op_small("<i"),
-        "K": _op_small("<B"),
-        "M": _op_small("<H"),
+        "J": _op_arg("<i"),
+        "K": _op_arg("<B"),
+        "M": _op_arg("<H"),
         "L": _push(lambda u: int(u.readline().removesuffix(b"L"))),
         "\x8a": _push(lambda u: int.from_bytes(u.read(u.unpack("<B", 1)), "little", signed=True)),
         "\x8b": _push(lambda u: int.from_bytes(u.read(u.unpack("<I", 4)), "little", signed=True)),
         "F": _push(lambda u: float(u.readline())),
-        "G": _op_small(">d"),
+        "G": _op_arg(">d"),
         "S": _op_string,
-        "T": _op_counted("<I", 4, lambda b: b.decode("ascii")),
-        "U": _op_counted("", 1, lambda b: b.decode("ascii")),
-        "B": _op_counted("<I", 4, bytes),
-        "C": _op_counted("", 1, bytes),
-        "\x8e": _op_counted("<Q", 8, bytes),
-        "\x96": _op_counted("<Q", 8, bytearray),
+        "T": _op_arg("<I", lambda b: b.decode("ascii")),
+        "U": _op_arg("<B", lambda b: b.decode("ascii")),
+        "B": _op_arg("<I", bytes),
+        "C": _op_arg("<B", bytes),
+        "\x8e": _op_arg("<Q", bytes),
+        "\x96": _op_arg("<Q", bytearray),
         "V": _push(lambda u: codecs.raw_unicode_escape_decode(u.readline())[0]),  # no codec lookup
-        "X": _op_counted("<I", 4, _utf8),
-        "\x8c": _op_counted("", 1, _utf8),
-        "\x8d": _op_counted("<Q", 8, _utf8),
+        "X": _op_arg("<I", _utf8),
+        "\x8c": _op_arg("<B", _utf8),
+        "\x8d": _op_arg("<Q", _utf8),
         "\x97": _op_next_buffer,
         "\x98": _op_readonly,
         ")": _push(lambda u: ()),
@@ -259,13 +240,13 @@ DISPATCH: dict[int, Callable[[Loader], None]] = {
         "1": lambda u: u.pop_mark().clear(),
         "2": _op_dup,
         "(": lambda u: u.mark(),
-        "g": _op_get(_line_int),
+        "g": _op_get(lambda u: int(u.readline())),
         "h": _op_get(lambda u: u.read(1)[0]),
         "j": _op_get(lambda u: u.unpack("<I", 4)),
-        "p": _op_put(_line_int),
+        "p": _op_put(lambda u: int(u.readline())),
         "q": _op_put(lambda u: u.read(1)[0]),
         "r": _op_put(lambda u: u.unpack("<I", 4)),
-        "\x94": lambda u: u.memoize(u.memo_len()),
+        "\x94": lambda u: u.memoize(len(u.memo) + len(u.memo_sparse)),
         "c": _push(lambda u: u.find_class(u.readline().decode("utf-8"), u.readline().decode("utf-8"))),
         "\x93": _op_stack_global,
         "R": _op_reduce,
