@@ -42,13 +42,9 @@ OK, SERIALIZE, ARGUMENT, IO, OTHER = 0, 1, 2, 3, 4
 ASSERTED = 5  # an argument mmengine checks with assert: an ArgumentAssertionError on every rank
 REFUSED = 6  # weights_only=True refused a rank's own object: a WeightsOnlyRefused on every rank
 ERRORS: dict[int, type[ObjectCollectiveError]] = {
-    REFUSED: WeightsOnlyRefused,
-    SERIALIZE: SerializationError,
-    ARGUMENT: CollectiveArgumentError,
-    ASSERTED: ArgumentAssertionError,
-    IO: ObjectCollectiveError,
-    OTHER: ObjectCollectiveError,
-}
+    REFUSED: WeightsOnlyRefused, SERIALIZE: SerializationError, ARGUMENT: CollectiveArgumentError,
+    ASSERTED: ArgumentAssertionError, IO: ObjectCollectiveError, OTHER: ObjectCollectiveError,
+}  # fmt: skip
 
 
 class LocalFailure(Exception):
@@ -110,10 +106,7 @@ def failure_record(opcode: int, failure: LocalFailure, root: int = -1) -> np.nda
 def payload_record(
     opcode: int, frame: Frame, root: int = -1, token: int = 0
 ) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """The record of ``frame`` (inline when it fits) and the frame's bytes when they travel separately.
-
-    An inline frame is written straight into the record: the payload is copied once.
-    """
+    """The record of ``frame`` (written straight into it when it fits) and the frame's bytes otherwise."""
     n = frame.nbytes
     if n <= INLINE_BYTES:
         rec = make_record(opcode, total=n, root=root, token=token)
