@@ -1,31 +1,12 @@
 """The object collectives' wire: one record per rank, the group's byte exchanges and failure notices.
 
-**Records.** Every object collective starts with one exchange of one record
-per rank (an all_gather; ``broadcast_object_list`` and ``scatter_object_list``
-broadcast ``src``'s, or all-gather it with the others' while verification is
-on). A record is the one header of ``collectives.protocol``
-(1 KiB, fixed): status, payload size, chunk count, root, opcode, token, the
-verified call's fingerprint and, up to ``INLINE_BYTES`` (832), the payload
-itself. An object that fits is done in that one collective; a larger one then
-moves at its exact size. Nothing is predicted: the record size never changes.
-A failed rank's record carries its message, so every rank raises the same
-error, of the right kind, naming the failed ranks
-([`raise_failures`][hwdist.collectives._objwire.raise_failures]).
-
-**Link.** [`Link`][hwdist.collectives._objwire.Link] is one call's group, on the
-engine's [`view`][hwdist.collectives.engine.view] (size, driver): the rank
-mapping and the byte exchanges through [`protocol`][hwdist.collectives.protocol].
-A rank whose exchange fails (a peer died), or that is interrupted between two
-steps, posts a notice on the group's store before it raises; the others wait in
-slices (50 ms, doubling up to 0.5 s), read the store between slices and raise
-[`PeerFailure`][hwdist.errors.PeerFailure] instead of waiting for the
-process-group timeout (p2p waits in a helper thread, as gloo closes the pair of
-a p2p wait that times out; not sliced where bytes travel on an accelerator).
-
-**Encoding**: [`serialize`][hwdist.collectives._objwire.serialize] names the
-failing part; [`Decoder`][hwdist.collectives._objwire.Decoder] and
-[`closing_status`][hwdist.collectives._objwire.closing_status] decode without
-leaving senders waiting.
+A record is the one header of ``collectives.protocol`` (1 KiB, fixed):
+status, payload size, chunk count, root, opcode, token, the verified call's
+fingerprint and, up to ``INLINE_BYTES``, the payload or a failure's message.
+[`Link`][hwdist.collectives._objwire.Link] is one call's group: rank mapping,
+byte exchanges through ``protocol`` and failure notices on the group's store,
+so that a rank left waiting raises [`PeerFailure`][hwdist.errors.PeerFailure]
+instead of waiting for the process-group timeout. docs/objects.md.
 """
 
 from __future__ import annotations
@@ -38,15 +19,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from .. import _compat
-from ..errors import (
-    ArgumentAssertionError,
-    CollectiveArgumentError,
-    ObjectCollectiveError,
-    PeerFailure,
-    PlanError,
-    SerializationError,
-    WeightsOnlyRefused,
-)
+from ..errors import ArgumentAssertionError, CollectiveArgumentError, ObjectCollectiveError, PeerFailure
+from ..errors import PlanError, SerializationError, WeightsOnlyRefused
 from .. import serialization as _ser
 from ..serialization import weights_only as _weights_only
 from . import protocol, verify
@@ -56,7 +30,7 @@ from ..serialization import Frame, MapLocation, PickleSerializer, Serializer
 __all__ = [
     "OK", "SERIALIZE", "ARGUMENT", "ASSERTED", "REFUSED", "IO", "OTHER", "LocalFailure", "arg_error",
     "RECORD_BYTES", "INLINE_BYTES", "OPS", "OP_NAMES", "Record", "make_record",
-    "failure_record", "payload_record", "parse_record", "parse_rows", "raise_failures",
+    "failure_record", "payload_record", "parse_rows", "raise_failures",
     "NOTICE_KEY", "Link", "check_root", "world_size",
     "describe", "serialize", "decode", "may_refuse", "Decoder", "CONFIRM", "closing_status",
 ]  # fmt: skip
@@ -68,21 +42,13 @@ OK, SERIALIZE, ARGUMENT, IO, OTHER = 0, 1, 2, 3, 4
 ASSERTED = 5  # an argument mmengine checks with assert: an ArgumentAssertionError on every rank
 REFUSED = 6  # weights_only=True refused a rank's own object: a WeightsOnlyRefused on every rank
 ERRORS: dict[int, type[ObjectCollectiveError]] = {
-    REFUSED: WeightsOnlyRefused,
-    SERIALIZE: SerializationError,
-    ARGUMENT: CollectiveArgumentError,
-    ASSERTED: ArgumentAssertionError,
-    IO: ObjectCollectiveError,
-    OTHER: ObjectCollectiveError,
-}
+    REFUSED: WeightsOnlyRefused, SERIALIZE: SerializationError, ARGUMENT: CollectiveArgumentError,
+    ASSERTED: ArgumentAssertionError, IO: ObjectCollectiveError, OTHER: ObjectCollectiveError,
+}  # fmt: skip
 
 
 class LocalFailure(Exception):
-    """A failure on this rank, to be reported to every rank in the next record exchange.
-
-    Attributes:
-        kind: its status (``SERIALIZE``, ``ARGUMENT``, ``IO``, ``OTHER``, ...).
-    """
+    """A failure on this rank (``kind``: its status), reported to every rank in the next record exchange."""
 
     def __init__(self, kind: int, message: str) -> None:
         super().__init__(message)
@@ -140,10 +106,7 @@ def failure_record(opcode: int, failure: LocalFailure, root: int = -1) -> np.nda
 def payload_record(
     opcode: int, frame: Frame, root: int = -1, token: int = 0
 ) -> tuple[np.ndarray, Optional[np.ndarray]]:
-    """The record of ``frame`` (inline when it fits) and the frame's bytes when they travel separately.
-
-    An inline frame is written straight into the record: the payload is copied once.
-    """
+    """The record of ``frame`` (written straight into it when it fits) and the frame's bytes otherwise."""
     n = frame.nbytes
     if n <= INLINE_BYTES:
         rec = make_record(opcode, total=n, root=root, token=token)
@@ -153,11 +116,6 @@ def payload_record(
 
 
 parse_rows = protocol.parse_rows
-
-
-def parse_record(rank: int, row: np.ndarray) -> Record:
-    """Group rank ``rank``'s record from its bytes."""
-    return protocol.decode(row, rank)
 
 
 def raise_failures(records: Sequence[Record], what: str, opcode: int, root: int) -> None:
@@ -219,14 +177,9 @@ class Link:
         self._store: Any = None  # the group's store, on first use; False: none
         #: (op name, stamp) of a verified call, until its first record exchange carries it
         self._pending: Optional[tuple[str, verify.Stamp]] = None
-        #: the size of this call's records and the largest payload they carry inline
-        self.record_bytes = RECORD_BYTES
-        self.inline_bytes = INLINE_BYTES
 
     def verify(self, op: str, fields: dict[str, Any]) -> None:
-        """Verify this call in its first record exchange (while verification is on): every rank's record
-        then carries the call's fingerprint, and a record that would be broadcast is all-gathered so that
-        every rank sees every rank's."""
+        """Verify this call (while verification is on) in its first record exchange, all-gathered."""
         st = verify.stamp(op, self.group, fields)
         self._pending = None if st is None else (op, st)
 
@@ -249,8 +202,7 @@ class Link:
         return self._call(protocol.gather_rows, data)
 
     def gather(self, data: np.ndarray, root: int) -> Optional[list[np.ndarray]]:
-        """Gather ``data`` (uint8, the same size on every rank) on group rank ``root``: one array per rank
-        there, None elsewhere. Only where ``gathers`` is True."""
+        """Gather ``data`` (uint8, equal sizes) on group rank ``root`` (None elsewhere); where ``gathers``."""
         return self._call(protocol.gather_rows_to, data, self.global_rank(root))
 
     @property
@@ -260,9 +212,8 @@ class Link:
 
     def broadcast(self, data: Optional[np.ndarray], n: int, src: int) -> np.ndarray:
         """Broadcast ``n`` bytes from group rank ``src``; ``data`` is used on ``src`` only."""
-        return self._call(
-            protocol.broadcast_sized, data if self.rank == src else None, n, self.global_rank(src)
-        )
+        mine = data if self.rank == src else None
+        return self._call(protocol.broadcast_sized, mine, n, self.global_rank(src))
 
     def send(self, data: np.ndarray, dst: int) -> None:
         """Send ``data`` to group rank ``dst``."""
@@ -294,22 +245,17 @@ class Link:
         raise_failures(records, what, opcode, root)
         return records
 
-    def receive_record(
-        self, record: Optional[np.ndarray], root: int, what: str = "", opcode: int = 0
-    ) -> Record:
-        """Group rank ``root``'s record on every rank (``record`` matters on ``root`` only), unchecked.
-
-        One broadcast. A verified call all-gathers instead: every rank's fingerprint with ``root``'s record,
-        and every rank's failure (a rank's own ``record`` may report one: ``raise_failures`` with ``what``
-        and ``opcode`` then raises it on every rank).
-        """
+    def receive_record(self, record: Optional[np.ndarray], root: int, what: str = "", opcode: int = 0
+                       ) -> Record:  # fmt: skip
+        """Group rank ``root``'s record on every rank, unchecked: one broadcast, or verified, an all_gather
+        (any rank's own failing ``record`` then raises on every rank, as ``what`` with ``opcode``)."""
         if self._pending is not None:
             mine = record if record is not None else make_record(opcode, root=root)
             records = self._gathered(mine)
             if any(r.status != OK for r in records):
                 raise_failures(records, what, opcode, root)
             return records[root]
-        return parse_record(root, self.broadcast(record, RECORD_BYTES, root))
+        return protocol.decode(self.broadcast(record, RECORD_BYTES, root), root)
 
     def broadcast_record(self, record: Optional[np.ndarray], what: str, opcode: int, root: int) -> Record:
         """Group rank ``root``'s record on every rank (``record`` matters there only); raises its failure."""
@@ -481,13 +427,8 @@ def may_refuse(serializer: Optional[Serializer]) -> bool:
 
 
 class Decoder:
-    """Decodes received payloads; keeps the first failure instead of raising it.
-
-    A rank that cannot decode one payload (a refused or corrupt payload) keeps
-    taking part in the rest of the collective, so no sender is left waiting,
-    and reports the failure in the collective's closing status (see
-    [`closing_status`][hwdist.collectives._objwire.closing_status]).
-    """
+    """Decodes received payloads, keeping the first failure (raised after the collective's last exchange,
+    so that no sender is left waiting; see [`closing_status`][hwdist.collectives._objwire.closing_status])."""
 
     def __init__(self, serializer: Optional[Serializer], map_location: MapLocation, link: Link) -> None:
         self.serializer = serializer
@@ -520,12 +461,8 @@ def closing_status(
 ) -> None:
     """The root's decode failure, raised on every rank (the root raises the original error).
 
-    A closing broadcast of the root's status runs when some payload moved to
-    the root after the record exchange (``moved``: point to point or by
-    broadcasts; a sender might otherwise wait on the root) or when the root's
-    serializer may refuse payloads (the root sets
-    [`CONFIRM`][hwdist.collectives._objwire.CONFIRM] in its record). Otherwise every other rank has already
-    finished, nothing is left waiting, and only the root raises.
+    The root broadcasts its status when a payload ``moved`` to it after the records (a sender may wait
+    on it) or when it set ``CONFIRM`` (its serializer may refuse); otherwise only the root raises.
     """
     if moved or records[root].token & CONFIRM:
         if link.rank == root:

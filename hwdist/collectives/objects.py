@@ -1,31 +1,10 @@
 """Object collectives with mmengine.dist's names, on any backend.
 
-Serialize once (`serialization`), then one *record* per rank (`_objwire`:
-the one 1 KiB header of ``collectives.protocol``) holding the
-rank's status, the payload's size, the collective's opcode and root, the
-verified call's fingerprint and, up to ``INLINE_BYTES`` (832), the payload
-itself, in one all_gather (``broadcast_object_list`` without verification: one
-broadcast of ``src``'s record). A small object is done in that one collective.
-If any rank failed to serialize or passed a bad argument, or (verification,
-on by default) the ranks called different collectives or with another
-src/dst, every rank raises the same clear error right there, instead of
-hanging in the next collective. Larger payloads then move at their exact
-size: one padded all_gather when several ranks are large and the total stays
-under ``PADDED_ALL_GATHER_LIMIT``, else one broadcast per large rank.
-``gather_object`` moves them to the root only: one padded gather (where the
-driver has gather; up to ``GATHER_LIMIT`` in all), else point to point.
-``scatter_object_list`` all-gathers every rank's record (src's holds each
-item's size), then sends each item. Bytes move through hwdist's internal
-transport (`_objwire`, `protocol`), in the byte dtype the driver's plan
-allows. Tensors inside received objects land on CPU or the ``map_location``
-given.
-
-Without verification the records still carry each call's identity (which
-collective, its src/dst), so those disagreements raise
-[`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError]
-on every rank where records are all-gathered.
-
-Outside a process group every function behaves as mmengine's does.
+Each call serializes once, then exchanges one record per rank (``_objwire``:
+the protocol's one header, with the payload inline up to ``INLINE_BYTES``);
+a larger payload then moves at its exact size. Failures, bad arguments and
+mismatched calls raise the same error on every rank right after that
+exchange. Routes, costs and errors: docs/objects.md.
 """
 
 from __future__ import annotations
@@ -36,14 +15,8 @@ import numpy as np
 import torch.distributed as torch_dist
 
 from .. import _compat
-from ..errors import (
-    ArgumentAssertionError,
-    CollectiveArgumentError,
-    ObjectCollectiveError,
-    PeerFailure,
-    SerializationError,
-    WeightsOnlyRefused,
-)
+from ..errors import ArgumentAssertionError, CollectiveArgumentError, ObjectCollectiveError, PeerFailure
+from ..errors import SerializationError, WeightsOnlyRefused
 from .verify import rank_field
 from .. import serialization as _ser
 from ..serialization import weights_only as _weights_only
@@ -62,18 +35,11 @@ from ..serialization import tensor2obj, tensor_to_object, use_serializer, Weight
 
 # serialization's public names, bar the wire's Frame and encode/decode
 __all__ = [
-    "all_gather_object",
-    "gather_object",
-    "broadcast_object_list",
-    "broadcast_object",
-    "scatter_object_list",
-    "ObjectCollectiveError",
-    "SerializationError",
-    "WeightsOnlyRefused",
-    "CollectiveArgumentError",
+    "all_gather_object", "gather_object", "broadcast_object_list", "broadcast_object", "scatter_object_list",
+    "ObjectCollectiveError", "SerializationError", "WeightsOnlyRefused", "CollectiveArgumentError",
     "PeerFailure",
     *(n for n in _ser.__all__ if n not in ("Frame", "encode", "decode")),
-]
+]  # fmt: skip
 
 #: Above this many bytes in all, an all_gather moves each rank's payload by broadcast
 #: (exact sizes) instead of one padded all_gather.
@@ -83,9 +49,8 @@ PADDED_ALL_GATHER_LIMIT = 1 << 20
 GATHER_LIMIT = 2 << 20
 
 def _padded(own: Optional[np.ndarray], width: int, zero: bool = True) -> np.ndarray:
-    """``own`` (None: nothing) padded to ``width`` bytes: this rank's row of a padded all_gather or gather
-    (``own`` itself when it is that long: no copy). ``zero=False``: the padding is left as it is (a row
-    that never leaves this rank: the root's own row of a gather)."""
+    """``own`` (None: nothing) padded to ``width`` bytes, uncopied when it is that long; ``zero=False``
+    leaves the padding unset (a row that never leaves this rank)."""
     n = 0 if own is None else own.size
     if n == width:
         return own  # type: ignore[return-value]
@@ -183,12 +148,9 @@ def gather_object(
 ) -> Optional[list[Any]]:
     """Gather a picklable object from every rank on rank ``dst``.
 
-    Outside a process group returns ``[data]`` (mmengine). A payload that
-    does not fit its record moves in one padded gather to ``dst`` while they
-    total under 2 MiB (an all_gather where the backend has no gather), else
-    point to point at its exact size; ``dst`` deserializes one rank's payload
-    at a time. A payload that fits a record's inline bytes (832) is done
-    in the record exchange itself: one collective.
+    Outside a process group returns ``[data]`` (mmengine). Payloads that do
+    not fit a record (832 bytes) then move in one padded gather (up to 2 MiB
+    in all), else point to point at their exact size.
 
     Args:
         data: this rank's object.
@@ -234,32 +196,27 @@ def gather_object(
     # payloads, only the root raises its decode failure.
     padded = bool(big) and largest * world <= (GATHER_LIMIT if gathers else PADDED_ALL_GATHER_LIMIT)
     rows: Any = None  # a list of rows (gather) or an array of them (all_gather): indexed by rank alike
-    if padded:
-        if gathers:  # the root's own row stays on the root (it decodes ``own``): sent empty
-            mine = None if comm.rank == root else own
-            rows = comm.gather(_padded(mine, largest, zero=comm.rank != root), root)
-        else:
-            rows = comm.all_gather(_padded(None if comm.rank == root else own, largest))
+    if padded:  # the root's own row is empty (it decodes ``own``); a gather leaves it on the root
+        mine = _padded(None if comm.rank == root else own, largest, zero=comm.rank != root or not gathers)
+        rows = comm.gather(mine, root) if gathers else comm.all_gather(mine)
     p2p = comm.has("send") and comm.has("recv")
     for r in records:
+        buf: Any = None
         if r.inline is not None:
-            if results is not None:
-                results[r.rank] = decoder(r.rank, r.inline.copy())
+            buf = r.inline.copy() if results is not None else None
         elif r.rank == root:
-            if results is not None:
-                results[r.rank] = decoder(r.rank, own)  # type: ignore[arg-type]
+            buf = own
         elif padded:
-            if results is not None:
-                results[r.rank] = decoder(r.rank, rows[r.rank][: r.nbytes])  # type: ignore[index]
+            buf = None if rows is None else rows[r.rank][: r.nbytes]
         elif p2p:  # larger payloads move point to point to the root, at their exact size
             if comm.rank == r.rank:
                 comm.send(own, root)  # type: ignore[arg-type]
             elif results is not None:
-                results[r.rank] = decoder(r.rank, comm.recv(r.nbytes, r.rank))
+                buf = comm.recv(r.nbytes, r.rank)
         else:  # no point to point on this backend: broadcast, non-roots drop it
             buf = comm.broadcast(own if r.rank == comm.rank else None, r.nbytes, r.rank)
-            if results is not None:
-                results[r.rank] = decoder(r.rank, buf)
+        if results is not None:
+            results[r.rank] = decoder(r.rank, buf)
     closing_status(comm, records, root, decoder, "gather_object", op, moved=bool(big) and not padded)
     return results
 
@@ -278,16 +235,11 @@ def broadcast_object_list(
 
     Outside a process group does nothing (mmengine). On other ranks the list
     is replaced in place by ``src``'s objects (its length follows ``src``).
-
-    One broadcast of ``src``'s record (its payload inline when it fits in
-    832 bytes, else one more broadcast of the payload at its exact size;
-    with verification on, the records are all-gathered so that every rank
-    checks every rank's call). If ``src`` cannot serialize
-    its list, or ``data`` is not a list there, every rank raises the same
-    error naming ``src``. A non-list ``data`` on another rank raises
-    [`CollectiveArgumentError`][hwdist.collectives.objects.CollectiveArgumentError] on that rank
-    after it took part (the others complete). Ranks that disagree on ``src`` are undefined, as in
-    torch, unless verification mode is on (then every rank raises first).
+    The records (all-gathered while verification is on, else ``src``'s
+    broadcast) carry a payload of up to 832 bytes; a larger one follows in
+    one broadcast. ``src``'s failure raises on every rank; without
+    verification a non-list ``data`` elsewhere raises on that rank only,
+    after taking part, and ranks that disagree on ``src`` are undefined.
 
     Args:
         data: a list on every rank; its content matters on ``src`` only.
@@ -306,12 +258,9 @@ def broadcast_object_list(
         ['foo', 12, {1: 2}]   # rank 1
     """
     serializer = _weights_only.for_call(serializer, weights_only, "broadcast_object_list")
-    if not isinstance(data, list):
-        bad = f"broadcast_object_list: data must be a list, got {type(data).__name__}"
-        if world_size(group) == 1:
-            raise ArgumentAssertionError(bad)
-    else:
-        bad = ""
+    bad = "" if isinstance(data, list) else f"data must be a list, got {type(data).__name__}"
+    if bad and world_size(group) == 1:
+        raise ArgumentAssertionError(f"broadcast_object_list: {bad}")
     if group is _compat.NON_GROUP_MEMBER or world_size(group) == 1:  # no exchange on this rank
         src = _checked_src(src, group)
         if group is not _compat.NON_GROUP_MEMBER:
@@ -333,14 +282,12 @@ def broadcast_object_list(
                 raise exc from None
             raise
         raise
-    # One broadcast of src's record (status, size and, when small, the payload itself): the same
-    # collectives as torch's size-then-data broadcast, one fewer for small objects. Only src can
-    # fail (it alone serializes); its failure reaches every rank in the record.
+    # src's record (status, size, a small payload itself), then a larger payload: only src can fail
     if comm.rank == root:
         own = None
         try:
             if bad:
-                raise LocalFailure(ASSERTED, f"data must be a list, got {type(data).__name__}")
+                raise LocalFailure(ASSERTED, bad)
             rec, own = payload_record(op, serialize(data, serializer, "data"), root=root)
         except LocalFailure as fail:
             rec = failure_record(op, fail, root=root)
@@ -349,7 +296,7 @@ def broadcast_object_list(
             comm.broadcast(own, source.nbytes, root)
         return
     # verified: every rank's record is all-gathered, so a non-list here fails on every rank
-    mine = failure_record(op, LocalFailure(ASSERTED, bad.partition(": ")[2]), root=root) if bad else None
+    mine = failure_record(op, LocalFailure(ASSERTED, bad), root=root) if bad else None
     source = comm.receive_record(mine, root, "broadcast_object_list", op)
     if source.status == OK and (source.op != op or source.root != root):
         raise CollectiveArgumentError(
@@ -359,7 +306,7 @@ def broadcast_object_list(
     raise_failures([source], "broadcast_object_list", op, root)
     buf = source.inline if source.inline is not None else comm.broadcast(None, source.nbytes, root)
     if bad:  # raised after taking part, so src and the other ranks are not left waiting
-        raise ArgumentAssertionError(bad)
+        raise ArgumentAssertionError(f"broadcast_object_list: {bad}")
     data[:] = decode(buf, serializer, map_location)
 
 
@@ -437,14 +384,12 @@ def scatter_object_list(
             f"{type(scatter_object_output_list).__name__}: {scatter_object_output_list!r}"
         )
     if world == 1:
+        if not bad and (scatter_object_input_list is None or len(scatter_object_input_list) < 1):
+            got = scatter_object_input_list
+            bad = f"scatter_object_input_list must hold one object per rank (1), got {got!r}"
         if bad:
             raise CollectiveArgumentError(f"scatter_object_list: {bad}")
-        if scatter_object_input_list is None or len(scatter_object_input_list) < 1:
-            raise CollectiveArgumentError(
-                "scatter_object_list: scatter_object_input_list must hold one object per rank (1), got"
-                f" {scatter_object_input_list!r}"
-            )
-        scatter_object_output_list[0] = scatter_object_input_list[0]
+        scatter_object_output_list[0] = scatter_object_input_list[0]  # type: ignore[index]
         return
     comm = Link(group)
     comm.verify("scatter_object_list", {"src": rank_field(src)})

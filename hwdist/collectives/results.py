@@ -1,26 +1,13 @@
 """Results collection (mmengine's ``collect_results``) and a shared temporary directory.
 
-Order is the interleaved sampler order mmengine uses: rank ``r`` holds items
-``r, r + W, r + 2W, ...``; the collected list is what one process would have
-produced, truncated to ``size``. Genuine ``None`` results are kept and ranks
-may hold parts of different lengths.
-
-Two transports:
-
-* over communication (``device='gpu'``, or ``device='cpu'`` without
-  ``tmpdir``): every rank serializes its part once, in chunks of about
-  `CHUNK_BYTES`, and sends one record (``_objwire``: status and size, and the
-  part itself when it fits the record: one collective); a larger part moves
-  point to point, and
-  rank 0 receives and deserializes one chunk at a time, so it never holds
-  more than one chunk of bytes besides the results.
-* through a directory (``device='cpu'`` with ``tmpdir``): first rank 0 writes
-  a probe file with a random token and every rank checks it sees it, so a
-  directory that is not shared fails on every rank *before* anyone writes
-  results; parts are written atomically (temporary name, then ``os.replace``)
-  into a private (mode 0700) sub-directory that is removed even on error:
-  rank 0 reports how its reading went in a last status exchange, and on any
-  failure (rank 0 dead included) every rank removes the sub-directory.
+Items come back in mmengine's interleaved sampler order (rank ``r`` holds
+items ``r, r + W, ...``), truncated to ``size``; ``None`` results are kept and
+parts may differ in length. Over communication each rank serializes its part
+in chunks of about ``CHUNK_BYTES`` and sends one record (the part itself when
+it fits), then its chunks point to point; rank 0 decodes one chunk at a time.
+Through ``tmpdir``, a probe file first checks that the directory is shared,
+parts are written atomically into a private sub-directory that is removed
+even on error. docs/objects.md.
 """
 
 from __future__ import annotations
@@ -195,11 +182,8 @@ def _collect_comm(
                 for n in table:
                     parts[r.rank].extend(decoder(r.rank, comm.recv(int(n), r.rank)) or [])
         else:  # no point to point: broadcast chunk by chunk, only rank 0 keeps them
-            table = (
-                comm.broadcast(_chunk_table(frames) if me == r.rank else None, nbytes, r.rank)
-                .view("<i8")
-                .tolist()
-            )
+            mine = _chunk_table(frames) if me == r.rank else None
+            table = comm.broadcast(mine, nbytes, r.rank).view("<i8").tolist()
             for k, n in enumerate(table):
                 buf = comm.broadcast(frames[k].to_numpy() if me == r.rank else None, int(n), r.rank)
                 if me == 0:
@@ -231,12 +215,13 @@ def _read_part(
     return items
 
 
-def _write_part(path: str, frames: list[Frame]) -> None:
+def _write_atomic(path: str, chunks: Sequence[Any]) -> None:
+    """``chunks`` written under a temporary name, then renamed to ``path`` (removed on failure)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as fh:
-            for f in frames:
-                fh.write(f.to_numpy().data)
+            for chunk in chunks:
+                fh.write(chunk)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -259,13 +244,6 @@ def _probe_ok(path: str, token: int) -> Optional[str]:
     if content != f"{token:016x}":
         return f"the probe file {path!r} holds another token: a different directory with the same path"
     return None
-
-
-def _write_probe(path: str, token: int) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(f"{token:016x}\n")
-    os.replace(tmp, path)
 
 
 def _not_shared(tmpdir: str, why: str) -> str:
@@ -310,7 +288,7 @@ def _collect_files(
                         created = tmpdir
                     workdir = _workdir(tmpdir, token)
                     os.mkdir(workdir, mode=_PRIVATE)
-                    _write_probe(os.path.join(workdir, "probe"), token)
+                    _write_atomic(os.path.join(workdir, "probe"), [f"{token:016x}\n".encode()])
                 except OSError as exc:
                     raise LocalFailure(
                         IO, f"cannot create a working directory in tmpdir {tmpdir!r}: {exc}"
@@ -330,7 +308,8 @@ def _collect_files(
         problem = None
         if me != 0:
             try:
-                _write_part(os.path.join(_workdir(tmpdir, token), f"part_{me}.bin"), frames)
+                path = os.path.join(_workdir(tmpdir, token), f"part_{me}.bin")
+                _write_atomic(path, [f.to_numpy().data for f in frames])
             except OSError as exc:
                 problem = f"cannot write its results into {tmpdir!r}: {exc}"
         frames = []
@@ -460,15 +439,9 @@ def collect_results_cpu(
         None           # rank 1
     """
     return collect_results(
-        result_part,
-        size,
-        "cpu",
-        tmpdir,
-        group=group,
-        map_location=map_location,
-        serializer=serializer,
+        result_part, size, "cpu", tmpdir, group=group, map_location=map_location, serializer=serializer,
         weights_only=weights_only,
-    )
+    )  # fmt: skip
 
 
 @collective(2)
@@ -491,15 +464,9 @@ def collect_results_gpu(
         None     # rank 1
     """
     return collect_results(
-        result_part,
-        size,
-        "gpu",
-        None,
-        group=group,
-        map_location=map_location,
-        serializer=serializer,
+        result_part, size, "gpu", None, group=group, map_location=map_location, serializer=serializer,
         weights_only=weights_only,
-    )
+    )  # fmt: skip
 
 
 def _not_a_path(tmpdir: Any) -> str:
@@ -562,7 +529,7 @@ def create_tmpdir(
                 else:
                     os.makedirs(path, mode=_PRIVATE, exist_ok=True)
                 probe = os.path.join(path, f".hwdist-probe-{token:016x}")
-                _write_probe(probe, token)
+                _write_atomic(probe, [f"{token:016x}\n".encode()])
                 raw = np.frombuffer(path.encode(), dtype=np.uint8)
                 if raw.size > INLINE_BYTES:
                     raise LocalFailure(ARGUMENT, f"tmpdir path is longer than {INLINE_BYTES} bytes: {path!r}")

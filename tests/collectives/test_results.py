@@ -11,7 +11,7 @@ killed half-way through writing its part: every survivor raises within seconds,
 far below the process-group timeout, and the survivors of
 ``collect_results(tmpdir=...)`` remove their part files and the working
 directory. Fault injection: ``os.kill(SIGKILL)`` from a patched hwdist-internal
-``_objwire.Link.recv`` / ``results._read_part`` / ``results._write_part`` in one
+``_objwire.Link.recv`` / ``results._read_part`` / ``results._write_atomic`` in one
 rank, and a class whose unpickling raises; torch.distributed is never mocked.
 """
 
@@ -369,16 +369,16 @@ def test_rank0_dies_in_collect_results_survivors_raise_fast_and_clean_up(tmp_pat
 def _die_while_writing(outdir: str, tmpdir: str) -> None:
     rank = hwdist.get_rank()
     if rank == 1:
-        original = resmod._write_part
+        original = resmod._write_atomic
 
-        def write_half_then_die(path: str, frames: list) -> None:
+        def write_half_then_die(path: str, chunks: list) -> None:  # rank 1 writes its part only
             with open(f"{path}.tmp-{os.getpid()}", "wb") as fh:  # the same temporary name as the real one
-                data = frames[0].to_numpy()
-                fh.write(memoryview(data[: data.size // 2]))
+                data = memoryview(chunks[0])
+                fh.write(data[: len(data) // 2])
                 fh.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
-        resmod._write_part = write_half_then_die
+        resmod._write_atomic = write_half_then_die
     start = time.monotonic()
     try:
         hwdist.collect_results([{"i": rank, "pad": np.zeros(50_000)}], 3, tmpdir=tmpdir)
@@ -387,7 +387,7 @@ def _die_while_writing(outdir: str, tmpdir: str) -> None:
         raise
     finally:
         if rank == 1:
-            resmod._write_part = original
+            resmod._write_atomic = original
     write_outcome(outdir, ["no error", "", time.monotonic() - start])
 
 
