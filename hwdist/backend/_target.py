@@ -52,10 +52,11 @@ class Target:
 
     ``passes`` holds the keys ``(method, dtype, device[, reduce op])`` whose call goes to the wrapped
     backend as it is (a pass-through plan, the tensor on the comm device, the one-tensor form where the
-    method needs it); ``routes`` maps a reduction's other keys to ``(plan, reduce op name, passes)``. torch's ``ReduceOp`` hashes and compares by its kind alone, so a
-    PREMUL_SUM (whose factor differs per call) is never cached: its key is left out of both. Keys are
-    kept only once the driver's comm device is known to be fixed (no device index: ``set_device``
-    cannot move it); otherwise every call asks again.
+    method needs it); ``routes`` maps a reduction's other keys to ``(plan, reduce op name, passes)``.
+    torch's ``ReduceOp`` hashes and compares by its kind alone, so a PREMUL_SUM (whose factor differs
+    per call) is never cached: its key is left out of both. Keys are kept only once the driver's comm
+    device is known to be fixed (no device index: ``set_device`` cannot move it); otherwise every call
+    asks again.
     """
 
     __slots__ = ("driver", "inner", "size", "rank", "caps", "passes", "routes")

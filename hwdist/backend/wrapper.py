@@ -29,7 +29,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry
-from ..collectives import call_entry, wire
+from ..collectives import call_entry
 from ..flight import recorder as _flight
 from ..errors import BackendError
 from . import _inflight, _ops
@@ -204,7 +204,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         The methods DDP, FSDP2 and DTensor call on every step write this out inline (one Python call
         less per collective): record, try the pass-through, else the planned call.
         """
-        rec = _recorder()
+        rec: Any = _recorder()
         entry = None if rec is None else self._enter(rec, op, arg)
         if entry is None:
             return fn(*args)
@@ -219,7 +219,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     # ---- reductions ------------------------------------------------------------------------------
     def allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
         """all_reduce (DDP's gradient buckets)."""
-        rec = _recorder()
+        rec: Any = _recorder()
         entry = None if rec is None else self._enter(rec, "all_reduce", tensors[0])
         t = tensors[0]
         try:
@@ -255,7 +255,10 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _allreduce_coalesced(self, tensors: list[Tensor], opts: Any) -> Any:
         tg = self._target(tensors[0])
-        routes = [tg.reduction(("allreduce", t.dtype, t.device, opts.reduceOp), "all_reduce", t, opts) for t in tensors]
+        routes = [
+            tg.reduction(("allreduce", t.dtype, t.device, opts.reduceOp), "all_reduce", t, opts)
+            for t in tensors
+        ]
         if all(r[3] for r in routes):
             return tg.inner.allreduce_coalesced(tensors, opts)
         works = [_ops.all_reduce(tg, [t], opts, p, rop, f) for (p, rop, f, _), t in zip(routes, tensors)]
@@ -294,7 +297,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
         """reduce_scatter into one tensor (FSDP2's gradients)."""
-        rec = _recorder()
+        rec: Any = _recorder()
         entry = None if rec is None else self._enter(rec, "reduce_scatter_tensor", input)
         try:
             tg = self._only or self._target(output)
@@ -331,7 +334,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     # ---- moves -------------------------------------------------------------------------------------
     def broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
         """broadcast from ``opts.rootRank`` (DDP's start-up, FSDP's and DTensor's replication)."""
-        rec = _recorder()
+        rec: Any = _recorder()
         entry = None if rec is None else self._enter(rec, "broadcast", tensors[0])
         try:
             work = self._broadcast(tensors, opts)
@@ -356,7 +359,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
         """all_gather, list form."""
-        rec = _recorder()
+        rec: Any = _recorder()
         entry = None if rec is None else self._enter(rec, "all_gather", inputs[0])
         try:
             work = self._allgather(outputs, inputs, opts)
@@ -381,7 +384,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
         """all_gather into one tensor (FSDP2's parameters, DTensor's Shard -> Replicate)."""
-        rec = _recorder()
+        rec: Any = _recorder()
         entry = None if rec is None else self._enter(rec, "all_gather_into_tensor", input)
         t = input
         try:
