@@ -38,7 +38,39 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 ROWS = ("gloo", "hwdist", "gloo (control)")
-CALL_ROWS = ROWS + ("hwdist, recorder off",)
+FLOOR = "Python backend, forwarding only"
+CALL_ROWS = ROWS + ("hwdist, recorder off", FLOOR)
+
+
+def _register_floor() -> None:
+    """A Python backend that only forwards ``allreduce`` to a gloo backend: what torch's call into a
+    Python backend costs by itself (the floor under the wrapper's figure)."""
+    from torch._C._distributed_c10d import Backend
+
+    from hwdist import registry
+    from hwdist.backend.wrapper import _inner_backend
+
+    class Forward(Backend):  # type: ignore[misc]
+        def __init__(self, opts: Any, inner: Any) -> None:
+            super().__init__(opts.group_rank, opts.group_size)
+            self.inner = inner
+            self._opts = Backend.Options("forward", timeout=opts.timeout)
+
+        @property
+        def options(self) -> Any:
+            return self._opts
+
+        def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+            return "forward"
+
+        def allreduce(self, tensors: Any, opts: Any) -> Any:
+            return self.inner.allreduce(tensors, opts)
+
+    def create(opts: Any, backend_options: Any = None) -> Any:
+        inner = _inner_backend(registry.get_driver("gloo"), opts, backend_options, opts.store)
+        return Forward(opts, inner)
+
+    dist.Backend.register_backend("forward", create, extended_api=True, devices=["cpu"])
 
 
 def _cnn() -> torch.nn.Module:
@@ -117,6 +149,10 @@ def _rank(rank: int, world: int, store: str, args: Any, out: str) -> None:
         t = torch.ones(1)
         single[name] = lambda t=t, group=solo: dist.all_reduce(t, group=group)
     single["hwdist, recorder off"] = single["hwdist"]
+    _register_floor()
+    floor = [dist.new_group([r], backend="cpu:forward") for r in range(world)][rank]
+    one = torch.ones(1)
+    single[FLOOR] = lambda t=one, group=floor: dist.all_reduce(t, group=group)
     import hwdist.flight
 
     results: dict[str, dict[str, list[float]]] = {"ddp": {}, "fsdp": {}, "call": {}, "wall": {}}
