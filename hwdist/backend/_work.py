@@ -109,18 +109,22 @@ class ThenWork(_Work):  # type: ignore[misc, valid-type]
         self._error: Optional[BaseException] = None
         self._fut: Any = None
 
-    def _complete(self, futs: Optional[list[Any]] = None) -> None:
-        """Run the finish once every work has completed: their waits return at once by then, or, on the
-        wrapped backend's thread (``futs``: the works' futures, done), their futures' values (a work's
-        own wait may block on the thread that completes it)."""
+    def _complete(self, futs: Optional[list[Any]] = None, waited: bool = False, error: Any = None) -> None:
+        """Run the finish once every work has completed. What the works ended with is read from their
+        futures (``futs``, all done: on the wrapped backend's thread a work's own wait may block on the
+        thread that completes it), or was seen by the caller's wait (``waited``, ``error``): a work is
+        waited on once (a process group written in Python may do its communication in ``wait``)."""
         with self._lock:  # re-entrant: a wrapped work's wait may run this Work's future callback here
             if self._state or self._finishing:
                 return
             self._finishing = True
             works, finish = self._works or [], self._finish
             try:
-                for f in futs if futs is not None else works:
-                    f.value() if futs is not None else f.wait()  # the wrapped call's exception, if any
+                if error is not None:
+                    raise error
+                if not waited:
+                    for f in futs if futs is not None else [_future_of(w) for w in works]:
+                        f.value()  # the wrapped call's own exception, if any
                 if finish is not None:
                     finish()
             except Exception as exc:  # the caller's wait raises it, with its own type
@@ -141,13 +145,13 @@ class ThenWork(_Work):  # type: ignore[misc, valid-type]
     def wait(self, timeout: Any = None) -> bool:
         """Block until the result is in the caller's tensors; raise what stopped it."""
         if not self._state:
-            works = self._works
+            error = None
             try:
-                for w in works or []:
+                for w in self._works or []:
                     w.wait()
-            except Exception:
-                pass  # _complete records it
-            self._complete()
+            except Exception as exc:  # _complete records it
+                error = exc
+            self._complete(waited=True, error=error)
         if self._state == 2:
             raise self._error  # type: ignore[misc]
         return True

@@ -282,7 +282,7 @@ def test_no_plan_raises_plan_error_on_every_rank_before_any_data_moves(dist, tmp
 
 
 def _work_types(store: str) -> dict:
-    from hwdist.backend._work import FutureWork
+    from hwdist.backend._work import ThenWork
 
     _strict.init(BACKEND, store)
     backend = torch_dist.group.WORLD._get_backend(torch.device("cpu"))
@@ -295,8 +295,8 @@ def _work_types(store: str) -> dict:
     out = {
         "backend": type(backend).__name__,
         "name": backend.getBackendName(),
-        "passed": isinstance(passed, FutureWork),
-        "cast": isinstance(cast, FutureWork),
+        "passed": isinstance(passed, ThenWork),
+        "cast": isinstance(cast, ThenWork),
         "values": (t32.item(), t16.item()),
         "inner_work": type(passed).__module__.startswith("torch"),
     }
