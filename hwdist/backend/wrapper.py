@@ -1,7 +1,8 @@
 """The ``hwdist`` torch backend: a Python ``Backend`` that wraps a driver's backend and applies its plans.
 
 torch (>= 2.15) calls these methods from ``ProcessGroup`` for every collective on a device type the
-group maps to ``hwdist``. Each method asks the driver's plan for (op, dtype, reduce op): a pass-through
+group maps to ``hwdist``. Each method asks the driver's plan for (op, dtype, reduce op) (once per group and
+device: the answer is kept in the target's route table, hwdist/backend/_target.py): a pass-through
 calls the wrapped backend with the caller's own arguments and returns its Work; anything else goes
 through hwdist/backend/_ops.py; no plan raises [`PlanError`][hwdist.errors.PlanError] before any data
 moves (the plan depends only on the call, so every rank raises it). Every call enters hwdist's flight
