@@ -7,10 +7,17 @@ distance to ``gloo`` is the machine's noise.
 
 * DDP step of a small CNN (two conv layers and a linear head, 16 images of 3x32x32);
 * FSDP2 step of a small MLP sharded per layer (``fully_shard`` on a mesh over the group);
-* one 1-element all_reduce on a one-rank group of each kind (no network): the CPU a pass-through adds
-  per collective (torch's call into Python, the plan look-up, the flight recorder's entry).
+* one 1-element all_reduce on a one-rank group of each kind (no network), many calls a round: the CPU
+  a pass-through adds per collective (torch's call into Python, the route look-up, the flight
+  recorder's entry and its completion). It is timed as the process's CPU time (``time.process_time``:
+  every thread of the rank, the wrapped backend's and the sweeper's included, and none of the time the
+  rank waits for a core), so a loaded shared host changes it far less than the wall clock; the wall
+  time is shown beside it. An extra row runs the wrapper with hwdist's flight recorder off.
 
-Usage: ``OMP_NUM_THREADS=1 python -m benchmarks.bench_backend [--rounds 7] [--steps 10] [--calls 300]``
+Steps are timed on the wall clock (their communication waits for the other rank). Every figure is
+the median over rounds, with the minimum beside it; the load average is printed before and after.
+
+Usage: ``OMP_NUM_THREADS=1 python -m benchmarks.bench_backend [--rounds 9] [--steps 10] [--calls 500]``
 (torch >= 2.15).
 """
 
@@ -31,6 +38,39 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 ROWS = ("gloo", "hwdist", "gloo (control)")
+FLOOR = "Python backend, forwarding only"
+CALL_ROWS = ROWS + ("hwdist, recorder off", FLOOR)
+
+
+def _register_floor() -> None:
+    """A Python backend that only forwards ``allreduce`` to a gloo backend: what torch's call into a
+    Python backend costs by itself (the floor under the wrapper's figure)."""
+    from torch._C._distributed_c10d import Backend
+
+    from hwdist import registry
+    from hwdist.backend.wrapper import _inner_backend
+
+    class Forward(Backend):  # type: ignore[misc]
+        def __init__(self, opts: Any, inner: Any) -> None:
+            super().__init__(opts.group_rank, opts.group_size)
+            self.inner = inner
+            self._opts = Backend.Options("forward", timeout=opts.timeout)
+
+        @property
+        def options(self) -> Any:
+            return self._opts
+
+        def getBackendName(self) -> str:  # noqa: N802 (torch's name)
+            return "forward"
+
+        def allreduce(self, tensors: Any, opts: Any) -> Any:
+            return self.inner.allreduce(tensors, opts)
+
+    def create(opts: Any, backend_options: Any = None) -> Any:
+        inner = _inner_backend(registry.get_driver("gloo"), opts, backend_options, opts.store)
+        return Forward(opts, inner)
+
+    dist.Backend.register_backend("forward", create, extended_api=True, devices=["cpu"])
 
 
 def _cnn() -> torch.nn.Module:
@@ -46,7 +86,7 @@ def _cnn() -> torch.nn.Module:
     )
 
 
-def _mlp() -> torch.nn.Module:
+def _mlp() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
 
@@ -56,6 +96,14 @@ def _timed(step: Callable[[], None], n: int) -> float:
     for _ in range(n):
         step()
     return (time.perf_counter() - t0) / n
+
+
+def _cpu_timed(step: Callable[[], None], n: int) -> tuple[float, float]:
+    """(CPU seconds of the process, wall seconds) per call of ``step``."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.process_time() - c0) / n, (time.perf_counter() - t0) / n
 
 
 def _trainer(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
@@ -100,12 +148,15 @@ def _rank(rank: int, world: int, store: str, args: Any, out: str) -> None:
         solo = [dist.new_group([r], backend=backend) for r in range(world)][rank]  # no network: CPU only
         t = torch.ones(1)
         single[name] = lambda t=t, group=solo: dist.all_reduce(t, group=group)
-    results: dict[str, dict[str, list[float]]] = {"ddp": {}, "fsdp": {}, "call": {}}
-    for kind, table, n in (
-        ("ddp", ddp, args.steps),
-        ("fsdp", fsdp, args.steps),
-        ("call", single, args.calls),
-    ):
+    single["hwdist, recorder off"] = single["hwdist"]
+    _register_floor()
+    floor = [dist.new_group([r], backend="cpu:forward") for r in range(world)][rank]
+    one = torch.ones(1)
+    single[FLOOR] = lambda t=one, group=floor: dist.all_reduce(t, group=group)
+    import hwdist.flight
+
+    results: dict[str, dict[str, list[float]]] = {"ddp": {}, "fsdp": {}, "call": {}, "wall": {}}
+    for kind, table, n in (("ddp", ddp, args.steps), ("fsdp", fsdp, args.steps)):
         for name in ROWS:
             _timed(table[name], max(2, n // 5))  # warm up
             results[kind][name] = []
@@ -113,6 +164,16 @@ def _rank(rank: int, world: int, store: str, args: Any, out: str) -> None:
             for name in ROWS:
                 dist.barrier()
                 results[kind][name].append(_timed(table[name], n))
+    for name in CALL_ROWS:
+        _cpu_timed(single[name], max(2, args.calls // 5))
+        results["call"][name], results["wall"][name] = [], []
+    for _ in range(args.rounds * 3):  # no network: each rank alone, short rounds, many of them
+        for name in CALL_ROWS:
+            was = hwdist.flight.enable(name != "hwdist, recorder off")
+            cpu, wall = _cpu_timed(single[name], args.calls)
+            hwdist.flight.enable(was)
+            results["call"][name].append(cpu)
+            results["wall"][name].append(wall)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
@@ -120,11 +181,15 @@ def _rank(rank: int, world: int, store: str, args: Any, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=500)
     args = parser.parse_args(argv)
     import hwdist.backend
 
@@ -132,27 +197,38 @@ def main(argv: Any = None) -> int:
     if why is not None:
         print(why, file=sys.stderr)
         return 2
+    before = _load()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         mp.spawn(_rank, args=(2, os.path.join(tmp, "store"), args, out), nprocs=2)
         with open(out) as f:
             results = json.load(f)
-    load = os.getloadavg()
     print(
         f"torch {torch.__version__}, 2 ranks, {os.cpu_count()} cores, OMP_NUM_THREADS="
-        f"{os.environ.get('OMP_NUM_THREADS', '-')}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+        f"{os.environ.get('OMP_NUM_THREADS', '-')}; load average before {before}, after {_load()}"
     )
-    print(f"{args.rounds} rounds, interleaved; medians\n")
-    print("| row | DDP step (CNN) | vs gloo | FSDP2 step (MLP) | vs gloo | 1-rank all_reduce | added |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"{args.rounds} rounds of steps, {args.rounds * 3} of calls, interleaved; median (min)\n")
     med = {k: {n: statistics.median(v) for n, v in rows.items()} for k, rows in results.items()}
+    low = {k: {n: min(v) for n, v in rows.items()} for k, rows in results.items()}
+    print("| row | DDP step (CNN) | vs gloo | FSDP2 step (MLP) | vs gloo |")
+    print("|---|---:|---:|---:|---:|")
     for name in ROWS:
-        d, f, c = med["ddp"][name], med["fsdp"][name], med["call"][name]
-        added = (c - med["call"]["gloo"]) * 1e6
-        print(
-            f"| {name} | {d * 1e3:.2f} ms | {d / med['ddp']['gloo']:.3f}x | {f * 1e3:.2f} ms |"
-            f" {f / med['fsdp']['gloo']:.3f}x | {c * 1e6:.1f} us | {added:+.1f} us |"
-        )
+        cells = []
+        for kind in ("ddp", "fsdp"):
+            m, lo = med[kind][name], low[kind][name]
+            cells.append(f"{m * 1e3:.2f} ms ({lo * 1e3:.2f})")
+            cells.append(f"{m / med[kind]['gloo']:.3f}x ({lo / low[kind]['gloo']:.3f}x)")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\n| row | CPU per all_reduce | added | wall per all_reduce | added |")
+    print("|---|---:|---:|---:|---:|")
+    for name in CALL_ROWS:
+        cells = []
+        for kind in ("call", "wall"):
+            m, lo = med[kind][name], low[kind][name]
+            dm, dl = m - med[kind]["gloo"], lo - low[kind]["gloo"]
+            cells.append(f"{m * 1e6:.1f} us ({lo * 1e6:.1f})")
+            cells.append(f"{dm * 1e6:+.1f} us ({dl * 1e6:+.1f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
     return 0
 
 

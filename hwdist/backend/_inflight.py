@@ -1,14 +1,22 @@
 """The flight recorder's completion of calls through the backend, off the collective's path.
 
-A call through the backend appends ``(recorder, entry, work)`` here; a daemon thread (started by the
-first such call) completes each entry once its Work has, every ``INTERVAL`` seconds. A completion
-callback on every Work would run on the backend's thread and take the GIL per call (about 50 us on a
-2-core machine, docs/benchmarks.md); this costs one append per call, and the entry's end time is late
+A call through the backend appends ``(recorder, entry, work)`` to an inbox (a deque: one atomic
+append, no lock); a daemon thread (started by the first such call) moves the inbox to its own list
+every ``INTERVAL`` seconds and completes each entry once its Work has. The entry's end time is late
 by at most ``INTERVAL``. A Work that never completes stays in flight: the watchdog sees it.
+
+Why not a completion callback on each Work (``work.get_future().add_done_callback``, torch 2.15 has
+it): the callback runs on the wrapped backend's own thread once the collective is done, and needs
+the GIL there. While the training thread holds the GIL (it runs Python nearly all the time), the
+backend's thread waits for it (up to the interpreter's switch interval, 5 ms), and the next
+collective queued on that backend waits behind it. The sweeper takes the GIL ten times a second,
+whatever the number of calls. (An earlier measurement on a 2-core host put a per-Work callback at
+about 50 us a call; the sweeper's share is in docs/benchmarks.md, "The hwdist torch backend".)
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Any
@@ -17,18 +25,25 @@ __all__ = ["INTERVAL", "add", "sweep"]
 
 #: Seconds between two sweeps of the calls in flight.
 INTERVAL = 0.1
-_lock = threading.Lock()
-_items: list[tuple[Any, Any, Any]] = []
-_thread: list[threading.Thread] = []
+_inbox: collections.deque[tuple[Any, Any, Any]] = collections.deque()
+_pending: list[tuple[Any, Any, Any]] = []  # the sweeper's own: calls still in flight at the last sweep
+_sweeping = threading.Lock()  # one sweep at a time (the thread's, a test's)
+_started: list[threading.Thread] = []
+_start_lock = threading.Lock()
 
 
 def add(rec: Any, entry: Any, work: Any) -> None:
     """Track ``work``: ``rec.end(entry, error)`` once it has completed."""
-    with _lock:
-        _items.append((rec, entry, work))
-        if not _thread:
+    _inbox.append((rec, entry, work))
+    if not _started:
+        _start()
+
+
+def _start() -> None:
+    with _start_lock:
+        if not _started:
             t = threading.Thread(target=_loop, name="hwdist-backend-inflight", daemon=True)
-            _thread.append(t)
+            _started.append(t)
             t.start()
 
 
@@ -46,22 +61,26 @@ def _outcome(work: Any) -> tuple[bool, Any]:
 
 def sweep() -> int:
     """Complete the entries whose Work has completed; returns how many stay in flight."""
-    with _lock:
-        items = list(_items)
-        _items.clear()
-    keep = []
-    for rec, entry, work in items:
-        done, error = _outcome(work)
-        if not done:
-            keep.append((rec, entry, work))
-            continue
+    with _sweeping:
+        items = _pending[:]
+        pop = _inbox.popleft
         try:
-            rec.end(entry, error)
-        except Exception:
+            while True:
+                items.append(pop())
+        except IndexError:
             pass
-    with _lock:
-        _items[:0] = keep
-        return len(_items)
+        keep = []
+        for item in items:
+            done, error = _outcome(item[2])
+            if not done:
+                keep.append(item)
+                continue
+            try:
+                item[0].end(item[1], error)
+            except Exception:
+                pass
+        _pending[:] = keep
+        return len(keep) + len(_inbox)
 
 
 def _loop() -> None:

@@ -1,7 +1,8 @@
 """The ``hwdist`` torch backend: a Python ``Backend`` that wraps a driver's backend and applies its plans.
 
 torch (>= 2.15) calls these methods from ``ProcessGroup`` for every collective on a device type the
-group maps to ``hwdist``. Each method asks the driver's plan for (op, dtype, reduce op): a pass-through
+group maps to ``hwdist``. Each method asks the driver's plan for (op, dtype, reduce op) (once per group and
+device: the answer is kept in the target's route table, hwdist/backend/_target.py): a pass-through
 calls the wrapped backend with the caller's own arguments and returns its Work; anything else goes
 through hwdist/backend/_ops.py; no plan raises [`PlanError`][hwdist.errors.PlanError] before any data
 moves (the plan depends only on the call, so every rank raises it). Every call enters hwdist's flight
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import weakref
 from typing import Any, Callable, Optional
 
@@ -27,29 +30,17 @@ import torch
 import torch.distributed as torch_dist
 
 from .. import _compat, _state, registry
-from ..collectives import call_entry, wire
-from ..drivers.base import Plan
-from ..errors import BackendError, PlanError
+from ..collectives import call_entry
+from ..flight import recorder as _flight
+from ..errors import BackendError
 from . import _inflight, _ops
 from ._table import NAME, registered_wraps
-from ._ops import GATHER_REDUCE
+from ._target import Target
 
 __all__ = ["HwdistBackend", "Target", "create"]
 
 _Backend, _Work = _compat.python_backend_types()
 Tensor = torch.Tensor
-_RedOp: Any = torch_dist.ReduceOp.RedOpType
-_REDUCE_NAMES = {
-    _RedOp.SUM: "sum",
-    _RedOp.AVG: "mean",
-    _RedOp.PRODUCT: "product",
-    _RedOp.MIN: "min",
-    _RedOp.MAX: "max",
-    _RedOp.BAND: "band",
-    _RedOp.BOR: "bor",
-    _RedOp.BXOR: "bxor",
-}
-_PREMUL = _RedOp.PREMUL_SUM
 _SKIP_DIRS = (
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
@@ -57,62 +48,13 @@ _SKIP_DIRS = (
 _in_call = call_entry.in_call
 _recorder = call_entry.recorder
 _getframe = sys._getframe
-
-
-def _reduce_op(op: Any) -> tuple[str, Any]:
-    """The hwdist name of torch's reduce op and PREMUL_SUM's factor (None for the others)."""
-    kind = getattr(op, "op", op)
-    if kind == _PREMUL:
-        return "sum", op.factor
-    try:
-        return _REDUCE_NAMES[kind], None
-    except KeyError:
-        raise PlanError(f"op must be a torch.distributed.ReduceOp hwdist knows, got {op!r}") from None
-
-
-class Target:
-    """The driver and the wrapped backend serving one device type of a group."""
-
-    __slots__ = ("driver", "inner", "size", "rank", "caps")
-
-    def __init__(self, driver: Any, inner: Any, size: int, rank: int) -> None:
-        self.driver, self.inner, self.size, self.rank = driver, inner, size, rank
-        self.caps = driver.caps
-
-    def plan(self, op: str, dtype: torch.dtype, rop: Optional[str] = None) -> Plan:
-        """The driver's plan; its PlanError names the wrapper and what to do."""
-        try:
-            return self.driver.plan(op, dtype, rop)  # type: ignore[no-any-return]
-        except PlanError as exc:
-            raise PlanError(
-                f"{exc} (a call through the {NAME!r} backend, wrapping {self.driver.name!r}). HINT: use a"
-                f" dtype or reduce op the backend plans (`hwdist env` lists its table), or cast before the"
-                f" call"
-            ) from None
-
-    def reduce_plan(self, op: str, dtype: torch.dtype, rop: str) -> Any:
-        """A reduction's plan, or ``GATHER_REDUCE`` for a MIN/MAX with no plan but an all_gather one."""
-        try:
-            return self.plan(op, dtype, rop)
-        except PlanError:
-            if rop not in ("min", "max"):
-                raise
-            self.plan("all_gather", dtype)  # raises when even that has no plan
-            return GATHER_REDUCE
-
-    def cdev(self, t: Tensor) -> Optional[torch.device]:
-        """None when ``t`` is on the driver's comm device, else that device (host staging)."""
-        return wire.comm_device(self.driver, t)
-
-    def flat(self, op: str) -> bool:
-        """Whether the wrapped backend has ``op``'s one-tensor form."""
-        return op in self.caps.flat_ops
-
-
-def _passes(plan: Any, factor: Any, tg: Any, t: Tensor) -> bool:
-    """Whether a reduction goes to the wrapped backend as it is: no PREMUL_SUM factor, no MIN/MAX by
-    all_gather, a pass-through plan and the tensor already on the comm device."""
-    return factor is None and plan is not GATHER_REDUCE and plan.passthrough and tg.cdev(t) is None
+_now = time.time
+_get_ident = threading.get_ident
+_ISSUED = _flight.ISSUED
+_add = _inflight.add
+#: The collective entry's table of calls in flight: empty whenever no hwdist collective runs (then
+#: ``in_call`` need not be asked); True where the entry has no such table (``in_call`` is always asked).
+_IN_FLIGHT: Any = getattr(call_entry, "_in_flight", True)
 
 
 class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
@@ -134,6 +76,14 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         except TypeError:
             self._pg = lambda: None
         self._group: Any = self  # the recorder's key of the group, found on the first call
+        #: what flight records show as the group's backend: ``hwdist:gloo`` (``hwdist:cpu:gloo,cuda:nccl``)
+        self.label = f"{NAME}:" + (
+            self._only.driver.name
+            if self._only is not None
+            else ",".join(f"{d}:{tg.driver.name}" for d, tg in targets.items())
+        )
+        #: (recorder, state generation, the group's state) the hot path records with; None: look again
+        self._flight: Optional[tuple[Any, int, Any]] = None
 
     # ---- what torch asks a backend ---------------------------------------------------------------
     @property
@@ -193,50 +143,108 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
             group = self._group = None if pg is None or pg is world else pg
         return group
 
-    def _begin(self, op: str, arg: Any) -> Any:
-        rec = call_entry.recorder()
-        if rec is None or _in_call():  # off, or inside a hwdist collective (recorded as that call)
+    def _enter(self, rec: Any, op: str, arg: Any) -> Any:
+        """The entry of this call in ``rec``, the flight recorder (appended to its ring), or None when it
+        is not recorded here.
+
+        The hot path: a cached group state, one frame walk to the user's call site, one list appended
+        (the recorder's entry layout, hwdist/flight/recorder.py); the text is made when the ring is read.
+        """
+        fc = self._flight
+        if fc is None or fc[0] is not rec or fc[1] != _state.generation:
+            return self._enter_first(rec, op, arg)
+        if _IN_FLIGHT and _in_call():  # inside a hwdist collective: recorded as that call
             return None
+        st = fc[2]
+        info = st.flight
+        hooks = st.torch_hooks
+        if info is None or (hooks is not None and hooks.on):
+            return self._enter_first(rec, op, arg)
+        try:
+            f: Any = _getframe(2)  # _enter <- the method torch called (or _run) <- torch's Python caller
+            while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
+                f = f.f_back
+        except ValueError:
+            f = None
+        info.seq += 1
+        entry = [
+            info.seq, op, info, arg, f.f_code if f is not None else None, f.f_lasti if f is not None else 0,
+            _now(), 0.0, _ISSUED, None, _get_ident(),
+        ]  # fmt: skip
+        rec.ring.append(entry)
+        return entry
+
+    def _enter_first(self, rec: Any, op: str, arg: Any) -> Any:
+        """``_enter``'s slow path: through the recorder's own ``begin`` (which makes the group's info and
+        starts the watchdog on a first call), then the group state cached for the next calls."""
         group = self._key()
-        hooks = _state.of(group).torch_hooks
+        st = _state.of(group)
+        if st.flight is not None and st.flight.backend != self.label:
+            st.flight.backend = self.label  # a record shows the wrapped backend (made by a hwdist call first)
+        if _in_call():
+            return None
+        hooks = st.torch_hooks
         if hooks is not None and hooks.on:  # torch's hooks record this group's calls already
+            self._flight = None
             return None
         entry = rec.begin(op, group, (arg,), {})
         if entry is None:
             return None
-        f: Any = _getframe(2)
+        entry[_flight.GROUP].backend = self.label
+        self._flight = (rec, _state.generation, st)
+        f: Any = _getframe(3)
         while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
             f = f.f_back
         if f is not None:  # the call site: the first frame outside torch and hwdist
-            entry[4], entry[5] = f.f_code, f.f_lasti
-        return rec, entry
+            entry[_flight.CODE], entry[_flight.LINE] = f.f_code, f.f_lasti
+        return entry
 
     def _run(self, op: str, arg: Any, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` (the call's plan and issue), recorded in the flight recorder when it is on."""
-        if _recorder() is None:  # the recorder is off: nothing else to do
+        """``fn(*args)`` (the call's plan and issue), recorded in the flight recorder when it is on.
+
+        The methods DDP, FSDP2 and DTensor call on every step write this out inline (one Python call
+        less per collective): record, try the pass-through, else the planned call.
+        """
+        rec: Any = _recorder()
+        entry = None if rec is None else self._enter(rec, op, arg)
+        if entry is None:
             return fn(*args)
-        token = self._begin(op, arg)
         try:
             work = fn(*args)
         except BaseException as exc:
-            if token is not None:
-                token[0].end(token[1], exc)
+            rec.end(entry, exc)
             raise
-        if token is not None:
-            _inflight.add(token[0], token[1], work)  # completed by the sweeper, off this path
+        _add(rec, entry, work)  # completed by the sweeper, off this path
         return work
 
     # ---- reductions ------------------------------------------------------------------------------
     def allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
         """all_reduce (DDP's gradient buckets)."""
-        return self._run("all_reduce", tensors[0], self._allreduce, tensors, opts)
+        rec: Any = _recorder()
+        entry = None if rec is None else self._enter(rec, "all_reduce", tensors[0])
+        t = tensors[0]
+        try:
+            tg = self._only or self._target(t)
+            if ("allreduce", t.dtype, t.device, opts.reduceOp) in tg.passes:
+                work = tg.inner.allreduce(tensors, opts)
+            else:
+                work = self._allreduce(tensors, opts)
+        except BaseException as exc:
+            if entry is not None:
+                rec.end(entry, exc)
+            raise
+        if entry is not None:
+            _add(rec, entry, work)
+        return work
 
     def _allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
         t = tensors[0]
-        tg = self._target(t)
-        rop, factor = _reduce_op(opts.reduceOp)
-        plan = tg.reduce_plan("all_reduce", t.dtype, rop)
-        if _passes(plan, factor, tg, t):
+        tg = self._only or self._target(t)
+        key = ("allreduce", t.dtype, t.device, opts.reduceOp)
+        if key in tg.passes:
+            return tg.inner.allreduce(tensors, opts)
+        plan, rop, factor, passes = tg.reduction(key, "all_reduce", t, opts)
+        if passes:
             return tg.inner.allreduce(tensors, opts)
         return _ops.all_reduce(tg, tensors, opts, plan, rop, factor)
 
@@ -248,11 +256,13 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _allreduce_coalesced(self, tensors: list[Tensor], opts: Any) -> Any:
         tg = self._target(tensors[0])
-        rop, factor = _reduce_op(opts.reduceOp)
-        plans = [tg.reduce_plan("all_reduce", t.dtype, rop) for t in tensors]
-        if factor is None and all(_passes(p, None, tg, t) for p, t in zip(plans, tensors)):
+        routes = [
+            tg.reduction(("allreduce", t.dtype, t.device, opts.reduceOp), "all_reduce", t, opts)
+            for t in tensors
+        ]
+        if all(r[3] for r in routes):
             return tg.inner.allreduce_coalesced(tensors, opts)
-        works = [_ops.all_reduce(tg, [t], opts, p, rop, factor) for p, t in zip(plans, tensors)]
+        works = [_ops.all_reduce(tg, [t], opts, p, rop, f) for (p, rop, f, _), t in zip(routes, tensors)]
         return _ops.coalesced(works, tensors)
 
     def reduce(self, tensors: list[Tensor], opts: Any) -> Any:
@@ -261,19 +271,14 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _reduce(self, tensors: list[Tensor], opts: Any) -> Any:
         t = tensors[0]
-        tg = self._target(t)
-        rop, factor = _reduce_op(opts.reduceOp)
-        plan = tg.reduce_plan("reduce", t.dtype, rop)
-        if _passes(plan, factor, tg, t):
+        tg = self._only or self._target(t)
+        key = ("reduce", t.dtype, t.device, opts.reduceOp)
+        if key in tg.passes:
+            return tg.inner.reduce(tensors, opts)
+        plan, rop, factor, passes = tg.reduction(key, "reduce", t, opts)
+        if passes:
             return tg.inner.reduce(tensors, opts)
         return _ops.reduce(tg, tensors, opts, plan, rop, factor)
-
-    def _rs_plan(self, output: Tensor, opts: Any) -> tuple[Target, str, Any, Any, bool]:
-        tg = self._target(output)
-        rop, factor = _reduce_op(opts.reduceOp)
-        plan = tg.reduce_plan("reduce_scatter", output.dtype, rop)
-        passes = _passes(plan, factor, tg, output)
-        return tg, rop, factor, plan, passes
 
     def reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
         """reduce_scatter, list form."""
@@ -281,7 +286,11 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
         out = outputs[0]
-        tg, rop, factor, plan, passes = self._rs_plan(out, opts)
+        tg = self._only or self._target(out)
+        key = ("reduce_scatter", out.dtype, out.device, opts.reduceOp)
+        if key in tg.passes:
+            return tg.inner.reduce_scatter(outputs, inputs, opts)
+        plan, rop, factor, passes = tg.reduction(key, "reduce_scatter", out, opts)
         if passes:
             return tg.inner.reduce_scatter(outputs, inputs, opts)
         rows = torch.stack([p.reshape(out.shape) for p in inputs[0]])
@@ -289,10 +298,28 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
         """reduce_scatter into one tensor (FSDP2's gradients)."""
-        return self._run("reduce_scatter_tensor", input, self._reduce_scatter_single, output, input, opts)
+        rec: Any = _recorder()
+        entry = None if rec is None else self._enter(rec, "reduce_scatter_tensor", input)
+        try:
+            tg = self._only or self._target(output)
+            if ("reduce_scatter_single", output.dtype, output.device, opts.reduceOp) in tg.passes:
+                work = tg.inner.reduce_scatter_single(output, input, opts)
+            else:
+                work = self._reduce_scatter_single(output, input, opts)
+        except BaseException as exc:
+            if entry is not None:
+                rec.end(entry, exc)
+            raise
+        if entry is not None:
+            _add(rec, entry, work)
+        return work
 
     def _reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
-        tg, rop, factor, plan, passes = self._rs_plan(output, opts)
+        tg = self._only or self._target(output)
+        key = ("reduce_scatter_single", output.dtype, output.device, opts.reduceOp)
+        if key in tg.passes:
+            return tg.inner.reduce_scatter_single(output, input, opts)
+        plan, rop, factor, passes = tg.reduction(key, "reduce_scatter", output, opts, flat="reduce_scatter")
         rows = input.reshape(tg.size, *output.shape)
         if passes and tg.flat("reduce_scatter"):
             return tg.inner.reduce_scatter_single(output, input, opts)
@@ -308,35 +335,79 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     # ---- moves -------------------------------------------------------------------------------------
     def broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
         """broadcast from ``opts.rootRank`` (DDP's start-up, FSDP's and DTensor's replication)."""
-        return self._run("broadcast", tensors[0], self._broadcast, tensors, opts)
+        rec: Any = _recorder()
+        entry = None if rec is None else self._enter(rec, "broadcast", tensors[0])
+        try:
+            work = self._broadcast(tensors, opts)
+        except BaseException as exc:
+            if entry is not None:
+                rec.end(entry, exc)
+            raise
+        if entry is not None:
+            _add(rec, entry, work)
+        return work
 
     def _broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
         t = tensors[0]
-        tg = self._target(t)
-        plan = tg.plan("broadcast", t.dtype)
+        tg = self._only or self._target(t)
+        key = ("broadcast", t.dtype, t.device)
+        if key in tg.passes:
+            return tg.inner.broadcast(tensors, opts)
+        plan = tg.moves(key, "broadcast", t)
         if plan.passthrough and tg.cdev(t) is None:
             return tg.inner.broadcast(tensors, opts)
         return _ops.broadcast(tg, tensors, opts, plan)
 
     def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
         """all_gather, list form."""
-        return self._run("all_gather", inputs[0], self._allgather, outputs, inputs, opts)
+        rec: Any = _recorder()
+        entry = None if rec is None else self._enter(rec, "all_gather", inputs[0])
+        try:
+            work = self._allgather(outputs, inputs, opts)
+        except BaseException as exc:
+            if entry is not None:
+                rec.end(entry, exc)
+            raise
+        if entry is not None:
+            _add(rec, entry, work)
+        return work
 
     def _allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
         t = inputs[0]
-        tg = self._target(t)
-        plan = tg.plan("all_gather", t.dtype)
+        tg = self._only or self._target(t)
+        key = ("allgather", t.dtype, t.device)
+        if key in tg.passes:
+            return tg.inner.allgather(outputs, inputs, opts)
+        plan = tg.moves(key, "all_gather", t)
         if plan.passthrough and tg.cdev(t) is None:
             return tg.inner.allgather(outputs, inputs, opts)
         return _ops.all_gather(tg, outputs, inputs, opts, plan)
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
         """all_gather into one tensor (FSDP2's parameters, DTensor's Shard -> Replicate)."""
-        return self._run("all_gather_into_tensor", input, self._all_gather_single, output, input, opts)
+        rec: Any = _recorder()
+        entry = None if rec is None else self._enter(rec, "all_gather_into_tensor", input)
+        t = input
+        try:
+            tg = self._only or self._target(t)
+            if ("all_gather_single", t.dtype, t.device) in tg.passes:
+                work = tg.inner.all_gather_single(output, input, opts)
+            else:
+                work = self._all_gather_single(output, input, opts)
+        except BaseException as exc:
+            if entry is not None:
+                rec.end(entry, exc)
+            raise
+        if entry is not None:
+            _add(rec, entry, work)
+        return work
 
     def _all_gather_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
-        tg = self._target(input)
-        plan = tg.plan("all_gather", input.dtype)
+        tg = self._only or self._target(input)
+        key = ("all_gather_single", input.dtype, input.device)
+        if key in tg.passes:
+            return tg.inner.all_gather_single(output, input, opts)
+        plan = tg.moves(key, "all_gather", input, flat="all_gather")
         if plan.passthrough and tg.cdev(input) is None and tg.flat("all_gather"):
             return tg.inner.all_gather_single(output, input, opts)
         return _ops.all_gather_single(tg, output, input, opts, plan)
@@ -359,8 +430,11 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _gather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
         t = inputs[0]
-        tg = self._target(t)
-        plan = tg.plan("gather", t.dtype)
+        tg = self._only or self._target(t)
+        key = ("gather", t.dtype, t.device)
+        if key in tg.passes:
+            return tg.inner.gather(outputs, inputs, opts)
+        plan = tg.moves(key, "gather", t)
         if plan.passthrough and tg.cdev(t) is None:
             return tg.inner.gather(outputs, inputs, opts)
         return _ops.gather(tg, outputs, inputs, opts, plan)
@@ -371,8 +445,11 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
         t = outputs[0]
-        tg = self._target(t)
-        plan = tg.plan("scatter", t.dtype)
+        tg = self._only or self._target(t)
+        key = ("scatter", t.dtype, t.device)
+        if key in tg.passes:
+            return tg.inner.scatter(outputs, inputs, opts)
+        plan = tg.moves(key, "scatter", t)
         if plan.passthrough and tg.cdev(t) is None:
             return tg.inner.scatter(outputs, inputs, opts)
         return _ops.scatter(tg, outputs, inputs, opts, plan)
@@ -387,8 +464,11 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     def _all_to_all_single(
         self, output: Tensor, input: Tensor, out_splits: list[int], in_splits: list[int], opts: Any
     ) -> Any:
-        tg = self._target(input)
-        plan = tg.plan("all_to_all", input.dtype)
+        tg = self._only or self._target(input)
+        key = ("all_to_all_single", input.dtype, input.device)
+        if key in tg.passes:
+            return tg.inner.all_to_all_single(output, input, out_splits, in_splits, opts)
+        plan = tg.moves(key, "all_to_all", input, flat="all_to_all")
         if plan.passthrough and tg.cdev(input) is None and tg.flat("all_to_all"):
             return tg.inner.all_to_all_single(output, input, out_splits, in_splits, opts)
         return _ops.all_to_all_single(tg, output, input, list(out_splits), list(in_splits), opts, plan)
@@ -398,7 +478,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         return self._run("all_to_all", inputs[0], self._alltoall, outputs, inputs, opts)
 
     def _alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any) -> Any:
-        tg = self._target(inputs[0])
+        tg = self._only or self._target(inputs[0])
         plan = tg.plan("all_to_all", inputs[0].dtype)
         if plan.passthrough and tg.cdev(inputs[0]) is None and plan.native_op == "all_to_all":
             return tg.inner.alltoall(outputs, inputs, opts)
@@ -414,13 +494,15 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     # ---- point to point ----------------------------------------------------------------------------
     def _p2p(self, kind: str, tensors: list[Tensor], peer: int, tag: int) -> Any:
         t = tensors[0]
-        tg = self._target(t)
-        plan = tg.plan(kind, t.dtype)
-        if plan.passthrough and tg.cdev(t) is None:
-            if kind == "send":
-                return tg.inner.send(tensors, peer, tag)
-            return tg.inner.recv(tensors, peer, tag) if peer >= 0 else tg.inner.recv_anysource(tensors, tag)
-        return _ops.point_to_point(tg, kind, tensors, peer, tag, plan)
+        tg = self._only or self._target(t)
+        key = (kind, t.dtype, t.device)
+        if key not in tg.passes:
+            plan = tg.moves(key, kind, t)
+            if not (plan.passthrough and tg.cdev(t) is None):
+                return _ops.point_to_point(tg, kind, tensors, peer, tag, plan)
+        if kind == "send":
+            return tg.inner.send(tensors, peer, tag)
+        return tg.inner.recv(tensors, peer, tag) if peer >= 0 else tg.inner.recv_anysource(tensors, tag)
 
     def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Any:
         """send to ``dst``."""

@@ -50,6 +50,27 @@ def test_a_failing_finish_completes_the_work_with_its_exception():
     assert _work.then([], lambda: None, 7).get_future().wait() == 7
 
 
+def test_the_finish_runs_once_on_the_waiting_thread_unless_the_future_is_asked_for():
+    import threading
+
+    from hwdist.backend import _work
+
+    wrapped = torch.futures.Future()
+    ran: list = []
+    work = _work.then([_work.FutureWork(wrapped)], lambda: ran.append(threading.get_ident()), "result")
+    assert not work.is_completed()
+    wrapped.set_result(None)  # the wrapped call is done: nothing was queued on its thread
+    assert ran == []
+    assert work.wait() and ran == [threading.get_ident()]
+    assert work.wait() and work.is_success() and len(ran) == 1  # once
+    asked = torch.futures.Future()
+    chained = _work.then([_work.FutureWork(asked)], lambda: ran.append("future"), 7)
+    fut = chained.get_future()
+    assert not fut.done()
+    asked.set_result(None)  # completes the future asked for, through its callback
+    assert fut.wait() == 7 and ran[-1] == "future" and chained.is_completed()
+
+
 def _run(scenario: str, tmp_path: Path, ws: int = 2) -> dict[int, str]:
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -96,7 +117,8 @@ def test_ddp_hang_through_the_backend_is_named_within_the_timeout(tmp_path):
     lines = (tmp_path / "flight" / "flight-rank0.jsonl").read_text().splitlines()
     header, entries = json.loads(lines[0]), [json.loads(ln) for ln in lines[1:]]
     pending = [e for e in entries if e["state"] == "issued"]
-    assert pending and pending[0]["op"] == "all_reduce" and pending[0]["backend"] == "hwdist", entries[-4:]
+    assert pending and pending[0]["op"] == "all_reduce", entries[-4:]
+    assert pending[0]["backend"] == "hwdist:gloo", pending[0]  # the wrapped backend, named
     want = f"rank 1 never called all_reduce #{pending[0]['seq']}"
     for text in logs.values():
         found = re.findall(r"^diagnosis: (.*)$", text, re.M)

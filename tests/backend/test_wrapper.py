@@ -282,7 +282,7 @@ def test_no_plan_raises_plan_error_on_every_rank_before_any_data_moves(dist, tmp
 
 
 def _work_types(store: str) -> dict:
-    from hwdist.backend._work import FutureWork
+    from hwdist.backend._work import ThenWork
 
     _strict.init(BACKEND, store)
     backend = torch_dist.group.WORLD._get_backend(torch.device("cpu"))
@@ -295,8 +295,8 @@ def _work_types(store: str) -> dict:
     out = {
         "backend": type(backend).__name__,
         "name": backend.getBackendName(),
-        "passed": isinstance(passed, FutureWork),
-        "cast": isinstance(cast, FutureWork),
+        "passed": isinstance(passed, ThenWork),
+        "cast": isinstance(cast, ThenWork),
         "values": (t32.item(), t16.item()),
         "inner_work": type(passed).__module__.startswith("torch"),
     }
@@ -319,6 +319,16 @@ def _flight(store: str) -> dict:
     half = t.to(torch.bfloat16)  # kept alive: the ring holds a finished call's tensor weakly
     torch_dist.all_gather_into_tensor(o, half)
     hwdist.all_reduce(t)  # hwdist's own call: recorded once, as that call
+    sub = torch_dist.new_group(backend="cpu:hwdist")  # made by torch directly, through the wrapper
+    torch_dist.all_reduce(t, group=sub)
+    torch_dist.all_reduce(t, group=sub, op=torch_dist.ReduceOp.AVG)  # a planned route: SUM then divide
+    torch_dist.all_reduce(t, group=sub, op=torch_dist._make_nccl_premul_sum(0.5))  # never kept
+    tg = sub._get_backend(torch.device("cpu"))._only
+    routes = (
+        sorted(k[0] for k in tg.passes),
+        sorted((k[0], v[1]) for k, v in tg.routes.items()),
+    )
+    subs = [e for e in hwdist.flight.snapshot() if e["group"] != "default"]
     deadline = time.monotonic() + 10
     while True:  # calls through the backend are completed by a sweeper thread, off the call's path
         entries = [e for e in hwdist.flight.snapshot() if e["group"] == "default"][-3:]
@@ -326,7 +336,12 @@ def _flight(store: str) -> dict:
             break
         time.sleep(0.05)
     _strict.done()
-    return {"entries": [(e["op"], e["args"], e["state"], e["site"], e["seq"]) for e in entries]}
+    return {
+        "entries": [(e["op"], e["args"], e["state"], e["site"], e["seq"]) for e in entries],
+        "backends": sorted({e["backend"] for e in entries} | {e["backend"] for e in subs}),
+        "sub_ops": [e["op"] for e in subs],
+        "routes": routes,
+    }
 
 
 def test_every_call_through_the_backend_enters_the_flight_recorder(dist, tmp_path):
@@ -340,3 +355,8 @@ def test_every_call_through_the_backend_enters_the_flight_recorder(dist, tmp_pat
         assert site1.endswith(f"{here.name}:{line}"), res
         assert (op2, args2, st2) == ("all_gather_into_tensor", "bfloat16[2]", "completed"), res
         assert (op3, st3) == ("all_reduce", "completed") and (s2, s3) == (s1 + 1, s1 + 2), res
+        # the records name the wrapped backend, on the default group and on a group torch made itself
+        assert res["backends"] == [f"hwdist:{_strict.STRICT}"], res
+        assert res["sub_ops"] == ["all_reduce"] * 3, res
+        # a pass-through and a planned route are kept per (op, dtype, reduce op, device); PREMUL_SUM never
+        assert res["routes"] == (["allreduce"], [("allreduce", "mean")]), res
