@@ -30,6 +30,7 @@ __all__ = [
     "BackendError",
     "ENTRY_POINT_GROUP",
     "record_group",
+    "record_wrapper",
 ]
 
 ENTRY_POINT_GROUP = "hwdist.drivers"
@@ -46,6 +47,10 @@ _group_cache: dict[tuple[int, Optional[str]], tuple[Any, Driver]] = {}
 generation = 0
 # Process group -> the driver hwdist created it with (weak: a destroyed, dropped group leaves).
 _group_drivers: "weakref.WeakKeyDictionary[Any, Driver]" = weakref.WeakKeyDictionary()
+
+#: torch backend name of a backend that wraps another per device type (hwdist's own torch backend) ->
+#: device type -> the hwdist backend it wraps there: a group on it resolves to the wrapped driver.
+_wrappers: dict[str, dict[str, str]] = {}
 
 D = TypeVar("D", bound=Union[Driver, type])
 
@@ -504,6 +509,7 @@ def _resolve_group(group: Any, dtype: Optional[str]) -> Driver:
             " (hwdist.new_group(backend=...)), which records its driver"
         ) from None
     dev, name = _choose(mapping, dtype, config, _describe(group), _compat.group_device_types(group))
+    name = _wrappers.get(name, {}).get(dev, name)  # through a wrapper: the plans are the wrapped driver's
     if recorded is not None and name in (str(recorded.torch_name).lower(), recorded.name):
         return recorded
     drv = _driver_for(dev, name)
@@ -518,6 +524,15 @@ def _resolve_group(group: Any, dtype: Optional[str]) -> Driver:
         f" where {dev!r} devices are visible, or create the group with a backend for a device this machine"
         f" has (e.g. init_process_group(backend='{config},cpu:<backend>'))"
     )
+
+
+def record_wrapper(torch_name: str, wraps: dict[str, str]) -> None:
+    """Record that torch backend ``torch_name`` wraps, per device type, the hwdist backends ``wraps``
+    (``{'cpu': 'gloo'}``): ``resolve`` gives a group on it the wrapped driver, so that hwdist's own
+    collectives plan as on the wrapped backend and reach it through the wrapper as pass-throughs."""
+    with _lock:
+        _wrappers[torch_name] = dict(wraps)
+        _forget()
 
 
 def _recorded(group: Any) -> Optional[Driver]:

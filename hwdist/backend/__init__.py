@@ -128,6 +128,7 @@ def register(wraps: Union[None, str, list[str], tuple[str, ...]] = None) -> str:
     with LOCK:
         for device, driver in chosen.items():
             WRAPS[device] = driver.name
+        registry.record_wrapper(NAME, WRAPS)
         new = [d for d in chosen if d not in DEVICES]
         if new:
             from .wrapper import create

@@ -310,13 +310,11 @@ def scatter(tg: Any, outputs: list[Tensor], inputs: list[list[Tensor]], opts: An
 
 
 def point_to_point(tg: Any, kind: str, tensors: list[Tensor], peer: int, tag: int, plan: Plan) -> Any:
-    """send / recv on wire buffers (``kind``: ``'send'``, ``'recv'``; ``peer`` -1: any sender)."""
+    """send / recv on wire buffers (``kind``: ``'send'``, ``'recv'``)."""
     bufs = [prepare(t, plan, tg.cdev(t)) for t in tensors]
     wire = [b for b, _ in bufs]
     if kind == "send":
         work = tg.inner.send(wire, peer, tag)
-    elif peer < 0:
-        work = tg.inner.recv_anysource(wire, tag)
     else:
         work = tg.inner.recv(wire, peer, tag)
 

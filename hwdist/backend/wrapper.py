@@ -52,9 +52,6 @@ _now = time.time
 _get_ident = threading.get_ident
 _ISSUED = _flight.ISSUED
 _add = _inflight.add
-#: The collective entry's table of calls in flight: empty whenever no hwdist collective runs (then
-#: ``in_call`` need not be asked); True where the entry has no such table (``in_call`` is always asked).
-_IN_FLIGHT: Any = getattr(call_entry, "_in_flight", True)
 
 
 class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
@@ -153,7 +150,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         fc = self._flight
         if fc is None or fc[0] is not rec or fc[1] != _state.generation:
             return self._enter_first(rec, op, arg)
-        if _IN_FLIGHT and _in_call():  # inside a hwdist collective: recorded as that call
+        if _in_call():  # inside a hwdist collective: recorded as that call
             return None
         st = fc[2]
         info = st.flight
@@ -502,7 +499,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
                 return _ops.point_to_point(tg, kind, tensors, peer, tag, plan)
         if kind == "send":
             return tg.inner.send(tensors, peer, tag)
-        return tg.inner.recv(tensors, peer, tag) if peer >= 0 else tg.inner.recv_anysource(tensors, tag)
+        return tg.inner.recv(tensors, peer, tag)
 
     def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Any:
         """send to ``dst``."""
@@ -513,8 +510,13 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         return self._run("recv", tensors[0], self._p2p, "recv", tensors, src, tag)
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Any:
-        """recv from any rank."""
-        return self._run("recv", tensors[0], self._p2p, "recv", tensors, -1, tag)
+        """recv from any rank: refused before anything is received. torch hands a Python backend's Work
+        back in a holder without ``_source_rank()``, so the sender could not be reported."""
+        raise BackendError(
+            f"recv from any source (src=None) on a group of the {NAME!r} backend: torch does not pass"
+            " the sender back from a backend written in Python, so the call could not say who sent the"
+            " data. Nothing was received. HINT: pass src=<the sender's rank>"
+        )
 
 
 def _inner_backend(driver: Any, opts: Any, backend_options: Any, store: Any) -> Any:

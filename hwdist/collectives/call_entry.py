@@ -88,8 +88,9 @@ def recorder() -> Optional[Observer]:
 
 
 def in_call() -> bool:
-    """Whether this thread is inside a public hwdist collective now, on any group."""
-    return _get_ident() in _in_flight.values() or bool(getattr(_local, "depth", 0))
+    """Whether this thread is inside a public hwdist collective now, on any group (cheap when none is:
+    the torch backend asks it on every call)."""
+    return bool(_in_flight) and (_get_ident() in _in_flight.values() or bool(getattr(_local, "depth", 0)))
 
 
 def add_observer(observer: Observer) -> None:

@@ -360,3 +360,38 @@ def test_every_call_through_the_backend_enters_the_flight_recorder(dist, tmp_pat
         assert res["sub_ops"] == ["all_reduce"] * 3, res
         # a pass-through and a planned route are kept per (op, dtype, reduce op, device); PREMUL_SUM never
         assert res["routes"] == (["allreduce"], [("allreduce", "mean")]), res
+
+
+def _hwdist_calls_on_a_wrapper_group(store: str) -> dict:
+    """hwdist's own collectives on a group of the hwdist backend, and a receive from any source."""
+    _strict.init(BACKEND, store)
+    r = torch_dist.get_rank()
+    out: dict = {"driver": hwdist.registry.resolve().name}
+    x = _t([r + 1], torch.bfloat16)  # no bfloat16 in the strict table: the wrapped driver's cast runs
+    hwdist.all_reduce(x)
+    out["sum"] = x.item()
+    if r == 0:
+        hwdist.send(_t([7.0]), dst=1)
+    else:
+        got = torch.empty(1)
+        out["src"] = hwdist.recv(got, src=0)
+        out["got"] = got.item()
+        out["torch anysource"] = capture_error(torch_dist.recv, torch.empty(1))
+        out["hwdist anysource"] = capture_error(hwdist.recv, torch.empty(1))
+    after = _t([1.0])
+    torch_dist.all_reduce(after)  # nothing was received or left half-done: the group is in step
+    out["after"] = after.item()
+    _strict.done()
+    return out
+
+
+def test_hwdist_collectives_on_a_wrapper_group_plan_as_the_wrapped_driver_and_any_source_is_refused(
+    dist, tmp_path
+):
+    r0, r1 = dist(_hwdist_calls_on_a_wrapper_group, 2, None, str(tmp_path / "store"))
+    for res in (r0, r1):
+        assert res["driver"] == _strict.STRICT and res["sum"] == 3.0 and res["after"] == 2.0, res
+    assert (r1["src"], r1["got"]) == (0, 7.0), r1
+    for key in ("torch anysource", "hwdist anysource"):
+        kind, text = r1[key]
+        assert kind == "BackendError" and "src=None" in text and "HINT: pass src=" in text, (key, text)
