@@ -17,7 +17,7 @@ Groups (each its own interleaving):
   mmengine's cpu mode (baseline; ``mmengine.dist.collect_results`` when
   importable, else :func:`mmengine_cpu`, the same steps) and hwdist's
   ``collect_results`` over communication.
-- ``2 KiB``, ``32 KiB``, ``256 KiB``, ``512 KiB``: a ``bytes`` object of that size (larger
+- ``1 KiB``, ``2 KiB``, ``32 KiB``, ``256 KiB``, ``512 KiB``, ``1 MiB``: a ``bytes`` object of that size (larger
   than a record's inline payload, so hwdist's record exchange is followed by
   the exact-size route) through torch's ``all_gather_object`` /
   ``gather_object`` / ``broadcast_object_list`` (baselines) and hwdist's.
@@ -231,7 +231,14 @@ BASE = {
     "control: mmengine cpu again": "mmengine cpu collect_results 20k",
 }
 #: the size classes above a record's inline payload
-SIZES = (("2 KiB", 2 << 10), ("32 KiB", 32 << 10), ("256 KiB", 256 << 10), ("512 KiB", 512 << 10))
+SIZES = (
+    ("1 KiB", 1 << 10),
+    ("2 KiB", 2 << 10),
+    ("32 KiB", 32 << 10),
+    ("256 KiB", 256 << 10),
+    ("512 KiB", 512 << 10),
+    ("1 MiB", 1 << 20),
+)
 for _label, _ in SIZES:
     BASE[f"control: torch all_gather_object {_label} again"] = f"torch all_gather_object {_label}"
     for _op in ("all_gather_object", "gather_object", "broadcast_object_list"):
