@@ -450,7 +450,9 @@ def resolve(group: Any = None, device: Union[str, torch.device, None] = None) ->
        config) gives the backend for the tensor's device type. A call without a tensor (object
        collectives, barrier, hwdist's own traffic) takes torch's rule for its object collectives: the
        CPU backend when the group has one. A CPU tensor on a group without a CPU backend goes to that
-       backend's device and back; a tensor on a device the group has no backend for is refused;
+       backend's device and back; a tensor on a device the group has no backend for is refused. A
+       backend that wraps another per device type (hwdist's torch backend,
+       [`record_wrapper`][hwdist.registry.record_wrapper]) stands for the backend it wraps;
     2. then hwdist's record of the groups it created (``init_dist``, ``init_backend``, the local
        groups, [`hwdist.new_group`][hwdist.launch.core.new_group]): the driver it created the group
        with wins for its backend, even when drivers share a torch backend (``torch_backend = "gloo"``);
