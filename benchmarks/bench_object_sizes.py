@@ -17,8 +17,8 @@ Groups (each its own interleaving):
   mmengine's cpu mode (baseline; ``mmengine.dist.collect_results`` when
   importable, else :func:`mmengine_cpu`, the same steps) and hwdist's
   ``collect_results`` over communication.
-- ``1 KiB``, ``2 KiB``, ``32 KiB``, ``256 KiB``, ``512 KiB``, ``1 MiB``: a ``bytes`` object of that size (larger
-  than a record's inline payload, so hwdist's record exchange is followed by
+- ``1 KiB``, ``2 KiB``, ``32 KiB``, ``256 KiB``, ``512 KiB``, ``1 MiB``: a ``bytes`` object of
+  that size (larger than a record's inline payload, so hwdist's record exchange is followed by
   the exact-size route) through torch's ``all_gather_object`` /
   ``gather_object`` / ``broadcast_object_list`` (baselines) and hwdist's.
 
