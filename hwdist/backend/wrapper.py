@@ -197,11 +197,8 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         return entry
 
     def _run(self, op: str, arg: Any, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` (the call's plan and issue), recorded in the flight recorder when it is on.
-
-        The methods DDP, FSDP2 and DTensor call on every step write this out inline (one Python call
-        less per collective): record, try the pass-through, else the planned call.
-        """
+        """``fn(*args)`` (the call's plan and issue: a kept pass-through first, else the planned call),
+        recorded in the flight recorder when it is on."""
         rec: Any = _recorder()
         entry = None if rec is None else self._enter(rec, op, arg)
         if entry is None:
@@ -217,22 +214,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     # ---- reductions ------------------------------------------------------------------------------
     def allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
         """all_reduce (DDP's gradient buckets)."""
-        rec: Any = _recorder()
-        entry = None if rec is None else self._enter(rec, "all_reduce", tensors[0])
-        t = tensors[0]
-        try:
-            tg = self._only or self._target(t)
-            if ("allreduce", t.dtype, t.device, opts.reduceOp) in tg.passes:
-                work = tg.inner.allreduce(tensors, opts)
-            else:
-                work = self._allreduce(tensors, opts)
-        except BaseException as exc:
-            if entry is not None:
-                rec.end(entry, exc)
-            raise
-        if entry is not None:
-            _add(rec, entry, work)
-        return work
+        return self._run("all_reduce", tensors[0], self._allreduce, tensors, opts)
 
     def _allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
         t = tensors[0]
@@ -295,21 +277,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
         """reduce_scatter into one tensor (FSDP2's gradients)."""
-        rec: Any = _recorder()
-        entry = None if rec is None else self._enter(rec, "reduce_scatter_tensor", input)
-        try:
-            tg = self._only or self._target(output)
-            if ("reduce_scatter_single", output.dtype, output.device, opts.reduceOp) in tg.passes:
-                work = tg.inner.reduce_scatter_single(output, input, opts)
-            else:
-                work = self._reduce_scatter_single(output, input, opts)
-        except BaseException as exc:
-            if entry is not None:
-                rec.end(entry, exc)
-            raise
-        if entry is not None:
-            _add(rec, entry, work)
-        return work
+        return self._run("reduce_scatter_tensor", input, self._reduce_scatter_single, output, input, opts)
 
     def _reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
         tg = self._only or self._target(output)
@@ -332,17 +300,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     # ---- moves -------------------------------------------------------------------------------------
     def broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
         """broadcast from ``opts.rootRank`` (DDP's start-up, FSDP's and DTensor's replication)."""
-        rec: Any = _recorder()
-        entry = None if rec is None else self._enter(rec, "broadcast", tensors[0])
-        try:
-            work = self._broadcast(tensors, opts)
-        except BaseException as exc:
-            if entry is not None:
-                rec.end(entry, exc)
-            raise
-        if entry is not None:
-            _add(rec, entry, work)
-        return work
+        return self._run("broadcast", tensors[0], self._broadcast, tensors, opts)
 
     def _broadcast(self, tensors: list[Tensor], opts: Any) -> Any:
         t = tensors[0]
@@ -357,17 +315,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any = None) -> Any:
         """all_gather, list form."""
-        rec: Any = _recorder()
-        entry = None if rec is None else self._enter(rec, "all_gather", inputs[0])
-        try:
-            work = self._allgather(outputs, inputs, opts)
-        except BaseException as exc:
-            if entry is not None:
-                rec.end(entry, exc)
-            raise
-        if entry is not None:
-            _add(rec, entry, work)
-        return work
+        return self._run("all_gather", inputs[0], self._allgather, outputs, inputs, opts)
 
     def _allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], opts: Any) -> Any:
         t = inputs[0]
@@ -382,22 +330,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Any:
         """all_gather into one tensor (FSDP2's parameters, DTensor's Shard -> Replicate)."""
-        rec: Any = _recorder()
-        entry = None if rec is None else self._enter(rec, "all_gather_into_tensor", input)
-        t = input
-        try:
-            tg = self._only or self._target(t)
-            if ("all_gather_single", t.dtype, t.device) in tg.passes:
-                work = tg.inner.all_gather_single(output, input, opts)
-            else:
-                work = self._all_gather_single(output, input, opts)
-        except BaseException as exc:
-            if entry is not None:
-                rec.end(entry, exc)
-            raise
-        if entry is not None:
-            _add(rec, entry, work)
-        return work
+        return self._run("all_gather_into_tensor", input, self._all_gather_single, output, input, opts)
 
     def _all_gather_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
         tg = self._only or self._target(input)
