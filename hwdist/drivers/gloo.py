@@ -51,9 +51,12 @@ class GlooDriver(Driver):
     # leaf that requires grad raises "a leaf Variable that requires grad is being used in an in-place
     # operation"). SUM then / n is exact and works on every version. No PREMUL_SUM on any version.
     reduce_ops = frozenset({"sum", "product", "min", "max", "band", "bor", "bxor"})
-    # The flat all_gather_into_tensor exists from torch 2.2; all_to_all_single on every version.
+    # The flat all_gather_into_tensor exists from torch 2.2; all_to_all_single on every version;
+    # reduce_scatter_tensor from 2.9, as the list form (before, missing or summing whatever the op).
     flat_ops = frozenset(
-        {"all_to_all"} | ({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
+        {"all_to_all"}
+        | ({"all_gather"} if _compat.GLOO_HAS_ALL_GATHER_INTO_TENSOR else set())
+        | ({"reduce_scatter"} if _compat.GLOO_HAS_REDUCE_SCATTER else set())
     )
 
     def unavailable_reason(self) -> Optional[str]:

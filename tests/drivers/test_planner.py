@@ -68,9 +68,11 @@ def test_gloo_plans_follow_the_torch_version(gloo):
         "all_to_all" if version >= (2, 12) else "all_gather"
     )
     assert ("all_gather" in gloo.flat_ops) == (version >= (2, 2))
+    assert ("reduce_scatter" in gloo.flat_ops) == (version >= (2, 9))  # the tensor form, as the list form
     assert "all_to_all" in gloo.flat_ops  # all_to_all_single works on every version
-    # the emulated accelerator wraps a gloo group: the same flat all_gather, or none (and no all_to_all)
-    assert hwdist.get_driver("emu").flat_ops == gloo.flat_ops - {"all_to_all"}
+    # the emulated accelerator wraps a gloo group: the same flat all_gather, or none (and no all_to_all;
+    # no reduce_scatter at all)
+    assert hwdist.get_driver("emu").flat_ops == gloo.flat_ops - {"all_to_all", "reduce_scatter"}
     # gloo has no complex type: hwdist moves bytes and reduces real pairs on every version
     assert (
         gloo.plan("gather", torch.complex64).comm_dtype,
