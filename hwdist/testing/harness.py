@@ -1,8 +1,10 @@
 """Run a function on N real ranks and report every rank's outcome.
 
-* Ranks are spawned processes joined through a private (0700) file store
-  (no ports to choose); Gloo's pair sockets are kept on the loopback
-  interface (``GLOO_SOCKET_IFNAME``, unless set by the user).
+* Ranks are fresh processes, forked by a forkserver that imported torch
+  once (spawned where the platform has no forkserver), each started with the
+  caller's environment. They join through a private (0700) file store (no
+  ports to choose); Gloo's pair sockets are kept on the loopback interface
+  (``GLOO_SOCKET_IFNAME``, unless set by the user).
 * A [`RankPool`][hwdist.testing.harness.RankPool] keeps its ranks and their process group alive between
   calls, so hundreds of checks cost one spawn per (world size, backend).
 * Every call has a hard timeout; the process group gets its own timeout too.
@@ -79,6 +81,36 @@ def is_skip(exc: BaseException) -> bool:
     return isinstance(exc, RankSkip) or type(exc).__name__ in ("Skipped", "SkipTest")
 
 
+#: Modules a forkserver imports once, before it forks ranks: torch's import is most of a rank's start-up
+#: (seconds of CPU; about twice as long for torch's CUDA wheels as for its CPU ones).
+PRELOAD = ("torch", "torch.distributed", "numpy")
+
+
+def _context() -> Any:
+    """The multiprocessing context ranks start in: a forkserver that has imported ``PRELOAD`` where the
+    platform has one (a rank then starts in a fraction of a second), else spawn. Either way a rank is a
+    fresh process with nothing of the caller's but what ``_worker`` is handed."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # (no effect once this process's forkserver runs)
+    return ctx
+
+
+def _apply_env(env: dict[str, str]) -> None:
+    """Make ``env`` this rank's whole environment, as a spawned process would start with it (a forkserver's
+    child inherits the forkserver's, from when it started); OpenMP read its thread count when torch was
+    imported, so an ``OMP_NUM_THREADS`` that differs is applied through torch."""
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ.clear()
+    os.environ.update(env)
+    threads = env.get("OMP_NUM_THREADS")
+    if threads != before and threads is not None and threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -89,7 +121,7 @@ def _worker(
     env: dict[str, str],
     stack_path: str,
 ) -> None:
-    os.environ.update(env)
+    _apply_env(env)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -186,7 +218,8 @@ class RankPool:
                 _skip(short)
             raise RankFailure(short)
         self._dir = tempfile.mkdtemp(prefix="hwdist-ranks-")  # private (0700)
-        ctx = mp.get_context("spawn")
+        ctx = _context()
+        environ = {**os.environ, **self.env}  # the caller's environment now (a forkserver's is older)
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         for rank in range(world_size):
@@ -200,7 +233,7 @@ class RankPool:
                     os.path.join(self._dir, "store"),
                     child,
                     pg_timeout,
-                    self.env,
+                    environ,
                     self._stack_path(rank),
                 ),
                 name=f"hwdist-rank{rank}",

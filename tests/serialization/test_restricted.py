@@ -493,7 +493,7 @@ def test_a_stream_that_ends_inside_a_pickle_is_refused_as_truncated():
 
 # The marks of this section's tests (slow ones are skipped by the fast lane, -m 'not slow').
 _RESTRICTED_FUZZ_MARKS = pytest.mark.slow
-FUZZ_SECONDS = float(os.environ.get("HWDIST_FUZZ_SECONDS", "45"))
+FUZZ_SECONDS = float(os.environ.get("HWDIST_FUZZ_SECONDS", "20"))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -227,3 +228,26 @@ def test_harness_ranks_use_loopback_only_and_dirs_are_private(dist, tmp_path):
         assert r["addresses"], "no TCP socket found for the gloo pairs"
         assert set(r["addresses"]) <= loopback, r["addresses"]
         assert r["modes"] == [0o700, 0o700]
+
+
+def _environment() -> tuple[Optional[str], Optional[str], int, bool]:
+    return (
+        os.environ.get("HWDIST_TEST_LATE"), os.environ.get("HWDIST_TEST_GONE"), torch.get_num_threads(),
+        "torch" in sys.modules,
+    )
+
+
+def test_each_pool_starts_with_the_callers_environment_of_that_moment(monkeypatch):
+    """Ranks come from a forkserver started by the first pool, whose own environment is older: a
+    variable set after it started is seen, one removed since is gone, OMP_NUM_THREADS is applied."""
+    monkeypatch.setenv("HWDIST_TEST_GONE", "present when the first pool starts")
+    with RankPool(2, None) as pool:
+        first = pool.run(_environment)
+    assert all(r[1] == "present when the first pool starts" and r[3] for r in first), first
+    monkeypatch.delenv("HWDIST_TEST_GONE")
+    monkeypatch.setenv("HWDIST_TEST_LATE", "set later")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1" if first[0][2] != 1 else "2")
+    want = int(os.environ["OMP_NUM_THREADS"])
+    with RankPool(2, None) as pool:
+        later = pool.run(_environment)
+    assert later == [("set later", None, want, True)] * 2, later
