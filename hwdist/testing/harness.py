@@ -97,6 +97,40 @@ def _context() -> Any:
     return ctx
 
 
+class _CallerStreams:
+    """The caller's descriptors 1 and 2 as they are when a rank starts, for a forkserver's child (which
+    would otherwise write where the forkserver's pointed when it started: another test's capture, a pipe
+    since closed). Pickled with the rank's arguments, it travels as descriptors and is unpickled in the
+    rank as ``_adopt_streams``; a descriptor the caller has closed is closed in the rank too."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from multiprocessing import reduction
+
+        def open_(fd: int) -> bool:
+            try:
+                os.fstat(fd)
+            except OSError:
+                return False
+            return True
+
+        return _adopt_streams, tuple(reduction.DupFd(fd) if open_(fd) else None for fd in (1, 2))
+
+
+def _adopt_streams(*dups: Any) -> None:
+    """In a rank: make the caller's descriptors (``_CallerStreams``) its descriptors 1 and 2."""
+    for fd, dup in zip((1, 2), dups):
+        try:
+            if dup is None:
+                os.close(fd)
+                continue
+            got = dup.detach()
+            if got != fd:
+                os.dup2(got, fd)
+                os.close(got)
+        except OSError:
+            pass
+
+
 def _apply_env(env: dict[str, str]) -> None:
     """Make ``env`` this rank's whole environment, as a spawned process would start with it (a forkserver's
     child inherits the forkserver's, from when it started); OpenMP read its thread count when torch was
@@ -120,6 +154,7 @@ def _worker(
     pg_timeout: float,
     env: dict[str, str],
     stack_path: str,
+    streams: None = None,  # (``_CallerStreams``, applied while the arguments were unpickled)
 ) -> None:
     _apply_env(env)
     os.environ.update(
@@ -235,6 +270,7 @@ class RankPool:
                     pg_timeout,
                     environ,
                     self._stack_path(rank),
+                    _CallerStreams() if ctx.get_start_method() == "forkserver" else None,
                 ),
                 name=f"hwdist-rank{rank}",
                 daemon=True,

@@ -1,11 +1,13 @@
 """The ``hwdist`` command in pipes and with noisy ranks: stdout carries the report only.
 
 A ``sitecustomize`` module on PYTHONPATH (written by the tests) makes the
-spawned ranks print, as torch 2.8-2.10's gloo does (``[Gloo] Rank 0 is
-connected to 1 peer ranks``), both through Python and straight to file
-descriptor 1, at start-up and at exit; or makes their start-up slow. It acts
-only in the ranks (``--multiprocessing-fork`` processes, or MPI processes),
-never in the ``hwdist`` process itself.
+ranks print, as torch 2.8-2.10's gloo does (``[Gloo] Rank 0 is connected to
+1 peer ranks``), both through Python and straight to file descriptor 1, at
+start-up, at init and at exit; or makes their start-up slow. It acts only in
+the ranks, never in the ``hwdist`` process itself: a rank forked by the
+multiprocessing forkserver (the hooks are set in the forkserver and run in
+each child it forks), a spawned rank (``--multiprocessing-fork``), or an MPI
+process.
 """
 
 from __future__ import annotations
@@ -28,8 +30,30 @@ pytestmark = pytest.mark.slow
 
 SITE = """
 import atexit, importlib.abc, importlib.util, os, sys
-_rank = ("--multiprocessing-fork" in sys.argv or "PMI_RANK" in os.environ
-         or "OMPI_COMM_WORLD_RANK" in os.environ)
+_server = any("multiprocessing.forkserver" in a for a in getattr(sys, "orig_argv", ()))
+_spawned = "--multiprocessing-fork" in sys.argv
+_rank = _server or _spawned or "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
+def _noise_at_start():
+    print("NOISE from print", flush=True)
+    os.write(1, b"NOISE from fd 1\\n")
+
+
+class _Rank:  # multiprocessing runs its after-fork hooks at the start of each forked rank's life
+    def __init__(self):
+        from multiprocessing import util
+        util.register_after_fork(self, _Rank.started)
+
+    def started(self):  # its exit is multiprocessing's: atexit does not run, its finalizers do
+        from multiprocessing import util
+        _noise_at_start()
+        util.Finalize(None, os.write, args=(1, b"NOISE at exit on fd 1\\n"), exitpriority=0)
+
+
+def _slow_start():
+    import time
+    time.sleep(float(os.environ["HWDIST_TEST_SLOW_RANKS"]))
 
 
 class _NoisyInit(importlib.abc.MetaPathFinder):
@@ -57,14 +81,17 @@ class _NoisyInit(importlib.abc.MetaPathFinder):
 
 
 if _rank and os.environ.get("HWDIST_TEST_NOISE"):
-    sys.meta_path.insert(0, _NoisyInit())
-    if "--multiprocessing-fork" in sys.argv:  # a spawned rank's whole life is inside the command
-        print("NOISE from print", flush=True)
-        os.write(1, b"NOISE from fd 1\\n")
+    sys.meta_path.insert(0, _NoisyInit())  # (in the forkserver: before it imports torch for its children)
+    if _server:
+        _KEEP = _Rank()
+    elif _spawned:  # a spawned rank's whole life is inside the command
+        _noise_at_start()
         atexit.register(os.write, 1, b"NOISE at exit on fd 1\\n")
 if _rank and os.environ.get("HWDIST_TEST_SLOW_RANKS"):
-    import time
-    time.sleep(float(os.environ["HWDIST_TEST_SLOW_RANKS"]))
+    if _server:
+        os.register_at_fork(after_in_child=_slow_start)
+    else:
+        _slow_start()
 """
 
 

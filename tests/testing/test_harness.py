@@ -251,3 +251,25 @@ def test_each_pool_starts_with_the_callers_environment_of_that_moment(monkeypatc
     with RankPool(2, None) as pool:
         later = pool.run(_environment)
     assert later == [("set later", None, want, True)] * 2, later
+
+
+def _write_to_fd_1(text: str) -> None:
+    os.write(1, text.encode())
+
+
+def test_ranks_write_to_the_callers_descriptors_of_that_moment(tmp_path):
+    """A rank's descriptors 1 and 2 are the caller's when the pool starts, not those of the forkserver
+    (started by an earlier pool, with descriptor 1 pointing elsewhere)."""
+    with RankPool(2, None) as pool:
+        pool.run(_write_to_fd_1, "")
+    target = tmp_path / "stdout.txt"
+    saved = os.dup(1)
+    try:
+        with open(target, "w") as f:
+            os.dup2(f.fileno(), 1)
+            with RankPool(2, None) as pool:
+                pool.run(_write_to_fd_1, "a rank writes to descriptor 1\n")
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert target.read_text().count("a rank writes to descriptor 1") == 2, target.read_text()
