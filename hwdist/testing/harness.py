@@ -6,7 +6,7 @@
   ports to choose); Gloo's pair sockets are kept on the loopback interface
   (``GLOO_SOCKET_IFNAME``, unless set by the user).
 * A [`RankPool`][hwdist.testing.harness.RankPool] keeps its ranks and their process group alive between
-  calls, so hundreds of checks cost one spawn per (world size, backend).
+  calls, so hundreds of checks cost one start per (world size, backend).
 * Every call has a hard timeout; the process group gets its own timeout too.
 * The first failure ends the call: the other ranks get a short grace period
   to report, then their stacks are dumped (faulthandler) and they are killed.
