@@ -40,15 +40,20 @@ def _noise_at_start():
     os.write(1, b"NOISE from fd 1\\n")
 
 
-class _Rank:  # multiprocessing runs its after-fork hooks at the start of each forked rank's life
-    def __init__(self):
+class _InEachRank:  # multiprocessing runs its after-fork hooks at the start of each forked rank's life
+    def __init__(self, fn):
         from multiprocessing import util
-        util.register_after_fork(self, _Rank.started)
+        self.fn = fn
+        util.register_after_fork(self, _InEachRank.run)
 
-    def started(self):  # its exit is multiprocessing's: atexit does not run, its finalizers do
-        from multiprocessing import util
-        _noise_at_start()
-        util.Finalize(None, os.write, args=(1, b"NOISE at exit on fd 1\\n"), exitpriority=0)
+    def run(self):
+        self.fn()
+
+
+def _noise_in_a_forked_rank():  # its exit is multiprocessing's: atexit does not run, its finalizers do
+    from multiprocessing import util
+    _noise_at_start()
+    util.Finalize(None, os.write, args=(1, b"NOISE at exit on fd 1\\n"), exitpriority=0)
 
 
 def _slow_start():
@@ -83,13 +88,13 @@ class _NoisyInit(importlib.abc.MetaPathFinder):
 if _rank and os.environ.get("HWDIST_TEST_NOISE"):
     sys.meta_path.insert(0, _NoisyInit())  # (in the forkserver: before it imports torch for its children)
     if _server:
-        _KEEP = _Rank()
+        _NOISE = _InEachRank(_noise_in_a_forked_rank)
     elif _spawned:  # a spawned rank's whole life is inside the command
         _noise_at_start()
         atexit.register(os.write, 1, b"NOISE at exit on fd 1\\n")
 if _rank and os.environ.get("HWDIST_TEST_SLOW_RANKS"):
     if _server:
-        os.register_at_fork(after_in_child=_slow_start)
+        _SLOW = _InEachRank(_slow_start)
     else:
         _slow_start()
 """
