@@ -123,7 +123,7 @@ class GroupView:
     the registry nothing. Another group's view is made per call and holds neither.
     """
 
-    __slots__ = ("group", "world", "generation", "ws", "drivers")
+    __slots__ = ("group", "world", "generation", "ws", "rk", "drivers")
 
     def __init__(self, group: Any, world: Any = None) -> None:
         self.group = group
@@ -132,11 +132,14 @@ class GroupView:
         self.world: Callable[[], Any] = (lambda: None) if world is None else _weak(world)
         #: the world size, cached in the default group's view (a group's size never changes)
         self.ws: Optional[int] = None
+        #: this process's rank, cached in the default group's view (it never changes for one group)
+        self.rk: Optional[int] = None
         #: device -> ``target``'s answer, the default group's view only
         self.drivers: Optional[dict[Optional[torch.device], tuple[Driver, Optional[torch.device]]]] = None
         self.generation = 0
         if world is not None:
             self.ws, self.generation = int(torch_dist.get_world_size()), registry.generation
+            self.rk = int(torch_dist.get_rank())
             self.drivers = {}
 
     @property
@@ -148,7 +151,8 @@ class GroupView:
     @property
     def rank(self) -> int:
         """This process's global rank."""
-        return int(torch_dist.get_rank())
+        rk = self.rk
+        return int(torch_dist.get_rank()) if rk is None else rk
 
     def target(self, data: Any) -> tuple[Driver, Optional[torch.device]]:
         """The group's driver for ``data`` (None: no data) and the comm device to move it to (None: stay).

@@ -14,6 +14,7 @@ op; it travels as the driver's plan says (a lossless widening, a byte view), iss
 from __future__ import annotations
 
 import hashlib
+import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -228,6 +229,8 @@ _WORDS = 24
 _HEAD = 8 * _WORDS
 #: The most bytes a header carries inline (a small payload, a failure's message, a call's description).
 INLINE_BYTES = HEADER_BYTES - _HEAD
+#: The header's words, little-endian int64 (what ``encode`` writes).
+_PACK = struct.Struct(f"<{_WORDS}q")
 DIMS = 8
 #: The first word of every header.
 MAGIC = int.from_bytes(b"HWDHDR01", "little")
@@ -333,7 +336,8 @@ class Header:
 
 def encode(h: Header) -> np.ndarray:
     """``h`` as its ``HEADER_BYTES`` (uint8); inline bytes beyond the room are cut (flag ``INLINE_CUT``)."""
-    row = np.zeros(HEADER_BYTES, dtype=np.uint8)
+    buf = bytearray(HEADER_BYTES)  # zeros; a bytearray keeps the array over it writable
+    row = np.frombuffer(buf, dtype=np.uint8)
     inline = h.inline
     n = 0
     flags = h.flags
@@ -343,12 +347,11 @@ def encode(h: Header) -> np.ndarray:
         if n < data.size:
             flags |= INLINE_CUT
         row[_HEAD : _HEAD + n] = data[:n]
-    dims = (list(h.dims[:DIMS]) + [0] * DIMS)[:DIMS]
-    words = [
-        MAGIC, h.status, h.op, h.seq, h.root, h.nbytes, h.nchunks, h.token, h.dtype, h.rop, h.numel,
+    dims = (tuple(h.dims[:DIMS]) + (0,) * DIMS)[:DIMS]
+    _PACK.pack_into(
+        buf, 0, MAGIC, h.status, h.op, h.seq, h.root, h.nbytes, h.nchunks, h.token, h.dtype, h.rop, h.numel,
         h.ndim, *dims, h.fingerprint, h.site, n, flags,
-    ]  # fmt: skip
-    row[:_HEAD] = np.array(words, dtype="<i8").view(np.uint8)
+    )  # fmt: skip
     return row
 
 

@@ -8,10 +8,9 @@ decoding checks that its lengths describe the bytes given. Tensors are rebuilt o
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import io
-from typing import Any, Iterator, Optional, Sequence, Union, cast
+from typing import Any, Optional, Sequence, Union, cast
 
 import numpy as np
 import torch
@@ -117,6 +116,11 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
     Raises:
         ValueError: the bytes there are not the start of a frame.
     """
+    return _head(data, offset)[0]
+
+
+def _head(data: np.ndarray, offset: int) -> tuple[int, int, int]:
+    """(frame length, stream length, buffer count) of the frame at ``data[offset]``, checked."""
     given = data.size - offset
     if given < 8 * _FIXED:
         raise ValueError(f"not an hwdist object payload: {given} bytes is shorter than a frame header")
@@ -127,7 +131,7 @@ def frame_length(data: np.ndarray, offset: int = 0) -> int:
             f" of {ALIGN}, a stream length, a buffer count), got {total}, {stream_len}, {n};"
             " was it made by hwdist.serialization.object_to_tensor?"
         )
-    return int(total)
+    return total, stream_len, n
 
 
 def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
@@ -137,7 +141,8 @@ def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
     buffers; when nothing went out of band the frame is then complete where it lies (no copy).
     """
     ser = serializer or get_serializer()
-    with _gc_paused():
+    collecting = _pause_gc()
+    try:
         if not isinstance(ser, PickleSerializer):
             stream, buffers = ser.dumps(obj)
             return Frame(stream, buffers)
@@ -150,21 +155,20 @@ def encode(obj: Any, serializer: Optional[Serializer] = None) -> Frame:
         total = _aligned(len(_BARE_HEAD) + n)
         out.write(bytes(total - len(_BARE_HEAD) - n))  # the alignment gap, zeroed as write_into does
         return Frame.laid_out(out.getbuffer(), n)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (if it was on), then restored.
-
-    Unpickling many small objects otherwise runs collections that free nothing (docs/objects.md).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
     finally:
-        if enabled:
+        if collecting:
             gc.enable()
+
+
+def _pause_gc() -> bool:
+    """Pause Python's cyclic garbage collector; returns whether it was on (the caller turns it back on).
+
+    Pickling and unpickling many small objects otherwise runs collections that free nothing
+    (docs/objects.md). A plain pair of calls, not a context manager: this runs on every object call.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    return collecting
 
 
 def decode(
@@ -178,13 +182,12 @@ def decode(
     Raises:
         ValueError: the bytes are not one whole frame (its lengths do not fit them).
     """
-    total = frame_length(data, offset)
+    total, stream_len, n = _head(data, offset)
     if data.size - offset != total:
         raise ValueError(
             f"not an hwdist object payload: the frame header says {total} bytes, {data.size - offset} given"
         )
-    stream_len, n = np.frombuffer(data, dtype="<i8", offset=offset + 8, count=2).tolist()
-    lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist()
+    lens = np.frombuffer(data, dtype="<i8", offset=offset + 8 * _FIXED, count=n).tolist() if n else []
     view = memoryview(cast(Any, data))  # numpy's stubs miss the buffer protocol on 3.9
     pos = offset + _aligned(8 * (_FIXED + n))
     sections = []
@@ -203,10 +206,12 @@ def decode(
             f"map_location must be a torch.device, a device string or None, got {map_location!r}"
         ) from exc
     token = MAP_LOCATION.set(loc)
+    collecting = _pause_gc()
     try:
-        with _gc_paused():
-            return (serializer or get_serializer()).loads(sections[0], sections[1:])
+        return (serializer or get_serializer()).loads(sections[0], sections[1:])
     finally:
+        if collecting:
+            gc.enable()
         MAP_LOCATION.reset(token)
 
 
