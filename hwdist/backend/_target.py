@@ -59,13 +59,15 @@ class Target:
     asks again.
     """
 
-    __slots__ = ("driver", "inner", "size", "rank", "caps", "passes", "routes")
+    __slots__ = ("driver", "inner", "size", "rank", "caps", "passes", "routes", "silent")
 
     def __init__(self, driver: Any, inner: Any, size: int, rank: int) -> None:
         self.driver, self.inner, self.size, self.rank = driver, inner, size, rank
         self.caps = driver.caps
         self.passes: set[tuple[Any, ...]] = set()
         self.routes: dict[tuple[Any, ...], tuple[Any, str, bool]] = {}
+        #: ops whose wrapped Works never report completion (``Driver.silent_works``)
+        self.silent: frozenset[str] = frozenset(getattr(driver, "silent_works", ()))
 
     def plan(self, op: str, dtype: torch.dtype, rop: Optional[str] = None) -> Plan:
         """The driver's plan; its PlanError names the wrapper and what to do."""

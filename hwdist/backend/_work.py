@@ -98,7 +98,7 @@ class ThenWork(_Work):  # type: ignore[misc, valid-type]
     from the finish completes this Work with it.
     """
 
-    def __init__(self, works: list[Any], finish: Callable[[], None], result: Any) -> None:
+    def __init__(self, works: list[Any], finish: Optional[Callable[[], None]], result: Any) -> None:
         super().__init__()
         self._works: Optional[list[Any]] = works
         self._finish: Optional[Callable[[], None]] = finish
@@ -197,8 +197,9 @@ class ThenWork(_Work):  # type: ignore[misc, valid-type]
         return fut
 
 
-def then(works: Sequence[Any], finish: Callable[[], None], result: Any) -> ThenWork:
+def then(works: Sequence[Any], finish: Optional[Callable[[], None]], result: Any) -> ThenWork:
     """A Work that completes once every work in ``works`` has and ``finish()`` ran; its value is ``result``
     (see [`ThenWork`][hwdist.backend._work.ThenWork]: the finish runs on whichever thread first sees the
-    works complete). An exception from a work or from ``finish`` completes the Work with it."""
+    works complete; None: nothing to run). An exception from a work or from ``finish`` completes the Work
+    with it."""
     return ThenWork([w for w in works if w is not None], finish, result)

@@ -116,6 +116,12 @@ class Driver(abc.ABC):
     #: ``(reduce op, dtype)`` pairs the library accepts but computes wrongly: planned around, never issued.
     inexact_reductions: frozenset[tuple[str, torch.dtype]] = Capabilities.inexact
 
+    #: Ops whose torch ``Work`` never says it has completed (``is_completed()`` stays False after
+    #: ``wait()``). Not a capability: nothing is planned around it. The hwdist torch backend hands
+    #: such a Work back inside one that reports completion once waited, so that its flight recorder
+    #: can let the call (and the Work's buffers) go.
+    silent_works: frozenset[str] = frozenset()
+
     _caps: Optional[Capabilities] = None
 
     def __init__(self) -> None:

@@ -59,6 +59,10 @@ class GlooDriver(Driver):
         | ({"reduce_scatter"} if _compat.GLOO_HAS_REDUCE_SCATTER else set())
     )
 
+    # gloo's reduce_scatter Works (list and flat forms) never report completion: is_completed() stays
+    # False after wait() (seen on torch 2.13 and 2.15; its other ops' Works do report it).
+    silent_works = frozenset({"reduce_scatter"} if _compat.GLOO_HAS_REDUCE_SCATTER else set())
+
     def unavailable_reason(self) -> Optional[str]:
         """Why the backend cannot run here, or None if it can."""
         return torch_build_reason("is_gloo_available", "Gloo")
