@@ -238,6 +238,9 @@ def _rank_split(store: str) -> dict:
     if not hasattr(dist, "split_group"):
         pytest.skip(f"torch {torch.__version__} has no torch.distributed.split_group")
     _init(store)
+    # every rank's init has finished before any rank may skip and tear its group down (a rank still
+    # connecting would see "Connection closed by peer" instead of the skip)
+    dist.barrier()
     try:
         try:
             group = dist.split_group(split_ranks=[[0], [1]])
