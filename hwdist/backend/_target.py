@@ -67,7 +67,7 @@ class Target:
         self.passes: set[tuple[Any, ...]] = set()
         self.routes: dict[tuple[Any, ...], tuple[Any, str, bool]] = {}
         #: ops whose wrapped Works never report completion (``Driver.silent_works``)
-        self.silent: frozenset[str] = frozenset(getattr(driver, "silent_works", ()))
+        self.silent: frozenset[str] = driver.silent_works
 
     def plan(self, op: str, dtype: torch.dtype, rop: Optional[str] = None) -> Plan:
         """The driver's plan; its PlanError names the wrapper and what to do."""
