@@ -48,13 +48,16 @@ def _start() -> None:
 
 
 def _outcome(work: Any) -> tuple[bool, Any]:
-    """(done, error) of a Work; a Work that cannot say is taken as done."""
+    """(done, error) of a Work; a Work that cannot say is taken as done.
+
+    The error is asked of ``exception()`` (None once it succeeded): torch's ``is_success`` is deprecated
+    and warns in every process that calls it.
+    """
     try:
         if not work.is_completed():
             return False, None
-        if work.is_success():
-            return True, None
-        return True, work.exception() or RuntimeError("the collective failed")
+        error = work.exception()
+        return True, error if error is None or isinstance(error, BaseException) else RuntimeError(str(error))
     except Exception as exc:  # a Work without these methods
         return True, exc if not isinstance(exc, (AttributeError, NotImplementedError)) else None
 

@@ -35,7 +35,7 @@ from ..flight import recorder as _flight
 from ..errors import BackendError
 from . import _inflight, _ops, _work
 from ._table import NAME, registered_wraps
-from ._target import Target
+from ._target import Target, op_key as _op_key
 
 __all__ = ["HwdistBackend", "Target", "create"]
 
@@ -219,7 +219,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     def _allreduce(self, tensors: list[Tensor], opts: Any) -> Any:
         t = tensors[0]
         tg = self._only or self._target(t)
-        key = ("allreduce", t.dtype, t.device, opts.reduceOp)
+        key = ("allreduce", t.dtype, t.device, _op_key(opts.reduceOp))
         if key in tg.passes:
             return tg.inner.allreduce(tensors, opts)
         plan, rop, factor, passes = tg.reduction(key, "all_reduce", t, opts)
@@ -236,7 +236,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     def _allreduce_coalesced(self, tensors: list[Tensor], opts: Any) -> Any:
         tg = self._target(tensors[0])
         routes = [
-            tg.reduction(("allreduce", t.dtype, t.device, opts.reduceOp), "all_reduce", t, opts)
+            tg.reduction(("allreduce", t.dtype, t.device, _op_key(opts.reduceOp)), "all_reduce", t, opts)
             for t in tensors
         ]
         if all(r[3] for r in routes):
@@ -251,7 +251,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     def _reduce(self, tensors: list[Tensor], opts: Any) -> Any:
         t = tensors[0]
         tg = self._only or self._target(t)
-        key = ("reduce", t.dtype, t.device, opts.reduceOp)
+        key = ("reduce", t.dtype, t.device, _op_key(opts.reduceOp))
         if key in tg.passes:
             return tg.inner.reduce(tensors, opts)
         plan, rop, factor, passes = tg.reduction(key, "reduce", t, opts)
@@ -266,7 +266,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
     def _reduce_scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]], opts: Any) -> Any:
         out = outputs[0]
         tg = self._only or self._target(out)
-        key = ("reduce_scatter", out.dtype, out.device, opts.reduceOp)
+        key = ("reduce_scatter", out.dtype, out.device, _op_key(opts.reduceOp))
         if key in tg.passes:
             return _reported(tg, tg.inner.reduce_scatter(outputs, inputs, opts), outputs)
         plan, rop, factor, passes = tg.reduction(key, "reduce_scatter", out, opts)
@@ -281,7 +281,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any) -> Any:
         tg = self._only or self._target(output)
-        key = ("reduce_scatter_single", output.dtype, output.device, opts.reduceOp)
+        key = ("reduce_scatter_single", output.dtype, output.device, _op_key(opts.reduceOp))
         if key in tg.passes:
             return _reported(tg, tg.inner.reduce_scatter_single(output, input, opts), [output])
         plan, rop, factor, passes = tg.reduction(key, "reduce_scatter", output, opts, flat="reduce_scatter")
