@@ -1,9 +1,10 @@
 """Cost of the ``hwdist`` torch backend around gloo (pass-through plans), paired against plain gloo.
 
 Every rank holds three process groups over the same ranks: ``gloo``, ``gloo (control)`` (a second
-plain gloo group) and ``hwdist`` (``cpu:hwdist`` wrapping gloo: every plan here is a pass-through).
-Rows are interleaved round by round so that a loaded machine slows every row alike; the control row's
-distance to ``gloo`` is the machine's noise.
+plain gloo group) and ``hwdist`` (``cpu:hwdist`` wrapping gloo: every plan here is a pass-through but
+FSDP2's AVG reduce_scatter, a SUM then the division). Rows are interleaved round by round, each round
+starting one row further on, so that a loaded machine slows every row alike and no row always runs
+first; the control row's distance to ``gloo`` is the machine's noise.
 
 * DDP step of a small CNN (two conv layers and a linear head, 16 images of 3x32x32);
 * FSDP2 step of a small MLP sharded per layer (``fully_shard`` on a mesh over the group);
@@ -14,11 +15,15 @@ distance to ``gloo`` is the machine's noise.
   rank waits for a core), so a loaded shared host changes it far less than the wall clock; the wall
   time is shown beside it. An extra row runs the wrapper with hwdist's flight recorder off.
 
-Steps are timed on the wall clock (their communication waits for the other rank). Every figure is
-the median over rounds, with the minimum beside it; the load average is printed before and after.
+Steps are timed on the wall clock (their communication waits for the other rank); FSDP2's also as
+rank 0's CPU time (every thread of the process). A run's figure is the median over its rounds (the
+per-call rows also give the minimum's difference). One run on a 2-core shared host moves by more than
+the targets (its control row reads 0.90-1.07x of gloo), so ``--runs K`` repeats the whole run K times,
+each with fresh processes, and every cell is the median over runs with the range beside it. The load
+average is printed before and after.
 
-Usage: ``OMP_NUM_THREADS=1 python -m benchmarks.bench_backend [--rounds 9] [--steps 10] [--calls 500]``
-(torch >= 2.15).
+Usage: ``OMP_NUM_THREADS=1 python -m benchmarks.bench_backend [--runs 5] [--rounds 9] [--steps 10]
+[--calls 500]`` (torch >= 2.15).
 """
 
 from __future__ import annotations
@@ -106,6 +111,14 @@ def _cpu_timed(step: Callable[[], None], n: int) -> tuple[float, float]:
     return (time.process_time() - c0) / n, (time.perf_counter() - t0) / n
 
 
+def _rotated(rows: tuple[str, ...], i: int) -> tuple[str, ...]:
+    """``rows`` starting at row ``i`` (mod their number): every row takes every place in a round in turn,
+    so no row always follows the same one (measured on a 2-core host: with a fixed order, the control
+    row read 0.91-0.95x of the row before it)."""
+    k = i % len(rows)
+    return rows[k:] + rows[:k]
+
+
 def _trainer(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
@@ -155,20 +168,23 @@ def _rank(rank: int, world: int, store: str, args: Any, out: str) -> None:
     single[FLOOR] = lambda t=one, group=floor: dist.all_reduce(t, group=group)
     import hwdist.flight
 
-    results: dict[str, dict[str, list[float]]] = {"ddp": {}, "fsdp": {}, "call": {}, "wall": {}}
+    results: dict[str, dict[str, list[float]]] = {k: {} for k in ("ddp", "fsdp", "ddp cpu", "fsdp cpu")}
+    results.update(call={}, wall={})
     for kind, table, n in (("ddp", ddp, args.steps), ("fsdp", fsdp, args.steps)):
         for name in ROWS:
             _timed(table[name], max(2, n // 5))  # warm up
-            results[kind][name] = []
-        for _ in range(args.rounds):
-            for name in ROWS:
+            results[kind][name], results[kind + " cpu"][name] = [], []
+        for i in range(args.rounds):
+            for name in _rotated(ROWS, i):
                 dist.barrier()
-                results[kind][name].append(_timed(table[name], n))
+                cpu, wall = _cpu_timed(table[name], n)
+                results[kind][name].append(wall)
+                results[kind + " cpu"][name].append(cpu)
     for name in CALL_ROWS:
         _cpu_timed(single[name], max(2, args.calls // 5))
         results["call"][name], results["wall"][name] = [], []
-    for _ in range(args.rounds * 3):  # no network: each rank alone, short rounds, many of them
-        for name in CALL_ROWS:
+    for i in range(args.rounds * 3):  # no network: each rank alone, short rounds, many of them
+        for name in _rotated(CALL_ROWS, i):
             was = hwdist.flight.enable(name != "hwdist, recorder off")
             cpu, wall = _cpu_timed(single[name], args.calls)
             hwdist.flight.enable(was)
@@ -185,11 +201,54 @@ def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
+def _one_run(args: Any) -> dict[str, dict[str, list[float]]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        mp.spawn(_rank, args=(2, os.path.join(tmp, "store"), args, out), nprocs=2)
+        with open(out) as f:
+            return json.load(f)  # type: ignore[no-any-return]
+
+
+def _spread(values: list[float], fmt: str, unit: str) -> str:
+    """The median of ``values`` and its unit, with their range when there are several."""
+    mid = format(statistics.median(values), fmt) + unit
+    if len(values) == 1 or min(values) == max(values):
+        return mid
+    return f"{mid} ({format(min(values), fmt)} to {format(max(values), fmt)})"
+
+
+def _print_tables(runs: list[dict[str, dict[str, list[float]]]]) -> None:
+    """Each cell: the median over runs of the run's median over rounds, and the range over runs."""
+    med = [{k: {n: statistics.median(v) for n, v in rows.items()} for k, rows in r.items()} for r in runs]
+    low = [{k: {n: min(v) for n, v in rows.items()} for k, rows in r.items()} for r in runs]
+    steps = (("ddp", "DDP step (CNN)"), ("fsdp", "FSDP2 step (MLP)"), ("fsdp cpu", "FSDP2 step, CPU"))
+    print("| row | " + " | ".join(f"{title} | vs gloo" for _, title in steps) + " |")
+    print("|---|" + "---:|---:|" * len(steps))
+    for name in ROWS:
+        cells = []
+        for kind, _ in steps:
+            cells.append(_spread([m[kind][name] * 1e3 for m in med], ".2f", " ms"))
+            cells.append(_spread([m[kind][name] / m[kind]["gloo"] for m in med], ".3f", "x"))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\n| row | CPU per all_reduce | added (median) | added (min) | wall per all_reduce | added |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in CALL_ROWS:
+        cells = [
+            _spread([m["call"][name] * 1e6 for m in med], ".1f", " us"),
+            _spread([(m["call"][name] - m["call"]["gloo"]) * 1e6 for m in med], "+.1f", " us"),
+            _spread([(lo["call"][name] - lo["call"]["gloo"]) * 1e6 for lo in low], "+.1f", " us"),
+            _spread([m["wall"][name] * 1e6 for m in med], ".1f", " us"),
+            _spread([(m["wall"][name] - m["wall"]["gloo"]) * 1e6 for m in med], "+.1f", " us"),
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def main(argv: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=1, help="whole runs, each with fresh processes")
     args = parser.parse_args(argv)
     import hwdist.backend
 
@@ -198,37 +257,18 @@ def main(argv: Any = None) -> int:
         print(why, file=sys.stderr)
         return 2
     before = _load()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        mp.spawn(_rank, args=(2, os.path.join(tmp, "store"), args, out), nprocs=2)
-        with open(out) as f:
-            results = json.load(f)
+    runs = [_one_run(args) for _ in range(args.runs)]
     print(
         f"torch {torch.__version__}, 2 ranks, {os.cpu_count()} cores, OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS', '-')}; load average before {before}, after {_load()}"
     )
-    print(f"{args.rounds} rounds of steps, {args.rounds * 3} of calls, interleaved; median (min)\n")
-    med = {k: {n: statistics.median(v) for n, v in rows.items()} for k, rows in results.items()}
-    low = {k: {n: min(v) for n, v in rows.items()} for k, rows in results.items()}
-    print("| row | DDP step (CNN) | vs gloo | FSDP2 step (MLP) | vs gloo |")
-    print("|---|---:|---:|---:|---:|")
-    for name in ROWS:
-        cells = []
-        for kind in ("ddp", "fsdp"):
-            m, lo = med[kind][name], low[kind][name]
-            cells.append(f"{m * 1e3:.2f} ms ({lo * 1e3:.2f})")
-            cells.append(f"{m / med[kind]['gloo']:.3f}x ({lo / low[kind]['gloo']:.3f}x)")
-        print(f"| {name} | " + " | ".join(cells) + " |")
-    print("\n| row | CPU per all_reduce | added | wall per all_reduce | added |")
-    print("|---|---:|---:|---:|---:|")
-    for name in CALL_ROWS:
-        cells = []
-        for kind in ("call", "wall"):
-            m, lo = med[kind][name], low[kind][name]
-            dm, dl = m - med[kind]["gloo"], lo - low[kind]["gloo"]
-            cells.append(f"{m * 1e6:.1f} us ({lo * 1e6:.1f})")
-            cells.append(f"{dm * 1e6:+.1f} us ({dl * 1e6:+.1f})")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(
+        f"{args.runs} run(s); each: {args.rounds} rounds of {args.steps} steps, {args.rounds * 3} rounds of"
+        f" {args.calls} calls, rows interleaved; median over runs of each run's median over rounds"
+        + (" (range over runs)" if args.runs > 1 else "")
+        + "\n"
+    )
+    _print_tables(runs)
     return 0
 
 
