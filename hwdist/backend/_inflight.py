@@ -35,8 +35,9 @@ __all__ = ["AGE", "INTERVAL", "add", "sweep"]
 
 #: Seconds between two sweeps of every call in flight by the thread.
 INTERVAL = 0.1
-#: How many later calls look at a call before it is left to the thread alone.
-AGE = 32
+#: How many later calls look at a call before it is left to the thread alone (which bounds a call's
+#: look to this many Works however many calls are in flight).
+AGE = 8
 _inbox: collections.deque[tuple[Any, Any, Any]] = collections.deque()
 _young: list[list[Any]] = []  # [recorder, entry, work, calls that looked]: looked at by each call
 _old: list[list[Any]] = []  # in flight after AGE calls (a long or hung call, a failure): the thread's
