@@ -113,8 +113,8 @@ def _cpu_timed(step: Callable[[], None], n: int) -> tuple[float, float]:
 
 def _rotated(rows: tuple[str, ...], i: int) -> tuple[str, ...]:
     """``rows`` starting at row ``i`` (mod their number): every row takes every place in a round in turn,
-    so no row always follows the same one (measured on a 2-core host: with a fixed order, the control
-    row read 0.91-0.95x of the row before it)."""
+    so no row always follows the same one (on a 2-core host, with a fixed order, two FSDP2 runs read
+    the control row at 0.91x and 0.95x of the row before it)."""
     k = i % len(rows)
     return rows[k:] + rows[:k]
 

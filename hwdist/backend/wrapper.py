@@ -208,7 +208,7 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         except BaseException as exc:
             rec.end(entry, exc)
             raise
-        _add(rec, entry, work)  # completed by the sweeper, off this path
+        _add(rec, entry, work)  # ended by a later call or the thread (_inflight.py)
         return work
 
     # ---- reductions ------------------------------------------------------------------------------
