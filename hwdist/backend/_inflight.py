@@ -12,8 +12,8 @@ Why the next call looks, not only the thread: the recorder holds each Work until
 Work holds the buffers the backend keeps for it (gloo's all_gather output, FSDP2's unsharded
 parameters). Held for the thread's 100 ms, they could not be reused: measured on gloo, 2 ranks, a
 1 MiB ``all_gather_into_tensor`` took 19.5 page faults a call through the wrapper (the allocator handed
-out fresh memory) against 0.1 on plain gloo, and FSDP2's step took 1.14x gloo's CPU. Ended on the next
-call, the Work goes when the caller lets it go (0.3 faults a call).
+out fresh memory) against 0.1 on plain gloo. Ended on the next call, the Work goes when the caller
+lets it go (0.25 faults a call).
 
 Why not a completion callback on each Work (``work.get_future().add_done_callback``, torch 2.15 has
 it): the callback runs on the wrapped backend's own thread once the collective is done, and needs

@@ -40,17 +40,18 @@ def _same_op(op: Any) -> Any:
     return op
 
 
-#: A route key's reduce op part: ``hash`` of torch's ``ReduceOp`` where that is its kind's own number
-#: (checked here, once, over every kind), else the ``ReduceOp`` itself. A ``ReduceOp`` in a key costs
-#: its pybind ``__eq__`` on every look-up (measured: 1.9 us a look-up against 0.7 us with the number);
-#: the number is enough because a key stands for one kind (a PREMUL_SUM's factor is never cached).
 def _kind_hashes() -> bool:
+    """Whether every kind of ``ReduceOp`` hashes to a number of its own."""
     try:
         return len({hash(torch_dist.ReduceOp(k)) for k in _REDUCE_NAMES}) == len(_REDUCE_NAMES)
     except Exception:  # a ReduceOp that cannot be made from its kind, or does not hash
         return False
 
 
+#: A route key's reduce op part: ``hash`` of torch's ``ReduceOp`` where that is its kind's own number
+#: (checked here, once, over every kind), else the ``ReduceOp`` itself. A ``ReduceOp`` in a key costs
+#: its pybind ``__eq__`` on every look-up (measured: 1.9 us a look-up against 0.7 us with the number);
+#: the number is enough because a key stands for one kind (a PREMUL_SUM's factor is never cached).
 op_key: Any = hash if _kind_hashes() else _same_op
 
 
