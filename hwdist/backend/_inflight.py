@@ -51,7 +51,7 @@ def add(rec: Any, entry: Any, work: Any) -> None:
     _inbox.append((rec, entry, work))
     if not _started:
         _start()
-    if _lock.acquire(False):  # the thread is looking: the next call will
+    if _lock.acquire(False):  # else the thread is sweeping, and the next call looks instead
         try:
             _look()
         finally:
