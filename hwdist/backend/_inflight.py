@@ -69,16 +69,19 @@ def _start() -> None:
 def _outcome(work: Any) -> tuple[bool, Any]:
     """(done, error) of a Work; a Work that cannot say is taken as done.
 
-    The error is asked of ``exception()`` (None once it succeeded): torch's ``is_success`` is deprecated
-    and warns in every process that calls it.
+    The error is what ``wait()`` raises on the completed Work (at once: it has nothing left to wait for).
+    torch 2.15 deprecates ``is_success()`` and ``exception()``, and each prints a warning in every process
+    that calls it.
     """
     try:
         if not work.is_completed():
             return False, None
-        error = work.exception()
-        return True, error if error is None or isinstance(error, BaseException) else RuntimeError(str(error))
-    except Exception as exc:  # a Work without these methods
-        return True, exc if not isinstance(exc, (AttributeError, NotImplementedError)) else None
+        work.wait()
+        return True, None
+    except (AttributeError, NotImplementedError):  # a Work without these methods
+        return True, None
+    except Exception as exc:
+        return True, exc
 
 
 def _end(item: list[Any], error: Any) -> None:

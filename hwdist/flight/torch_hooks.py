@@ -151,7 +151,12 @@ class GroupHooks:
     def _done(self, entry: list[Any], fut: Any) -> None:
         try:
             entry[_rec.END] = _now()
-            error = fut.exception() if fut is not None and hasattr(fut, "exception") else None
+            error = None
+            if fut is not None:
+                try:
+                    fut.value()  # done: raises what stopped the call (torch's Future has no exception())
+                except Exception as exc:
+                    error = exc
             if error is not None:
                 entry[_rec.STATE], entry[_rec.ERROR] = _rec.FAILED, error
             else:

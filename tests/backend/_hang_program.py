@@ -47,6 +47,11 @@ def main() -> None:
         print(
             f"rank {rank}: RAISED {type(exc).__name__} at {time.time()}: {exc}", file=sys.stderr, flush=True
         )
+        from hwdist.backend import _inflight
+
+        _inflight.sweep()  # what the recorder's thread does within 0.1 s
+        last = hwdist.flight.snapshot()[-1]
+        print(f"rank {rank}: RECORDED {last['op']} {last['state']}", file=sys.stderr, flush=True)
         raise
     sys.exit(0)
 

@@ -24,6 +24,7 @@ import torch.distributed as torch_dist
 import hwdist
 from hwdist import _compat
 from hwdist.flight import torch_hooks
+from hwdist.testing.pytest_plugin import capture_error
 
 pytestmark = [
     pytest.mark.dist,
@@ -140,6 +141,39 @@ def test_a_failing_hook_never_breaks_the_collective(dist):
         assert res["t"] == [6.0] * 3, res  # ranks hold 1 and 2: 3 after one all_reduce, 6 after two
         assert len(res["warnings"]) == 1 and "ValueError" in res["warnings"][0], res
         assert res["on"] is False and res["recorded_after"] == 0, res
+
+
+def _a_torch_call_that_fails() -> dict:
+    """Rank 0 alone all-reduces on a group with a 1 s timeout: gloo fails the call; rank 1 never joins."""
+    from datetime import timedelta
+
+    hwdist.flight.enable(torch_calls=True)
+    try:
+        sub = torch_dist.new_group([0, 1], timeout=timedelta(seconds=1))
+        torch_dist.barrier()  # attaches the hooks to the group made since the last call
+        out: dict = {}
+        if torch_dist.get_rank() == 0:
+            work = torch_dist.all_reduce(torch.ones(2), group=sub, async_op=True)
+            error = capture_error(work.wait)
+            out["raised"] = error[0] if error else None
+            deadline = time.time() + 10
+            while time.time() < deadline:  # the end comes from the work's future, on gloo's thread
+                mine = [e for e in hwdist.flight.snapshot() if e["group"] == "group[0,1]"]
+                if mine and mine[-1]["state"] != "issued":
+                    break
+                time.sleep(0.01)
+            out["recorded"] = (mine[-1]["op"], mine[-1]["state"]) if mine else None
+        torch_dist.barrier()
+        return out
+    finally:
+        hwdist.flight.enable(torch_calls=False)
+
+
+def test_a_torch_call_that_fails_is_recorded_failed(dist):
+    r0, r1 = dist(_a_torch_call_that_fails, 2, "gloo")
+    assert r0["raised"] is not None, r0  # gloo's own timeout error reached the caller
+    assert r0["recorded"] == ("all_reduce", "failed"), r0
+    assert r1 == {}, r1
 
 
 # ---- the hang doctor on real DDP/FSDP hangs (one process per rank) ----------------------------------
