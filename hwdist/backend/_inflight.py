@@ -1,12 +1,18 @@
 """The flight recorder's completion of calls through the backend, off the collective's path.
 
-A call through the backend appends ``(recorder, entry, work)`` to an inbox (a deque: one atomic
-append, no lock). Each later call then looks at the calls still young (those issued in its last
-``AGE`` predecessors): the ones whose Work has completed are ended there and let go, at the cost of one
-``is_completed()`` each. A daemon thread (started by the first call) does the same every ``INTERVAL``
-seconds for every call still in flight, the old ones and the young ones alike: it ends the calls that
-completed after the process's last collective, and it is what leaves a hung call in flight for the
-watchdog. An entry's end time is late by at most one call or ``INTERVAL``.
+A call through the backend first looks at the calls still young (those issued in its last ``AGE``
+predecessors): the ones whose Work has completed well are ended there and let go, at the cost of an
+``is_completed()`` and a ``wait()`` each (which returns at once on a completed Work, and raises what
+stopped a failed one: torch 2.15 deprecates ``is_success()`` and ``exception()``). Then it joins them,
+``[recorder, entry, work, looks]`` appended to a deque. No lock: a look takes each call out with the
+deque's atomic ``popleft`` and puts it back when it is still running, so two threads never end the same
+call. A failed call, and one looked at ``AGE`` times (long or hung), go to the thread's list.
+
+A daemon thread (started by the first call) sweeps every ``INTERVAL`` seconds every call in flight, the
+old ones and the young ones alike: it ends the calls that completed after the process's last
+collective, reports failures (``rec.end`` with the error runs the watchdog's report there, never in a
+caller), and it is what leaves a hung call in flight for the watchdog. An entry's end time is late by
+at most one call or ``INTERVAL``.
 
 Why the next call looks, not only the thread: the recorder holds each Work until it ends it, and the
 Work holds the buffers the backend keeps for it (gloo's all_gather output, FSDP2's unsharded
@@ -31,31 +37,60 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["AGE", "INTERVAL", "add", "sweep"]
+__all__ = ["AGE", "INTERVAL", "add", "held", "sweep"]
 
 #: Seconds between two sweeps of every call in flight by the thread.
 INTERVAL = 0.1
 #: How many later calls look at a call before it is left to the thread alone (which bounds a call's
 #: look to this many Works however many calls are in flight).
 AGE = 8
-_inbox: collections.deque[tuple[Any, Any, Any]] = collections.deque()
-_young: list[list[Any]] = []  # [recorder, entry, work, calls that looked]: looked at by each call
-_old: list[list[Any]] = []  # in flight after AGE calls (a long or hung call, a failure): the thread's
-_lock = threading.Lock()  # one look at a time (a call's, the thread's, a test's)
+#: Calls looked at by each call: [recorder, entry, work, calls that looked].
+_young: collections.deque[list[Any]] = collections.deque()
+#: The thread's alone: calls in flight after AGE looks (long or hung) and failures.
+_old: collections.deque[list[Any]] = collections.deque()
+_take, _put = _young.popleft, _young.append
+_sweeping = threading.Lock()  # one sweep at a time (the thread's, a test's)
 _started: list[threading.Thread] = []
 _start_lock = threading.Lock()
 
 
 def add(rec: Any, entry: Any, work: Any) -> None:
-    """Track ``work``: ``rec.end(entry, error)`` once it has completed; end the young calls that have."""
-    _inbox.append((rec, entry, work))
+    """Track ``work``: ``rec.end(entry, error)`` once it has completed; first end the young calls that have.
+
+    The new call is looked at from the next call on: just issued, it is rarely complete, and its Work's
+    lock may be held by the backend's thread finishing it.
+    """
+    n = len(_young)
+    while n:
+        n -= 1
+        try:
+            item = _take()
+        except IndexError:  # the thread is sweeping them
+            break
+        try:
+            if not item[2].is_completed():
+                if item[3] < AGE:
+                    item[3] += 1
+                    _put(item)
+                else:
+                    _old.append(item)
+                continue
+            item[2].wait()  # at once: raises what stopped the call
+        except Exception:  # a failure, or a Work without these methods: the thread ends it
+            _old.append(item)
+            continue
+        try:
+            item[0].end(item[1], None)
+        except Exception:
+            pass
+    _put([rec, entry, work, 0])
     if not _started:
         _start()
-    if _lock.acquire(False):  # else the thread is sweeping, and the next call looks instead
-        try:
-            _look()
-        finally:
-            _lock.release()
+
+
+def held() -> int:
+    """How many calls the recorder holds in flight (their Works with them)."""
+    return len(_young) + len(_old)
 
 
 def _start() -> None:
@@ -70,8 +105,6 @@ def _outcome(work: Any) -> tuple[bool, Any]:
     """(done, error) of a Work; a Work that cannot say is taken as done.
 
     The error is what ``wait()`` raises on the completed Work (at once: it has nothing left to wait for).
-    torch 2.15 deprecates ``is_success()`` and ``exception()``, and each prints a warning in every process
-    that calls it.
     """
     try:
         if not work.is_completed():
@@ -84,53 +117,24 @@ def _outcome(work: Any) -> tuple[bool, Any]:
         return True, exc
 
 
-def _end(item: list[Any], error: Any) -> None:
-    try:
-        item[0].end(item[1], error)
-    except Exception:
-        pass
-
-
-def _take_inbox() -> None:
-    pop = _inbox.popleft
-    try:
-        while True:
-            _young.append([*pop(), 0])
-    except IndexError:
-        pass
-
-
-def _look() -> None:
-    """A call's look (the lock held): end the young calls that completed well; a failed one, and one
-    looked at ``AGE`` times, go to the thread (a failure's report runs there, never in a caller)."""
-    _take_inbox()
-    keep = []
-    for item in _young:
-        done, error = _outcome(item[2])
-        if done and error is None:
-            _end(item, None)
-        elif done or item[3] >= AGE:
-            _old.append(item)
-        else:
-            item[3] += 1
-            keep.append(item)
-    _young[:] = keep
-
-
 def sweep() -> int:
-    """Complete every entry whose Work has completed; returns how many stay in flight."""
-    with _lock:
-        _take_inbox()
+    """End every call whose Work has completed (a failure with its error); returns how many stay in flight."""
+    with _sweeping:
         for calls in (_old, _young):
-            keep = []
-            for item in calls:
+            for _ in range(len(calls)):
+                try:
+                    item = calls.popleft()
+                except IndexError:  # a call took the young ones
+                    break
                 done, error = _outcome(item[2])
-                if done:
-                    _end(item, error)
-                else:
-                    keep.append(item)
-            calls[:] = keep
-        return len(_old) + len(_young) + len(_inbox)
+                if not done:
+                    calls.append(item)
+                    continue
+                try:
+                    item[0].end(item[1], error)
+                except Exception:
+                    pass
+        return held()
 
 
 def _loop() -> None:

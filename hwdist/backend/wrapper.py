@@ -46,6 +46,7 @@ _SKIP_DIRS = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
 )
 _in_call = call_entry.in_call
+_in_flight = call_entry.IN_FLIGHT  # non-empty while any thread is inside a hwdist collective
 _recorder = call_entry.recorder
 _getframe = sys._getframe
 _now = time.time
@@ -140,40 +141,9 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
             group = self._group = None if pg is None or pg is world else pg
         return group
 
-    def _enter(self, rec: Any, op: str, arg: Any) -> Any:
-        """The entry of this call in ``rec``, the flight recorder (appended to its ring), or None when it
-        is not recorded here.
-
-        The hot path: a cached group state, one frame walk to the user's call site, one list appended
-        (the recorder's entry layout, hwdist/flight/recorder.py); the text is made when the ring is read.
-        """
-        fc = self._flight
-        if fc is None or fc[0] is not rec or fc[1] != _state.generation:
-            return self._enter_first(rec, op, arg)
-        if _in_call():  # inside a hwdist collective: recorded as that call
-            return None
-        st = fc[2]
-        info = st.flight
-        hooks = st.torch_hooks
-        if info is None or (hooks is not None and hooks.on):
-            return self._enter_first(rec, op, arg)
-        try:
-            f: Any = _getframe(2)  # _enter <- the method torch called (or _run) <- torch's Python caller
-            while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
-                f = f.f_back
-        except ValueError:
-            f = None
-        info.seq += 1
-        entry = [
-            info.seq, op, info, arg, f.f_code if f is not None else None, f.f_lasti if f is not None else 0,
-            _now(), 0.0, _ISSUED, None, _get_ident(),
-        ]  # fmt: skip
-        rec.ring.append(entry)
-        return entry
-
     def _enter_first(self, rec: Any, op: str, arg: Any) -> Any:
-        """``_enter``'s slow path: through the recorder's own ``begin`` (which makes the group's info and
-        starts the watchdog on a first call), then the group state cached for the next calls."""
+        """``_run``'s slow path to a new entry: through the recorder's own ``begin`` (which makes the group's
+        info and starts the watchdog on a first call), then the group state cached for the next calls."""
         group = self._key()
         st = _state.of(group)
         if st.flight is not None and st.flight.backend != self.label:
@@ -189,7 +159,10 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
             return None
         entry[_flight.GROUP].backend = self.label
         self._flight = (rec, _state.generation, st)
-        f: Any = _getframe(3)
+        try:
+            f: Any = _getframe(2)  # _enter_first <- _run <- the method torch called
+        except ValueError:  # called from a thread without Python frames (an autograd device thread)
+            f = None
         while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
             f = f.f_back
         if f is not None:  # the call site: the first frame outside torch and hwdist
@@ -198,11 +171,36 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
 
     def _run(self, op: str, arg: Any, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` (the call's plan and issue: a kept pass-through first, else the planned call),
-        recorded in the flight recorder when it is on."""
+        recorded in the flight recorder when it is on and the call is not inside a hwdist collective
+        (which records itself).
+
+        The hot path, inline: the cached group state, one frame walk to the user's call site, one list
+        appended (the recorder's entry layout, hwdist/flight/recorder.py; the text is made when the ring
+        is read), and the Work handed to hwdist/backend/_inflight.py, which ends the entry.
+        """
         rec: Any = _recorder()
-        entry = None if rec is None else self._enter(rec, op, arg)
-        if entry is None:
+        if rec is None or (_in_flight and _in_call()):
             return fn(*args)
+        fc = self._flight
+        st: Any = None if fc is None or fc[0] is not rec or fc[1] != _state.generation else fc[2]
+        info = None if st is None else st.flight
+        if info is None or (st.torch_hooks is not None and st.torch_hooks.on):
+            entry = self._enter_first(rec, op, arg)
+            if entry is None:
+                return fn(*args)
+        else:
+            try:
+                f: Any = _getframe(2)  # _run <- the method torch called <- torch's Python caller
+                while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
+                    f = f.f_back
+            except ValueError:
+                f = None
+            info.seq += 1
+            entry = [
+                info.seq, op, info, arg, None if f is None else f.f_code, 0 if f is None else f.f_lasti,
+                _now(), 0.0, _ISSUED, None, _get_ident(),
+            ]  # fmt: skip
+            rec.ring.append(entry)
         try:
             work = fn(*args)
         except BaseException as exc:

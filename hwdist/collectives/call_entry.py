@@ -34,8 +34,11 @@ from ..errors import ConcurrentGroupUse
 F = TypeVar("F", bound=Callable[..., Any])
 
 _get_ident = threading.get_ident
-#: id(group) (0 for None: the default group) -> ident of the thread whose call on it is in flight
+#: id(group) (0 for None: the default group) -> ident of the thread whose call on it is in flight. Mutated
+#: in place, never rebound: ``IN_FLIGHT`` is the same dict, which the torch backend reads on every call
+#: (empty: no hwdist collective runs, without a function call)
 _in_flight: dict[int, int] = {}
+IN_FLIGHT = _in_flight
 _local = threading.local()
 
 

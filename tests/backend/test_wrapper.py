@@ -445,7 +445,7 @@ def _gloo_gathers_in_quick_succession(store: str) -> dict:
     held = []
     for _ in range(6):
         torch_dist.all_gather_into_tensor(out, shard)
-        held.append(len(_inflight._young) + len(_inflight._old) + len(_inflight._inbox))
+        held.append(_inflight.held())
     states = [e["state"] for e in hwdist.flight.snapshot() if e["op"] == "all_gather_into_tensor"][-6:]
     res = {"rank": rank, "ws": ws, "out": out.tolist(), "held": held, "states": states}
     destroy()
