@@ -184,7 +184,8 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         fc = self._flight
         st: Any = None if fc is None or fc[0] is not rec or fc[1] != _state.generation else fc[2]
         info = None if st is None else st.flight
-        if info is None or (st.torch_hooks is not None and st.torch_hooks.on):
+        hooks = None if st is None else st.torch_hooks
+        if info is None or (hooks is not None and hooks.on):
             entry = self._enter_first(rec, op, arg)
             if entry is None:
                 return fn(*args)
@@ -195,9 +196,9 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
                     f = f.f_back
             except ValueError:
                 f = None
-            info.seq += 1
+            seq = info.seq = info.seq + 1
             entry = [
-                info.seq, op, info, arg, None if f is None else f.f_code, 0 if f is None else f.f_lasti,
+                seq, op, info, arg, None if f is None else f.f_code, 0 if f is None else f.f_lasti,
                 _now(), 0.0, _ISSUED, None, _get_ident(),
             ]  # fmt: skip
             rec.ring.append(entry)
