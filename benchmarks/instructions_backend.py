@@ -82,7 +82,8 @@ def _count(row: str, calls: int) -> int:
                     if proc.poll() is not None:
                         raise RuntimeError(f"row {row!r} exited early: {open(log.name).read()[-2000:]}")
                     time.sleep(0.2)
-                subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
+                on = ["callgrind_control", "-i", "on", str(proc.pid)]
+                subprocess.run(on, check=True, capture_output=True)
                 open(os.path.join(tmp, "go"), "w").close()
                 proc.wait(timeout=1800)
             finally:
@@ -117,7 +118,9 @@ def main(argv: Any = None) -> int:
         print(f"needs {' and '.join(missing)} on the PATH", file=sys.stderr)
         return 2
     counts = {row: _count(row, args.calls) / args.calls for row in ROWS}
-    print(f"torch {torch.__version__}, Python {sys.version.split()[0]}; {args.calls} calls a row, calling thread\n")
+    head = f"torch {torch.__version__}, Python {sys.version.split()[0]}"
+    print(f"{head}; {args.calls} calls a row; the calling thread")
+    print()
     print("| row | instructions per all_reduce | added to gloo |")
     print("|---|---:|---:|")
     for row, n in counts.items():
