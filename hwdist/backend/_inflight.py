@@ -127,14 +127,19 @@ def sweep() -> int:
                 except IndexError:  # a call took the young ones
                     break
                 done, error = _outcome(item[2])
-                if not done:
+                if done:
+                    _end(item, error)
+                else:
                     calls.append(item)
-                    continue
-                try:
-                    item[0].end(item[1], error)
-                except Exception:
-                    pass
         return held()
+
+
+def _end(item: list[Any], error: Any) -> None:
+    """``rec.end(entry, error)`` of a call (the thread's; a call's look does the same inline)."""
+    try:
+        item[0].end(item[1], error)
+    except Exception:
+        pass
 
 
 def _loop() -> None:
