@@ -1,8 +1,9 @@
 """The flight recorder sees torch.distributed's own calls through torch's per-group hooks (torch >= 2.14).
 
 On real gloo ranks: DDP's and raw torch.distributed collectives enter the ring with op, dtype and shape,
-sequence number and call site; hwdist's own calls once; a failing hook never breaks a collective; and the
-hang doctor names the missing rank on real DDP hangs (programs in ddp_hang_programs.py).
+sequence number and call site; hwdist's own calls once; a call that fails is recorded failed; a failing
+hook never breaks a collective; and the hang doctor names the missing rank on real DDP hangs (programs
+in ddp_hang_programs.py).
 """
 
 from __future__ import annotations
