@@ -148,8 +148,6 @@ class HwdistBackend(_Backend):  # type: ignore[misc, valid-type]
         st = _state.of(group)
         if st.flight is not None and st.flight.backend != self.label:
             st.flight.backend = self.label  # a record shows the wrapped backend (made by a hwdist call first)
-        if _in_call():
-            return None
         hooks = st.torch_hooks
         if hooks is not None and hooks.on:  # torch's hooks record this group's calls already
             self._flight = None
